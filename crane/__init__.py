@@ -1,0 +1,3 @@
+"""Crane: CUDA remoting and live migration of GPU state."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up a development environment from a fresh clone: venv, package (which generates the gRPC
+# modules), test tools, and a CUDA compiler from PyPI when the machine has no nvcc.
+# Idempotent: a second run only checks that everything is in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: Python >= 3.11 is required ($("$PY" --version 2>&1) found)" >&2
+    exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.crane-setup
+inputs=$(cat pyproject.toml setup.py proto/crane/v1/*.proto | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/guest_pb2.py ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    extras="test"
+    if ! command -v nvcc >/dev/null 2>&1; then
+        extras="test,cuda-compiler"   # nvcc, cudart and crt headers from PyPI
+    fi
+    .venv/bin/python -m pip install -q -e ".[$extras]"
+    echo "$inputs" > "$stamp"
+fi
