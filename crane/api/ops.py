@@ -1,0 +1,183 @@
+"""The call table: every operation a guest can ask of a daemon, declared once.
+
+Everything that crosses the wire is driven from :data:`OPS`: the guest library packs arguments
+with :meth:`Op.pack`, the worker unpacks them with :meth:`Op.unpack` and dispatches to the
+handler method named after the op (``Executor.<op.handler>``; a worker refuses to start if any op
+lacks one), replies are packed with the op's result format, and the handshake fingerprint
+(:mod:`crane.wire.fingerprint`) hashes this table so mismatched builds refuse each other.
+
+Rules for editing (the table is part of the protocol):
+
+* op ids are **append-only**: never renumber, never reuse an id; retire an op by leaving its
+  entry with ``retired=True``.
+* parameters are described by what they *mean* on the wire (:class:`Kind`), not by C type.
+* ``sync`` ops make the guest wait for a reply; async ops are batched and their errors surface at
+  the next synchronizing call (architecture invariant 3).
+* ``writes`` names the device-pointer parameters whose allocations the op may modify; the state
+  record uses it to track which memory changed since a mark (invariant 5).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = ["OPS", "OPS_BY_ID", "OPS_BY_NAME", "Kind", "Op", "Param", "op"]
+
+
+class Kind(Enum):
+    """Wire meaning of a fixed-size argument or result, with its struct code."""
+
+    HANDLE = "Q"  # guest-chosen object id (context, stream, event, module, function)
+    DEVPTR = "Q"  # device virtual address inside the session window
+    SIZE = "Q"  # byte count or element count
+    U32 = "I"
+    I32 = "i"
+    U64 = "Q"
+    F32 = "f"
+    HASH = "32s"  # sha-256 digest
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: Kind
+
+
+def _params(spec: str) -> tuple[Param, ...]:
+    """Parse ``"dst:DEVPTR size:SIZE"`` into params (keeps the table below readable)."""
+    out = []
+    for item in spec.split():
+        name, kind = item.split(":")
+        out.append(Param(name, Kind[kind]))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One wire operation."""
+
+    id: int
+    name: str
+    args: tuple[Param, ...]
+    results: tuple[Param, ...] = ()
+    sync: bool = False
+    #: Name of the one variable-length input carried in ``Call.data`` (host bytes, image, name).
+    data_in: str | None = None
+    #: True when the reply carries variable-length bytes in ``Reply.data``.
+    data_out: bool = False
+    #: Device-pointer args whose allocations this op may write (dirty tracking).
+    writes: tuple[str, ...] = ()
+    doc: str = ""
+    retired: bool = False
+    _args_struct: struct.Struct = field(init=False, repr=False, compare=False)
+    _results_struct: struct.Struct = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fmt = "<" + "".join(p.kind.value for p in self.args)
+        object.__setattr__(self, "_args_struct", struct.Struct(fmt))
+        rfmt = "<" + "".join(p.kind.value for p in self.results)
+        object.__setattr__(self, "_results_struct", struct.Struct(rfmt))
+
+    @property
+    def handler(self) -> str:
+        """Name of the worker method that executes this op."""
+        return self.name.lower()
+
+    def pack(self, *values: object) -> bytes:
+        return self._args_struct.pack(*values)
+
+    def unpack(self, raw: bytes) -> tuple:
+        """Decode args; raises ``struct.error`` on a malformed call (caller maps it)."""
+        return self._args_struct.unpack(raw)
+
+    def pack_results(self, *values: object) -> bytes:
+        return self._results_struct.pack(*values)
+
+    def unpack_results(self, raw: bytes) -> tuple:
+        return self._results_struct.unpack(raw)
+
+    def signature(self) -> str:
+        """Stable text form used by the protocol fingerprint."""
+        args = ",".join(f"{p.name}:{p.kind.name}" for p in self.args)
+        res = ",".join(f"{p.name}:{p.kind.name}" for p in self.results)
+        flags = f"sync={int(self.sync)} in={self.data_in} out={int(self.data_out)}"
+        return f"{self.id} {self.name}({args})->({res}) {flags} retired={int(self.retired)}"
+
+
+def op(id: int, name: str, args: str = "", results: str = "", **kw: object) -> Op:
+    return Op(id, name, _params(args), _params(results), **kw)  # type: ignore[arg-type]
+
+
+# fmt: off
+#: The table. APPEND ONLY: ids are part of the wire protocol.
+OPS: tuple[Op, ...] = (
+    op(1, "SESSION_CLOSE", sync=True,
+       doc="Orderly end of the session: the daemon frees everything and ends the stream."),
+    op(2, "CTX_CREATE", "ctx:HANDLE flags:U32",
+       doc="Create a context (primary or not) under a guest-chosen handle."),
+    op(3, "CTX_DESTROY", "ctx:HANDLE",
+       doc="Destroy a context and every object created in it."),
+    op(4, "CTX_SYNCHRONIZE", "ctx:HANDLE", sync=True,
+       doc="Wait for all work in the context; returns the first pending asynchronous error."),
+    op(5, "MEM_MAP_CHUNK", "addr:DEVPTR size:SIZE", sync=True,
+       doc="Commit device memory at a guest-chosen, 2 MiB-aligned address; the only call that "
+           "can run out of device memory, so it is synchronous."),
+    op(6, "MEM_UNMAP_CHUNK", "addr:DEVPTR",
+       doc="Release a chunk that holds no allocation."),
+    op(7, "MEM_ALLOC", "ctx:HANDLE addr:DEVPTR size:SIZE",
+       doc="Record an allocation the guest placed inside a mapped chunk."),
+    op(8, "MEM_FREE", "addr:DEVPTR",
+       doc="Forget an allocation."),
+    op(9, "MEM_GET_INFO", results="free:SIZE total:SIZE", sync=True,
+       doc="Free and total device memory, as cuMemGetInfo."),
+    op(10, "MEMCPY_HTOD", "dst:DEVPTR stream:HANDLE", data_in="src", writes=("dst",),
+       doc="Copy the call's data to device memory, in stream order."),
+    op(11, "MEMCPY_DTOH", "src:DEVPTR size:SIZE stream:HANDLE", sync=True, data_out=True,
+       doc="Read device memory back, in stream order."),
+    op(12, "MEMCPY_DTOD", "dst:DEVPTR src:DEVPTR size:SIZE stream:HANDLE", writes=("dst",),
+       doc="Device-to-device copy, in stream order."),
+    op(13, "MEMSET", "dst:DEVPTR value:U32 elem_size:U32 count:SIZE stream:HANDLE",
+       writes=("dst",), doc="cuMemsetD8/D16/D32, in stream order."),
+    op(14, "STREAM_CREATE", "ctx:HANDLE stream:HANDLE flags:U32 priority:I32",
+       doc="Create a stream under a guest-chosen handle."),
+    op(15, "STREAM_DESTROY", "stream:HANDLE",
+       doc="Destroy a stream once its work is done."),
+    op(16, "STREAM_SYNCHRONIZE", "stream:HANDLE", sync=True,
+       doc="Wait for the stream; returns the first pending asynchronous error."),
+    op(17, "STREAM_QUERY", "stream:HANDLE", sync=True,
+       doc="CUDA_SUCCESS when the stream is idle, CUDA_ERROR_NOT_READY otherwise."),
+    op(18, "STREAM_WAIT_EVENT", "stream:HANDLE event:HANDLE flags:U32",
+       doc="Later work in the stream waits for the event's last record."),
+    op(19, "EVENT_CREATE", "ctx:HANDLE event:HANDLE flags:U32",
+       doc="Create an event under a guest-chosen handle."),
+    op(20, "EVENT_DESTROY", "event:HANDLE"),
+    op(21, "EVENT_RECORD", "event:HANDLE stream:HANDLE",
+       doc="Record the event at the current end of the stream."),
+    op(22, "EVENT_SYNCHRONIZE", "event:HANDLE", sync=True),
+    op(23, "EVENT_QUERY", "event:HANDLE", sync=True),
+    op(24, "EVENT_ELAPSED", "start:HANDLE end:HANDLE", results="ms:F32", sync=True),
+    op(25, "MODULE_LOAD", "ctx:HANDLE module:HANDLE digest:HASH", sync=True, data_in="image",
+       data_out=True,
+       doc="Load a module (fatbin, cubin or PTX). Content-addressed (invariant 7): the guest "
+           "first sends only the digest; a daemon without the image answers "
+           "CRANE_NEED_IMAGE and the guest resends with the bytes. The reply describes "
+           "kernels (parameter layouts) and globals (addresses, sizes) as JSON."),
+    op(26, "MODULE_UNLOAD", "module:HANDLE"),
+    op(27, "FUNCTION_BIND", "function:HANDLE module:HANDLE", data_in="name",
+       doc="Give a kernel of a loaded module a guest-chosen handle (no round trip: the guest "
+           "already knows the kernel exists from the MODULE_LOAD reply)."),
+    op(28, "LAUNCH",
+       "function:HANDLE gx:U32 gy:U32 gz:U32 bx:U32 by:U32 bz:U32 shared:U32 stream:HANDLE",
+       data_in="params",
+       doc="Launch a kernel with its packed parameter buffer, in stream order; every "
+           "allocation a pointer-sized parameter points into counts as written."),
+)
+# fmt: on
+
+OPS_BY_ID: dict[int, Op] = {o.id: o for o in OPS}
+OPS_BY_NAME: dict[str, Op] = {o.name: o for o in OPS}
+
+if len(OPS_BY_ID) != len(OPS) or len(OPS_BY_NAME) != len(OPS):
+    raise RuntimeError("duplicate op id or name in crane.api.ops.OPS")
