@@ -1,0 +1,158 @@
+"""The backend interface: what a session's worker needs from a GPU, real or simulated.
+
+A backend executes *resolved* operations: the worker has already turned guest handles into
+backend objects and validated what can be validated without the device. Backends raise
+:class:`crane.api.results.CudaError` with the CUresult the application should see; anything else
+escaping a backend is a bug and is reported as CUDA_ERROR_UNKNOWN with the traceback logged.
+
+Two implementations: ``crane.backends.sim`` (a simulated GPU on the CPU, for GPU-less hosts and
+CI; architecture invariant 8) and ``crane.backends.cuda`` (cuda-python on a real GPU). One
+conformance suite (tests/conformance) runs against both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crane.modules.image import ModuleImage
+
+__all__ = ["Backend", "DeviceSnapshot", "GlobalVar", "LoadedModule"]
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """The device identity a guest is given at session open (answers all device queries)."""
+
+    name: str
+    uuid: bytes
+    total_mem: int
+    cc: tuple[int, int]
+    attributes: dict[int, int]
+    profile: str
+    pci_bus_id: str
+
+
+@dataclass(frozen=True)
+class GlobalVar:
+    name: str
+    addr: int
+    size: int
+
+
+@dataclass
+class LoadedModule:
+    """A module as the worker keeps it: the backend's object plus what the guest is told."""
+
+    image: ModuleImage
+    native: Any
+    globals: dict[str, GlobalVar] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """One device, as seen by one session's worker process."""
+
+    #: The device the guest is told about.
+    snapshot: DeviceSnapshot
+
+    # ---- memory -------------------------------------------------------------------------------
+    @abstractmethod
+    def map_chunk(self, addr: int, size: int) -> None:
+        """Commit device memory at exactly ``addr`` (raise OUT_OF_MEMORY when it cannot)."""
+
+    @abstractmethod
+    def unmap_chunk(self, addr: int) -> None: ...
+
+    @abstractmethod
+    def mem_alloc(self, addr: int, size: int) -> None:
+        """Record an allocation inside a mapped chunk (for validation and the state record)."""
+
+    @abstractmethod
+    def mem_free(self, addr: int) -> None: ...
+
+    @abstractmethod
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the device, as cuMemGetInfo reports."""
+
+    @abstractmethod
+    def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None: ...
+
+    @abstractmethod
+    def memcpy_dtoh(self, src: int, size: int, stream: Any) -> bytes | memoryview:
+        """Device bytes; a memoryview must stay valid until the next backend call."""
+
+    @abstractmethod
+    def memcpy_dtod(self, dst: int, src: int, size: int, stream: Any) -> None: ...
+
+    @abstractmethod
+    def memset(self, dst: int, value: int, elem_size: int, count: int, stream: Any) -> None: ...
+
+    # ---- streams and events -----------------------------------------------------------------
+    @abstractmethod
+    def stream_create(self, flags: int, priority: int) -> Any: ...
+
+    @abstractmethod
+    def stream_destroy(self, stream: Any) -> None: ...
+
+    @abstractmethod
+    def stream_synchronize(self, stream: Any) -> None: ...
+
+    @abstractmethod
+    def stream_query(self, stream: Any) -> bool:
+        """True when all work in the stream has completed."""
+
+    @abstractmethod
+    def stream_wait_event(self, stream: Any, event: Any, flags: int) -> None: ...
+
+    @abstractmethod
+    def event_create(self, flags: int) -> Any: ...
+
+    @abstractmethod
+    def event_destroy(self, event: Any) -> None: ...
+
+    @abstractmethod
+    def event_record(self, event: Any, stream: Any) -> None: ...
+
+    @abstractmethod
+    def event_synchronize(self, event: Any) -> None: ...
+
+    @abstractmethod
+    def event_query(self, event: Any) -> bool: ...
+
+    @abstractmethod
+    def event_elapsed(self, start: Any, end: Any) -> float:
+        """Milliseconds between two completed records (CUDA_ERROR_NOT_READY otherwise)."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for all work on the device."""
+
+    # ---- modules and launches ---------------------------------------------------------------
+    @abstractmethod
+    def module_load(self, image: ModuleImage, place_global: Callable[[int], int]) -> LoadedModule:
+        """Load a module; ``place_global(size)`` returns the address for a module variable."""
+
+    @abstractmethod
+    def module_unload(self, module: LoadedModule) -> None: ...
+
+    @abstractmethod
+    def launch(
+        self,
+        module: LoadedModule,
+        kernel: str,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        stream: Any,
+        params: bytes,
+    ) -> None: ...
+
+    def take_stdout(self) -> bytes:
+        """Device printf output produced since the last call (delivered to the guest)."""
+        return b""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free everything; the worker exits afterwards."""

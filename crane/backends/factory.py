@@ -1,0 +1,42 @@
+"""Builds a session's backend inside its worker process from the daemon's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from crane.backends.base import Backend
+
+__all__ = ["WorkerConfig", "make_backend"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to serve one session (sent as JSON by the daemon)."""
+
+    session_id: str
+    backend: str  # "sim" or "cuda"
+    profile: str  # sim profile key; for cuda the device index as text
+    va_base: int
+    va_size: int
+    uuid_seed: str  # hex; the session's virtual device identity derives from it
+    ledger_path: str
+    ledger_slot: int
+    module_cache: str
+    stats_path: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def make_backend(cfg: WorkerConfig) -> Backend:
+    if cfg.backend == "sim":
+        from crane.backends.identity import sim_snapshot
+        from crane.backends.sim.backend import SimBackend
+        from crane.backends.sim.ledger import Ledger
+        from crane.backends.sim.profiles import get_profile
+
+        profile = get_profile(cfg.profile)
+        ledger = Ledger(cfg.ledger_path, profile.total_mem)
+        snapshot = sim_snapshot(profile, bytes.fromhex(cfg.uuid_seed))
+        return SimBackend(profile, snapshot, (cfg.va_base, cfg.va_size), ledger, cfg.ledger_slot)
+    raise ValueError(f"backend {cfg.backend!r} is not available in this build")

@@ -1,0 +1,284 @@
+"""The simulated GPU backend: a device profile, memory on the CPU, and PTX execution.
+
+Execution model: the worker applies calls in the order the guest issued them, and this backend
+completes each one before returning. That is one of the schedules CUDA permits (every stream's
+order is kept; independent streams may run in any interleaving), so stream queries always report
+idle and events carry the host time at which the work before them finished. Kernel execution is
+delegated to the PTX interpreter (``crane.backends.sim.ptx``); a module with no PTX loads (its
+parameter layouts come from the cubin) but its launches fail with a message naming the nvcc flag
+that embeds PTX.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.results import CudaError
+from crane.backends.base import Backend, DeviceSnapshot, GlobalVar, LoadedModule
+from crane.backends.sim.ledger import Ledger
+from crane.backends.sim.memory import MemoryFault, SimMemory
+from crane.backends.sim.profiles import DeviceProfile
+from crane.modules.image import ModuleImage
+
+__all__ = ["SimBackend", "SimEvent", "SimStream"]
+
+log = logging.getLogger("crane.sim")
+
+CU_EVENT_DISABLE_TIMING = 0x2
+#: cuCtxGetStreamPriorityRange on sm_70 and later: least 0, greatest -5.
+GREATEST_STREAM_PRIORITY = -5
+
+_FAULT_CODES = {
+    "range": CUresult.CUDA_ERROR_INVALID_VALUE,
+    "illegal": CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,
+    "misaligned": CUresult.CUDA_ERROR_MISALIGNED_ADDRESS,
+}
+
+
+@dataclass
+class SimStream:
+    flags: int
+    priority: int
+
+
+@dataclass
+class SimEvent:
+    flags: int
+    recorded_at: float | None = None
+
+
+@dataclass
+class _SimModule:
+    program: Any = None  # crane.backends.sim.ptx.PtxProgram, or None without PTX
+    symbols: dict[str, int] = field(default_factory=dict)
+    why_no_ptx: str = ""
+
+
+def _fault(e: MemoryFault) -> CudaError:
+    return CudaError(_FAULT_CODES.get(e.kind, CUresult.CUDA_ERROR_INVALID_VALUE), str(e))
+
+
+class SimBackend(Backend):
+    """A simulated device for one session."""
+
+    def __init__(
+        self,
+        profile: DeviceProfile,
+        snapshot: DeviceSnapshot,
+        window: tuple[int, int],
+        ledger: Ledger,
+        slot: int,
+    ) -> None:
+        self.profile = profile
+        self.snapshot = snapshot
+        self.memory = SimMemory(*window)
+        self.ledger = ledger
+        self.slot = slot
+        self._stdout: list[bytes] = []
+
+    # ---- memory -------------------------------------------------------------------------------
+    def map_chunk(self, addr: int, size: int) -> None:
+        if not self.ledger.charge(self.slot, size):
+            free, total = self.mem_info()
+            raise CudaError(
+                CUresult.CUDA_ERROR_OUT_OF_MEMORY,
+                f"cannot commit {size} bytes: {free} of {total} bytes free on the device",
+            )
+        try:
+            self.memory.map_chunk(addr, size)
+        except MemoryFault as e:
+            self.ledger.release(self.slot, size)
+            raise _fault(e) from None
+
+    def unmap_chunk(self, addr: int) -> None:
+        try:
+            size = self.memory.unmap_chunk(addr)
+        except MemoryFault as e:
+            raise _fault(e) from None
+        self.ledger.release(self.slot, size)
+
+    def mem_alloc(self, addr: int, size: int) -> None:
+        try:
+            self.memory.alloc(addr, size)
+        except MemoryFault as e:
+            raise _fault(e) from None
+
+    def mem_free(self, addr: int) -> None:
+        try:
+            self.memory.free(addr)
+        except MemoryFault as e:
+            raise _fault(e) from None
+
+    def mem_info(self) -> tuple[int, int]:
+        total = self.ledger.capacity
+        return max(total - self.ledger.used(), 0), total
+
+    def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None:
+        try:
+            self.memory.write(dst, data)
+        except MemoryFault as e:
+            raise _fault(e) from None
+
+    def memcpy_dtoh(self, src: int, size: int, stream: Any) -> memoryview:
+        try:
+            return memoryview(self.memory.view(src, size))
+        except MemoryFault as e:
+            raise _fault(e) from None
+
+    def memcpy_dtod(self, dst: int, src: int, size: int, stream: Any) -> None:
+        try:
+            self.memory.copy(dst, src, size)
+        except MemoryFault as e:
+            raise _fault(e) from None
+
+    def memset(self, dst: int, value: int, elem_size: int, count: int, stream: Any) -> None:
+        try:
+            self.memory.fill(dst, value, elem_size, count)
+        except MemoryFault as e:
+            raise _fault(e) from None
+
+    # ---- streams and events -----------------------------------------------------------------
+    def stream_create(self, flags: int, priority: int) -> SimStream:
+        # CUDA clamps out-of-range priorities to the device's range instead of failing.
+        return SimStream(flags, min(max(priority, GREATEST_STREAM_PRIORITY), 0))
+
+    def stream_destroy(self, stream: Any) -> None:
+        pass
+
+    def stream_synchronize(self, stream: Any) -> None:
+        pass
+
+    def stream_query(self, stream: Any) -> bool:
+        return True
+
+    def stream_wait_event(self, stream: Any, event: Any, flags: int) -> None:
+        pass
+
+    def event_create(self, flags: int) -> SimEvent:
+        return SimEvent(flags)
+
+    def event_destroy(self, event: Any) -> None:
+        pass
+
+    def event_record(self, event: SimEvent, stream: Any) -> None:
+        event.recorded_at = time.perf_counter()
+
+    def event_synchronize(self, event: Any) -> None:
+        pass
+
+    def event_query(self, event: Any) -> bool:
+        return True
+
+    def event_elapsed(self, start: SimEvent, end: SimEvent) -> float:
+        for ev in (start, end):
+            if ev.flags & CU_EVENT_DISABLE_TIMING:
+                raise CudaError(
+                    CUresult.CUDA_ERROR_INVALID_HANDLE, "event was created with DISABLE_TIMING"
+                )
+            if ev.recorded_at is None:
+                raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "event was never recorded")
+        return (end.recorded_at - start.recorded_at) * 1000.0  # type: ignore[operator]
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---- modules and launches ---------------------------------------------------------------
+    def module_load(self, image: ModuleImage, place_global: Callable[[int], int]) -> LoadedModule:
+        sim = _SimModule()
+        globals_: dict[str, GlobalVar] = {}
+        for name, g in image.globals.items():
+            addr = place_global(g.size)
+            if g.init:
+                self.memory.write(addr, g.init)
+            globals_[name] = GlobalVar(name, addr, g.size)
+            sim.symbols[name] = addr
+        for g in image.globals.values():
+            for r in g.relocs:  # address initializers: `__device__ int *p = &table[3];`
+                target = sim.symbols.get(r.symbol)
+                if target is None:
+                    log.warning(
+                        "module %s: %s+%d refers to %s, which is not a module variable; left zero",
+                        image.sha256[:12],
+                        g.name,
+                        r.offset,
+                        r.symbol,
+                    )
+                    continue
+                value = (target + r.addend) & ((1 << (8 * r.size)) - 1)
+                self.memory.write(sim.symbols[g.name] + r.offset, value.to_bytes(r.size, "little"))
+        if image.ptx is not None:
+            sim.program = _load_program(image.ptx)
+            if sim.program is None:
+                sim.why_no_ptx = "this build of Crane has no PTX interpreter"
+        else:
+            cc = "{}{}".format(*self.profile.compute_capability)
+            sim.why_no_ptx = (
+                f"the module holds no PTX ({image.description}); the simulated GPU executes PTX: "
+                f"rebuild with -gencode arch=compute_{cc},code=compute_{cc} (or any compute_XX "
+                "<= the device's) to embed it"
+            )
+        return LoadedModule(image=image, native=sim, globals=globals_)
+
+    def module_unload(self, module: LoadedModule) -> None:
+        pass
+
+    def launch(
+        self,
+        module: LoadedModule,
+        kernel: str,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        stream: Any,
+        params: bytes,
+    ) -> None:
+        sim: _SimModule = module.native
+        if sim.program is None:
+            raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, sim.why_no_ptx)
+        from crane.backends.sim.ptx import KernelFault
+
+        try:
+            sim.program.launch(
+                kernel,
+                grid=grid,
+                block=block,
+                dynamic_shared=shared,
+                params=params,
+                memory=self.memory,
+                symbols=sim.symbols,
+                profile=self.profile,
+                printf=self._printf,
+            )
+        except KernelFault as e:
+            raise CudaError(CUresult(e.code), str(e)) from None
+
+    def _printf(self, text: str) -> None:
+        self._stdout.append(text.encode("utf-8", "replace"))
+
+    def take_stdout(self) -> bytes:
+        if not self._stdout:
+            return b""
+        out = b"".join(self._stdout)
+        self._stdout.clear()
+        return out
+
+    def close(self) -> None:
+        self.ledger.clear(self.slot)
+        self.memory.close()
+
+
+def _load_program(ptx: str) -> Any:
+    """Decode a module's PTX once (unsupported instructions are refused here, at load)."""
+    try:
+        from crane.backends.sim.ptx import PtxError, load_ptx
+    except ImportError:  # the interpreter is not part of this build
+        return None
+    try:
+        return load_ptx(ptx)
+    except PtxError as e:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_PTX, str(e)) from None

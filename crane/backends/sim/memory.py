@@ -1,0 +1,285 @@
+"""Device memory of the simulated GPU: one flat buffer over the session's whole VA window.
+
+Why a flat buffer: the guest chooses every device address inside the window the daemon granted
+(architecture invariant 2), so a device address maps to a buffer offset by one subtraction. The
+buffer is an anonymous ``MAP_NORESERVE`` mapping, so a terabyte-sized window costs nothing until
+pages are written, and freeing an allocation hands its pages back with ``MADV_DONTNEED``.
+
+Two layers of validity, as on a real GPU with the VMM API:
+
+* *chunks* are mapped (committed) ranges; mapping is what consumes device memory, so it is the
+  only operation that can run out of memory;
+* *allocations* are the ranges the guest sub-allocated inside chunks (``cuMemAlloc``). Every
+  copy, memset and kernel access is checked against the allocation table, so a pointer outside
+  the session's allocations or a copy that runs past one is caught, never silently served.
+
+Kernel code (the PTX interpreter) uses :meth:`SimMemory.offsets` to turn a vector of per-lane
+addresses into validated buffer offsets, then indexes :attr:`SimMemory.buf` directly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CHUNK_GRANULARITY", "Allocation", "MemoryFault", "SimMemory"]
+
+#: Linux's MAP_NORESERVE; CPython 3.11 does not export the constant on every build.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+
+_MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
+
+#: Mapping granularity, as the CUDA VMM API reports for current GPUs (2 MiB).
+CHUNK_GRANULARITY = 2 << 20
+
+
+class MemoryFault(Exception):
+    """An access outside the session's allocations.
+
+    ``kind`` tells the caller which CUDA error it maps to: ``"range"`` for a bad argument to an
+    API call (CUDA_ERROR_INVALID_VALUE), ``"illegal"`` for a kernel access
+    (CUDA_ERROR_ILLEGAL_ADDRESS), ``"misaligned"`` (CUDA_ERROR_MISALIGNED_ADDRESS).
+    """
+
+    def __init__(self, message: str, address: int, kind: str = "range") -> None:
+        super().__init__(message)
+        self.address = address
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One guest allocation: ``[addr, addr + size)``."""
+
+    addr: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.size
+
+
+class _RangeTable:
+    """Sorted, non-overlapping ``[start, end)`` ranges with O(log n) containment look-ups."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self._np: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, start: int, end: int) -> None:
+        i = bisect.bisect_right(self.starts, start)
+        if (i > 0 and self.ends[i - 1] > start) or (i < len(self.starts) and self.starts[i] < end):
+            raise ValueError("overlaps an existing range")
+        self.starts.insert(i, start)
+        self.ends.insert(i, end)
+        self._np = None
+
+    def remove(self, start: int) -> int:
+        """Remove the range that starts exactly at ``start``; return its end."""
+        i = bisect.bisect_left(self.starts, start)
+        if i == len(self.starts) or self.starts[i] != start:
+            raise KeyError(start)
+        end = self.ends.pop(i)
+        del self.starts[i]
+        self._np = None
+        return end
+
+    def containing(self, addr: int) -> tuple[int, int] | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.ends[i]:
+            return self.starts[i], self.ends[i]
+        return None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._np is None:
+            self._np = (np.array(self.starts, np.uint64), np.array(self.ends, np.uint64))
+        return self._np
+
+    def overlapping(self, start: int, end: int) -> list[tuple[int, int]]:
+        i = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        out = []
+        while i < len(self.starts) and self.starts[i] < end:
+            if self.ends[i] > start:
+                out.append((self.starts[i], self.ends[i]))
+            i += 1
+        return out
+
+
+class SimMemory:
+    """The simulated device memory of one session."""
+
+    def __init__(self, base: int, size: int) -> None:
+        if base % CHUNK_GRANULARITY or size % CHUNK_GRANULARITY or size <= 0:
+            raise ValueError("window base and size must be positive multiples of 2 MiB")
+        self.base = base
+        self.size = size
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+        self._map = mmap.mmap(-1, size, flags=flags)
+        #: The whole window as bytes; device address ``a`` is ``buf[a - base]``.
+        self.buf = np.frombuffer(self._map, dtype=np.uint8)
+        self._chunks = _RangeTable()
+        self._allocs = _RangeTable()
+        self.mapped_bytes = 0
+        self.allocated_bytes = 0
+
+    def close(self) -> None:
+        """Release the window (the process exiting does the same)."""
+        self.buf = np.empty(0, np.uint8)
+        self._map.close()
+
+    # ---- chunks (committed memory) -------------------------------------------------------
+    def map_chunk(self, addr: int, size: int) -> None:
+        """Commit ``[addr, addr+size)``; the caller has already charged the device's capacity."""
+        if size <= 0 or addr % CHUNK_GRANULARITY or size % CHUNK_GRANULARITY:
+            raise MemoryFault(f"chunk {addr:#x}+{size:#x} is not 2 MiB aligned", addr)
+        if addr < self.base or addr + size > self.base + self.size:
+            raise MemoryFault(f"chunk {addr:#x}+{size:#x} lies outside the session window", addr)
+        try:
+            self._chunks.add(addr, addr + size)
+        except ValueError:
+            raise MemoryFault(f"chunk {addr:#x}+{size:#x} overlaps a mapped chunk", addr) from None
+        self.mapped_bytes += size
+
+    def unmap_chunk(self, addr: int) -> int:
+        """Release a chunk that holds no allocation; return its size."""
+        span = self._chunks.containing(addr)
+        if span is None or span[0] != addr:
+            raise MemoryFault(f"{addr:#x} is not the start of a mapped chunk", addr)
+        if self._allocs.overlapping(*span):
+            raise MemoryFault(f"chunk {addr:#x} still holds allocations", addr)
+        self._chunks.remove(addr)
+        size = span[1] - span[0]
+        self._discard(addr, size)
+        self.mapped_bytes -= size
+        return size
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """Mapped chunks as ``(addr, size)``, in address order."""
+        return [(s, e - s) for s, e in zip(self._chunks.starts, self._chunks.ends, strict=True)]
+
+    # ---- allocations ------------------------------------------------------------------------
+    def alloc(self, addr: int, size: int) -> None:
+        """Record a guest allocation; it must lie inside one mapped chunk."""
+        if size <= 0:
+            raise MemoryFault(f"allocation of {size} bytes at {addr:#x}", addr)
+        chunk = self._chunks.containing(addr)
+        if chunk is None or addr + size > chunk[1]:
+            raise MemoryFault(f"allocation {addr:#x}+{size:#x} is not inside a mapped chunk", addr)
+        try:
+            self._allocs.add(addr, addr + size)
+        except ValueError:
+            raise MemoryFault(f"allocation {addr:#x}+{size:#x} overlaps another", addr) from None
+        self.allocated_bytes += size
+
+    def free(self, addr: int) -> int:
+        """Forget the allocation that starts at ``addr`` (its bytes stay, as on a GPU)."""
+        try:
+            end = self._allocs.remove(addr)
+        except KeyError:
+            raise MemoryFault(f"{addr:#x} is not the start of an allocation", addr) from None
+        size = end - addr
+        self.allocated_bytes -= size
+        return size
+
+    def allocations(self) -> list[Allocation]:
+        """Live allocations in address order (the state record reads this)."""
+        return [
+            Allocation(s, e - s)
+            for s, e in zip(self._allocs.starts, self._allocs.ends, strict=True)
+        ]
+
+    def find(self, addr: int) -> Allocation:
+        """The allocation containing ``addr``."""
+        span = self._allocs.containing(addr)
+        if span is None:
+            raise MemoryFault(f"{addr:#x} is not inside any allocation of this session", addr)
+        return Allocation(span[0], span[1] - span[0])
+
+    # ---- byte ranges (API calls) -----------------------------------------------------------
+    def check_range(self, addr: int, size: int) -> int:
+        """Validate ``[addr, addr+size)`` lies in one allocation; return its buffer offset."""
+        span = self._allocs.containing(addr)
+        if span is None:
+            raise MemoryFault(f"{addr:#x} is not inside any allocation of this session", addr)
+        if size < 0 or addr + size > span[1]:
+            raise MemoryFault(
+                f"range {addr:#x}+{size:#x} runs {addr + size - span[1]} bytes past the allocation "
+                f"{span[0]:#x}+{span[1] - span[0]:#x}",
+                addr,
+            )
+        return addr - self.base
+
+    def view(self, addr: int, size: int) -> np.ndarray:
+        """A writable uint8 view of a validated range."""
+        off = self.check_range(addr, size)
+        return self.buf[off : off + size]
+
+    def write(self, addr: int, data: bytes | memoryview | np.ndarray) -> None:
+        src = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+        self.view(addr, src.nbytes)[:] = src.reshape(-1).view(np.uint8)
+
+    def read(self, addr: int, size: int) -> bytes:
+        return self.view(addr, size).tobytes()
+
+    def copy(self, dst: int, src: int, size: int) -> None:
+        """Device-to-device copy; overlapping ranges behave like memmove."""
+        s = self.view(src, size)
+        d = self.view(dst, size)
+        d[:] = s.copy() if abs(dst - src) < size else s
+
+    def fill(self, addr: int, value: int, elem_size: int, count: int) -> None:
+        """cuMemsetD8/D16/D32: ``count`` elements of ``elem_size`` bytes set to ``value``."""
+        dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[elem_size]
+        off = self.check_range(addr, elem_size * count)
+        self.buf[off : off + elem_size * count].view(dtype).fill(value & _MASK[elem_size])
+
+    # ---- per-lane accesses (kernels) -------------------------------------------------------
+    def offsets(self, addrs: np.ndarray, nbytes: int) -> np.ndarray:
+        """Validate per-lane accesses of ``nbytes`` each; return int64 offsets into :attr:`buf`.
+
+        Raises :class:`MemoryFault` (kind ``"illegal"`` or ``"misaligned"``) naming the first
+        offending address, as a GPU reports CUDA_ERROR_ILLEGAL_ADDRESS for the launch.
+        """
+        a = np.asarray(addrs, dtype=np.uint64)
+        if a.size == 0:
+            return np.empty(0, np.int64)
+        if nbytes > 1:
+            bad = (a % np.uint64(nbytes)) != 0
+            if bad.any():
+                first = int(a[np.argmax(bad)])
+                raise MemoryFault(
+                    f"misaligned {nbytes}-byte access at {first:#x}", first, "misaligned"
+                )
+        starts, ends = self._allocs.arrays()
+        lo, hi = int(a.min()), int(a.max())
+        span = self._allocs.containing(lo)
+        if span is not None and hi + nbytes <= span[1]:
+            return (a - np.uint64(self.base)).astype(np.int64)
+        idx = np.searchsorted(starts, a, side="right").astype(np.int64) - 1
+        ok = idx >= 0
+        safe = np.where(ok, idx, 0)
+        if len(starts):
+            ok &= (a + np.uint64(nbytes)) <= ends[safe]
+        else:
+            ok[:] = False
+        if not ok.all():
+            first = int(a[np.argmin(ok)])
+            raise MemoryFault(
+                f"{nbytes}-byte access at {first:#x} is outside every allocation", first, "illegal"
+            )
+        return (a - np.uint64(self.base)).astype(np.int64)
+
+    def _discard(self, addr: int, size: int) -> None:
+        """Give the pages of a released range back to the OS (they read as zero afterwards)."""
+        off = addr - self.base
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, off, size)
+        except (AttributeError, OSError):
+            self.buf[off : off + size] = 0
