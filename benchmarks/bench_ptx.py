@@ -1,0 +1,266 @@
+"""Benchmarks of the PTX interpreter (the simulated GPU's kernel executor).
+
+Measures, in the backend (``PtxProgram.launch`` on a SimMemory, no RPC):
+
+* thread-instructions per second on a vectorizable kernel (a long arithmetic loop, all lanes
+  converged) — the interpreter's peak throughput;
+* wall time of a 1M-element saxpy (target <= 0.2 s), a 512x512 float32 tiled matmul with
+  shared memory (target <= 5 s), and a sum reduction of 16M floats (target <= 2 s);
+* load (parse + decode) time of the benchmark module.
+
+Kernels are compiled from CUDA C with nvcc (-O3, compute_80) at start. Prints a table and
+writes a JSON of metrics (``--json``, default benchmarks/results/ptx.json) so two revisions can
+be compared.
+
+    python benchmarks/bench_ptx.py [--json PATH] [--repeat N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from crane.backends.sim.memory import SimMemory  # noqa: E402
+from crane.backends.sim.profiles import get_profile  # noqa: E402
+from crane.backends.sim.ptx import load_ptx  # noqa: E402
+
+SOURCE = r"""
+extern "C" __global__ void saxpy(int n, float a, const float* x, float* y) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+
+#define TILE 16
+extern "C" __global__ void matmul(const float* A, const float* B, float* C, int n) {
+    __shared__ float As[TILE][TILE];
+    __shared__ float Bs[TILE][TILE];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;
+    float acc = 0.0f;
+    for (int t = 0; t < n; t += TILE) {
+        As[ty][tx] = A[row * n + t + tx];
+        Bs[ty][tx] = B[(t + ty) * n + col];
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < TILE; ++k) acc += As[ty][k] * Bs[k][tx];
+        __syncthreads();
+    }
+    C[row * n + col] = acc;
+}
+
+// Grid-stride sum, shared-memory tree, warp shuffles, one atomicAdd per block.
+extern "C" __global__ void reduce(const float* in, float* out, int n) {
+    __shared__ float warp_sums[32];
+    float v = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+        v += in[i];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (blockDim.x + 31) / 32 ? warp_sums[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+        if (lane == 0) atomicAdd(out, v);
+    }
+}
+
+// Vectorizable: every lane runs the same long arithmetic loop.
+extern "C" __global__ void spin(float* out, int iters) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float x = (float)i * 1e-3f, y = 1.0f;
+    unsigned h = i;
+    for (int k = 0; k < iters; ++k) {
+        x = fmaf(x, 0.999f, y);
+        y = y * 0.5f + 0.25f;
+        h = h * 1664525u + 1013904223u;
+    }
+    out[i] = x + y + (float)(h & 1023);
+}
+"""
+
+TARGETS = {"saxpy_1m_s": 0.2, "matmul_512_s": 5.0, "reduce_16m_s": 2.0}
+
+
+def find_nvcc() -> str | None:
+    from crane.cli.demo import find_nvcc as find
+
+    return find()
+
+
+def compile_ptx(nvcc: str) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "bench.cu"
+        src.write_text(SOURCE)
+        out = Path(d) / "bench.ptx"
+        subprocess.run(
+            [nvcc, "-ptx", "-O3", "-arch=compute_80", str(src), "-o", str(out)], check=True
+        )
+        return out.read_text()
+
+
+class Bench:
+    def __init__(self, prog) -> None:
+        self.prog = prog
+        self.mem = SimMemory(0x2000_0000_0000, 1 << 40)
+        self.mem.map_chunk(0x2000_0000_0000, 512 << 20)
+        self.next = 0x2000_0000_0000
+        self.profile = get_profile("h100-80gb")
+
+    def upload(self, arr: np.ndarray) -> int:
+        a = self.next
+        self.mem.alloc(a, arr.nbytes)
+        self.mem.write(a, np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
+        self.next += (arr.nbytes + 255) // 256 * 256
+        return a
+
+    def read(self, addr: int, n: int, dtype) -> np.ndarray:
+        return np.frombuffer(self.mem.read(addr, n * np.dtype(dtype).itemsize), dtype)
+
+    def run(self, name: str, grid, block, *args) -> float:
+        k = self.prog.kernels[name]
+        buf = bytearray(k.param_bytes)
+        for (off, size), a in zip(k.params, args, strict=True):
+            raw = int(a).to_bytes(8, "little") if isinstance(a, int) else np.asarray(a).tobytes()
+            buf[off : off + size] = raw[:size]
+        t = time.perf_counter()
+        self.prog.launch(
+            name,
+            grid=grid,
+            block=block,
+            params=bytes(buf),
+            memory=self.mem,
+            symbols={},
+            profile=self.profile,
+        )
+        return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "ptx.json"))
+    ap.add_argument("--repeat", type=int, default=3, help="best of N runs per measurement")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    args = ap.parse_args()
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("nvcc not found: install the CUDA toolkit or `pip install nvidia-cuda-nvcc`")
+        return 2
+    ptx = compile_ptx(nvcc)
+    t = time.perf_counter()
+    prog = load_ptx(ptx)
+    load_s = time.perf_counter() - t
+    b = Bench(prog)
+    rng = np.random.default_rng(1)
+    metrics: dict[str, float] = {"load_s": load_s}
+
+    def best(fn) -> float:
+        return min(fn() for _ in range(args.repeat))
+
+    # throughput: instructions executed per thread counted from the loop structure
+    threads = 1 << 16 if not args.quick else 1 << 12
+    iters = 200
+    out = b.upload(np.zeros(threads, np.float32))
+    spin_s = best(lambda: b.run("spin", (threads // 256, 1, 1), (256, 1, 1), out, np.int32(iters)))
+    body = _loop_body_instructions(ptx, "spin")
+    metrics["spin_threads"] = threads
+    metrics["spin_s"] = spin_s
+    metrics["thread_instructions_per_s"] = threads * iters * body / spin_s
+
+    n = 1 << 20 if not args.quick else 1 << 16
+    x = b.upload(rng.standard_normal(n).astype(np.float32))
+    y = b.upload(rng.standard_normal(n).astype(np.float32))
+    metrics["saxpy_1m_s"] = best(
+        lambda: b.run(
+            "saxpy", ((n + 255) // 256, 1, 1), (256, 1, 1), np.int32(n), np.float32(2.0), x, y
+        )
+    )
+
+    m = 512 if not args.quick else 64
+    A = rng.standard_normal((m, m)).astype(np.float32)
+    B = rng.standard_normal((m, m)).astype(np.float32)
+    pa, pb, pc = b.upload(A), b.upload(B), b.upload(np.zeros((m, m), np.float32))
+    metrics["matmul_512_s"] = best(
+        lambda: b.run("matmul", (m // 16, m // 16, 1), (16, 16, 1), pa, pb, pc, np.int32(m))
+    )
+    got = b.read(pc, m * m, np.float32).reshape(m, m)
+    metrics["matmul_max_rel_err"] = float(
+        np.max(np.abs(got - A.astype(np.float64) @ B)) / np.max(np.abs(A.astype(np.float64) @ B))
+    )
+
+    r = 1 << 24 if not args.quick else 1 << 18
+    data = rng.random(r, dtype=np.float32)
+    pin = b.upload(data)
+    pout = b.upload(np.zeros(1, np.float32))
+
+    def red() -> float:
+        b.mem.write(pout, np.zeros(1, np.float32).view(np.uint8))
+        return b.run("reduce", (1024, 1, 1), (256, 1, 1), pin, pout, np.int32(r))
+
+    metrics["reduce_16m_s"] = best(red)
+    total = float(b.read(pout, 1, np.float32)[0])
+    metrics["reduce_rel_err"] = abs(total - float(data.astype(np.float64).sum())) / float(
+        data.astype(np.float64).sum()
+    )
+
+    where = f"{platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}"
+    print(f"PTX interpreter benchmarks ({where})")
+    print(f"{'metric':32} {'value':>14} {'target':>10}")
+    for key, val in metrics.items():
+        tgt = TARGETS.get(key)
+        mark = "" if tgt is None else ("  ok" if val <= tgt else "  MISSED")
+        tv = f"<= {tgt}" if tgt is not None else ""
+        fmt = f"{val:14.3e}" if ("per_s" in key or "err" in key) else f"{val:14.4f}"
+        print(f"{key:32} {fmt} {tv:>10}{mark}")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "benchmark": "ptx",
+                "quick": args.quick,
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "numpy": np.__version__,
+                "python": platform.python_version(),
+                "metrics": metrics,
+                "targets": TARGETS,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def _loop_body_instructions(ptx: str, kernel: str) -> int:
+    """Instructions in the kernel's innermost loop (between its label and the back branch)."""
+    body = ptx.split(f".entry {kernel}(", 1)[1].split("\n}", 1)[0]
+    lines = [ln.strip() for ln in body.splitlines()]
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if ln.endswith(":")}
+    for i, ln in enumerate(lines):
+        if " bra" in f" {ln}" and ln.split()[-1].rstrip(";") in labels:
+            start = labels[ln.split()[-1].rstrip(";")]
+            if start < i:
+                return sum(
+                    1
+                    for x in lines[start + 1 : i + 1]
+                    if x and not x.endswith(":") and not x.startswith(("//", "."))
+                )
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""The SIMT scheduler: runs decoded code over a batch of lanes.
+
+Lanes that are at the same place run together as a *group*: ``key -> idx`` where ``key`` is
+``(call-site PCs..., pc)`` and ``idx`` the sorted lane indices (``None`` = every lane of the
+batch, the fast path with no gathers). Each step runs the group with the smallest key — the
+lowest PC, call frames compared from the outermost — for exactly its lanes. Min-PC scheduling
+reconverges structured control flow by itself: the lanes that skip an ``if`` body wait at the
+join point (a higher PC) until the body's lanes reach it, and the two groups merge. Comparing
+call-site PCs first keeps the lanes inside a call ahead of lanes waiting after the call site,
+so warp-level operations after a divergent call see the whole warp again.
+
+``bar.sync`` parks its lanes; parked lanes are released when nothing else can run (every live
+lane of the batch is then at a barrier or has exited — exited lanes count as arrived, as on
+hardware). Blocks are independent, so releasing them together is a legal schedule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from crane.backends.sim.memory import MemoryFault
+
+from .errors import KernelFault, fault_code
+from .instr import BAR, BRA, CALL, EXIT, PLAIN, RET, TRAP
+
+__all__ = ["merge", "run_batch"]
+
+_NONE = object()
+
+
+def merge(a, b, n: int):
+    """Union of two disjoint lane sets (``None`` = all lanes)."""
+    if a is None or b is None:
+        return None
+    m = np.concatenate((a, b))
+    if m.size == n:
+        return None
+    m.sort(kind="stable")
+    return m
+
+
+def _split(mask: np.ndarray, idx):
+    """Lanes of ``idx`` where ``mask`` (aligned with idx) is true / false; None if empty."""
+    if idx is None:
+        t = np.flatnonzero(mask)
+        f = np.flatnonzero(~mask)
+    else:
+        t = idx[mask]
+        f = idx[~mask]
+    return (t if t.size else None), (f if f.size else None)
+
+
+def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
+    """Run one batch from ``entry_pc`` until every lane has exited."""
+    n = st.n
+    groups: dict[tuple, object] = {(entry_pc,): None}
+    parked: dict[tuple, object] = {}
+    ins = None
+    try:
+        while True:
+            if not groups:
+                if not parked:
+                    return
+                _release(code, st, parked, groups, n)
+                parked = {}
+                continue
+            key = min(groups)
+            idx = groups.pop(key)
+            stack = key[:-1]
+            pc = key[-1]
+            while True:
+                ins = code[pc]
+                st.clock += 1
+                kind = ins.kind
+                if ins.guard is not None:
+                    g = ins.guard.row(st)
+                    m = g if idx is None else g[idx]
+                    if ins.gneg:
+                        m = ~m
+                    if kind in (PLAIN, TRAP):
+                        if m.all():
+                            sub = idx
+                        elif not m.any():
+                            sub = False
+                        else:
+                            sub = np.flatnonzero(m) if idx is None else idx[m]
+                        if sub is not False:
+                            if kind == PLAIN:
+                                ins.fn(st, ins, sub)
+                            else:
+                                _trap(ins)
+                        pc += 1
+                        if groups:
+                            nk = (*stack, pc)
+                            other = groups.pop(nk, _NONE)
+                            if other is not _NONE:
+                                groups[nk] = merge(other, idx, n)
+                                break
+                        continue
+                    if not m.all():
+                        if not m.any():
+                            # nobody takes it: fall through like a plain instruction
+                            pc += 1
+                            if groups:
+                                nk = (*stack, pc)
+                                other = groups.pop(nk, _NONE)
+                                if other is not _NONE:
+                                    groups[nk] = merge(other, idx, n)
+                                    break
+                            continue
+                        run_idx, skip_idx = _split(m, idx)
+                        nk = (*stack, pc + 1)
+                        groups[nk] = merge(groups[nk], skip_idx, n) if nk in groups else skip_idx
+                        idx = run_idx
+                if kind == PLAIN:
+                    ins.fn(st, ins, idx)
+                    pc += 1
+                    if groups:
+                        nk = (*stack, pc)
+                        other = groups.pop(nk, _NONE)
+                        if other is not _NONE:
+                            groups[nk] = merge(other, idx, n)
+                            break
+                    continue
+                if kind == BRA:
+                    pc = ins.x
+                    if groups:
+                        nk = (*stack, pc)
+                        other = groups.pop(nk, _NONE)
+                        if other is not _NONE:
+                            groups[nk] = merge(other, idx, n)
+                            break
+                        if any(k < nk for k in groups):
+                            groups[nk] = idx
+                            break
+                    continue
+                if kind == CALL:
+                    # ins.x = ("call", callee FuncInfo, arg copies, ret copies)
+                    _, callee, args, _rets = ins.x
+                    pm_caller = st.pm[ins.fid]
+                    pm_callee = st.pm[callee.fid]
+                    for src_off, dst_off, size in args:
+                        if idx is None:
+                            pm_callee[:, dst_off : dst_off + size] = pm_caller[
+                                :, src_off : src_off + size
+                            ]
+                        else:
+                            pm_callee[idx, dst_off : dst_off + size] = pm_caller[
+                                idx, src_off : src_off + size
+                            ]
+                    stack = (*stack, pc)
+                    pc = callee.entry_pc
+                    continue
+                if kind == RET:
+                    if not stack:
+                        break  # the kernel returns: these lanes are done
+                    site = code[stack[-1]]
+                    _, callee, _args, rets = site.x
+                    pm_caller = st.pm[site.fid]
+                    pm_callee = st.pm[callee.fid]
+                    for src_off, dst_off, size in rets:
+                        if idx is None:
+                            pm_caller[:, dst_off : dst_off + size] = pm_callee[
+                                :, src_off : src_off + size
+                            ]
+                        else:
+                            pm_caller[idx, dst_off : dst_off + size] = pm_callee[
+                                idx, src_off : src_off + size
+                            ]
+                    pc = stack[-1] + 1
+                    stack = stack[:-1]
+                    if groups:
+                        nk = (*stack, pc)
+                        other = groups.pop(nk, _NONE)
+                        if other is not _NONE:
+                            groups[nk] = merge(other, idx, n)
+                            break
+                        if any(k < nk for k in groups):
+                            groups[nk] = idx
+                            break
+                    continue
+                if kind == EXIT:
+                    break
+                if kind == BAR:
+                    if ins.fn is not None:
+                        ins.fn(st, ins, idx)  # bar.red: record this lane's predicate
+                    k = (*stack, pc)
+                    parked[k] = merge(parked[k], idx, n) if k in parked else idx
+                    break
+                if kind == TRAP:
+                    _trap(ins)
+                raise AssertionError(f"unknown instruction kind {kind}")
+    except MemoryFault as e:
+        where = f"`{ins.text}` (PTX line {ins.line})" if ins is not None else "a kernel"
+        raise KernelFault(fault_code(e.kind), f"{e} in {where}") from None
+    except KernelFault:
+        raise
+
+
+def _trap(ins) -> None:
+    raise KernelFault(719, f"trap executed at `{ins.text}` (PTX line {ins.line})")
+
+
+def _release(code: list, st, parked: dict, groups: dict, n: int) -> None:
+    """Every live lane waits at a barrier: complete the barriers and move the lanes past them."""
+    for key, idx in parked.items():
+        ins = code[key[-1]]
+        if ins.x is not None and callable(ins.x):
+            ins.x(st, ins, idx)  # bar.red: write the block-wide reduction
+        nk = (*key[:-1], key[-1] + 1)
+        groups[nk] = merge(groups[nk], idx, n) if nk in groups else idx

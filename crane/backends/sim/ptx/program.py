@@ -1,0 +1,423 @@
+"""A loaded PTX module: its kernels, its module variables, and ``launch``.
+
+``load_ptx`` reads the declarations with :mod:`crane.modules.ptx_info` (the same scanner the
+rest of Crane uses for parameter layouts, static shared memory and initialized globals, so the
+interpreter cannot disagree with what the guest packs) and decodes every function body once
+(:mod:`.decode`). ``launch`` checks the configuration like the driver, lays out the per-launch
+symbol values, and runs the grid in batches of whole blocks (:mod:`.executor`): blocks are
+independent, so any batching is a legal schedule; the batch size bounds memory (registers and
+local memory of every lane of a batch are live at once) and keeps arrays cache-friendly.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crane.api.generated.cuda_enums import CUresult
+
+from .decode import Decoded, FuncInfo, decode_module
+from .errors import KernelFault, PtxError, PtxUnsupported
+from .executor import run_batch
+from .parser import SUPPORTED_VERSION, parse_module
+from .state import LaunchGeometry, State
+
+__all__ = ["LANES_PER_BATCH", "ModuleVariable", "PtxKernel", "PtxProgram", "load_ptx"]
+
+#: Most lanes (threads) run in one batch, and the memory a batch's lanes may hold.
+LANES_PER_BATCH = 1 << 17
+BATCH_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModuleVariable:
+    """A module-scope ``.global``/``.const`` variable the backend must place in device memory.
+
+    ``init`` is None for zero-filled variables. ``relocs`` lists ``(offset, size, symbol,
+    addend)`` for initializers holding another variable's address (the backend patches them
+    after placement; ``init`` holds zeros there).
+    """
+
+    name: str
+    space: str
+    size: int
+    align: int
+    init: bytes | None
+    relocs: tuple[tuple[int, int, str, int], ...] = ()
+
+
+@dataclass
+class PtxKernel:
+    name: str
+    params: tuple[tuple[int, int], ...]
+    param_bytes: int
+    static_shared_bytes: int
+    local_bytes: int
+    maxntid: tuple[int, ...] | None
+    reqntid: tuple[int, ...] | None
+    # ---- internal layout ----
+    fid: int = -1
+    entry_pc: int = -1
+    reachable: tuple[int, ...] = ()
+    slot_values: dict[int, int] = field(default_factory=dict)  # shared/local symbol slots
+    global_slots: dict[int, str] = field(default_factory=dict)  # slot -> variable name
+    dynamic_shared_offset: int = 0
+    lane_bytes: int = 0
+
+    @property
+    def max_threads(self) -> int | None:
+        dims = self.reqntid or self.maxntid
+        if not dims:
+            return None
+        p = 1
+        for d in dims:
+            p *= d
+        return p
+
+
+def _align(x: int, a: int) -> int:
+    a = max(a, 1)
+    return (x + a - 1) // a * a
+
+
+class PtxProgram:
+    """A decoded module. Build with :func:`load_ptx`."""
+
+    def __init__(self, dec: Decoded, info, kernels: dict[str, PtxKernel], variables) -> None:
+        self._dec = dec
+        self._info = info
+        self.kernels: dict[str, PtxKernel] = kernels
+        self.variables: list[ModuleVariable] = variables
+        self.version = dec.module.version
+        self.target = dec.module.target
+
+    @property
+    def instruction_count(self) -> int:
+        return len(self._dec.code)
+
+    # ---- launch --------------------------------------------------------------------------
+    def launch(
+        self,
+        name: str,
+        grid: tuple[int, ...] = (1, 1, 1),
+        block: tuple[int, ...] = (1, 1, 1),
+        dynamic_shared: int = 0,
+        params: bytes = b"",
+        memory=None,
+        symbols: Mapping[str, int] | None = None,
+        profile=None,
+        printf: Callable[[str], None] | None = None,
+        *,
+        max_dynamic_shared: int | None = None,
+    ) -> None:
+        """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
+
+        ``max_dynamic_shared`` is the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
+        (None: the default 48 KiB rule).
+        """
+        k = self.kernels.get(name)
+        if k is None:
+            raise KernelFault(
+                int(CUresult.CUDA_ERROR_NOT_FOUND), f"no kernel named {name!r} in this module"
+            )
+        grid3 = _dims(grid, "grid")
+        block3 = _dims(block, "block")
+        _check_launch(k, grid3, block3, dynamic_shared, profile, max_dynamic_shared)
+        params = bytes(params)
+        if len(params) < k.param_bytes:
+            raise KernelFault(
+                int(CUresult.CUDA_ERROR_INVALID_VALUE),
+                f"kernel {name} takes {k.param_bytes} bytes of parameters, got {len(params)}",
+            )
+        if memory is None:
+            raise KernelFault(
+                int(CUresult.CUDA_ERROR_INVALID_VALUE), "launch without device memory"
+            )
+        symbols = symbols or {}
+        symvals = np.zeros(max(len(self._dec.slots), 1), np.uint64)
+        for slot, val in k.slot_values.items():
+            symvals[slot] = val
+        symvals_dyn = k.dynamic_shared_offset
+        for slot, key in enumerate(self._dec.slots):
+            if key == ("dynshared",):
+                symvals[slot] = symvals_dyn
+        for slot, var in k.global_slots.items():
+            addr = symbols.get(var)
+            if addr is None:
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_NOT_FOUND),
+                    f"module variable {var!r} used by kernel {name} has no device address",
+                )
+            symvals[slot] = addr
+        geo = LaunchGeometry(grid3, block3)
+        shared_total = (
+            _align(k.dynamic_shared_offset + dynamic_shared, 16)
+            if dynamic_shared
+            else _align(k.static_shared_bytes, 16)
+        )
+        shared_stride = max(shared_total, 16)
+        local_stride = _align(max(k.local_bytes, 8), 16)
+        t = geo.threads
+        per_lane = k.lane_bytes + local_stride + 160
+        by_mem = max(1, BATCH_BYTES // max(per_lane * t + shared_stride, 1))
+        per_batch = max(1, min(geo.blocks, max(1, LANES_PER_BATCH // t), by_mem))
+        reg_counts = {fid: tuple(self._dec.by_fid[fid].counts) for fid in k.reachable}
+        pm_sizes = {fid: self._dec.by_fid[fid].pm_size for fid in k.reachable}
+        kparams = np.frombuffer(params + bytes(8), np.uint8)
+        sink = printf if printf is not None else _stdout
+        nsm = getattr(profile, "sm_count", 132) if profile is not None else 132
+        fault: KernelFault | None = None
+        try:
+            self._run(
+                k,
+                geo,
+                per_batch,
+                reg_counts,
+                pm_sizes,
+                shared_stride,
+                local_stride,
+                memory,
+                kparams,
+                symvals,
+                sink,
+                dynamic_shared,
+                nsm,
+            )
+        except KernelFault as e:
+            fault = KernelFault(e.code, e.message)
+        if fault is not None:
+            # a fresh exception: the original's traceback holds the batch state, whose views of
+            # device memory would keep the session's mapping from being closed
+            raise fault
+
+    def _run(
+        self,
+        k,
+        geo,
+        per_batch,
+        reg_counts,
+        pm_sizes,
+        shared_stride,
+        local_stride,
+        memory,
+        kparams,
+        symvals,
+        sink,
+        dynamic_shared,
+        nsm,
+    ) -> None:
+        with np.errstate(all="ignore"):
+            for first in range(0, geo.blocks, per_batch):
+                nb = min(per_batch, geo.blocks - first)
+                st = State(
+                    geometry=geo,
+                    first_block=first,
+                    nblocks=nb,
+                    reg_counts=reg_counts,
+                    shared_stride=shared_stride,
+                    local_stride=local_stride,
+                    pm_sizes=pm_sizes,
+                    memory=memory,
+                    kparams=kparams,
+                    symvals=symvals,
+                    printf=sink,
+                    shared_bytes=k.static_shared_bytes + dynamic_shared,
+                    nsm=nsm,
+                )
+                st.uniform["%dynamic_smem_size"] = np.uint32(dynamic_shared)
+                run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
+
+
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+
+
+def _dims(d, what: str) -> tuple[int, int, int]:
+    t = tuple(int(x) for x in (d if isinstance(d, (tuple, list)) else (d,)))
+    if not 1 <= len(t) <= 3:
+        raise KernelFault(
+            int(CUresult.CUDA_ERROR_INVALID_VALUE), f"{what} must have 1 to 3 dimensions"
+        )
+    return ((*t, 1, 1))[:3]  # type: ignore[return-value]
+
+
+def _check_launch(k: PtxKernel, grid, block, dynamic_shared: int, profile, max_dyn) -> None:
+    """The driver's launch checks (shared with the guest: crane.api.launch_check)."""
+    if profile is None:
+        for v in grid + block:
+            if v < 1:
+                raise KernelFault(int(CUresult.CUDA_ERROR_INVALID_VALUE), "zero launch dimension")
+        return
+    from crane.api.launch_check import check_launch
+    from crane.api.results import CudaError
+
+    try:
+        check_launch(
+            profile.attributes,
+            grid,
+            block,
+            dynamic_shared,
+            static_shared=k.static_shared_bytes,
+            max_threads=k.max_threads,
+            max_dynamic_shared=max_dyn,
+        )
+    except CudaError as e:
+        raise KernelFault(int(e.code), e.message) from None
+    if k.reqntid is not None:
+        want = ((*tuple(k.reqntid), 1, 1))[:3]
+        if tuple(block) != want:
+            raise KernelFault(
+                int(CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+                f"block {block} differs from the kernel's .reqntid {want}",
+            )
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+
+def load_ptx(text: str) -> PtxProgram:
+    """Parse and decode a PTX module; every unsupported instruction is refused here."""
+    from crane.modules import ptx_info
+
+    try:
+        info = ptx_info.scan_ptx(text)
+    except ptx_info.PtxError as e:
+        raise PtxError(str(e)) from None
+    mod = parse_module(text)
+    if mod.version > SUPPORTED_VERSION:
+        # newer ISA versions are accepted; any instruction we do not know is refused below
+        pass
+    for t in mod.target:
+        if t.startswith("texmode") or t in ("map_f64_to_f32",):
+            raise PtxUnsupported(f".target option {t}")
+    dec = decode_module(mod, info)
+    kernels: dict[str, PtxKernel] = {}
+    for name, fi in dec.funcs.items():
+        if not fi.fn.is_entry:
+            continue
+        kernels[name] = _kernel_layout(dec, fi, info.entries.get(name))
+    variables = []
+    for v in info.variables.values():
+        space = v.space.lstrip(".")
+        if space not in ("global", "const") or v.scope is not None or v.is_extern:
+            continue
+        variables.append(
+            ModuleVariable(
+                name=v.name,
+                space=space,
+                size=v.size or 0,
+                align=v.align,
+                init=v.init,
+                relocs=tuple((r.offset, r.size, r.symbol, r.addend) for r in v.relocs),
+            )
+        )
+    return PtxProgram(dec, info, kernels, variables)
+
+
+def _reachable(dec: Decoded, fid: int) -> list[int]:
+    out, stack = [], [fid]
+    seen = {fid}
+    while stack:
+        f = stack.pop()
+        out.append(f)
+        for c in dec.by_fid[f].callees:
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return sorted(out)
+
+
+def _kernel_layout(dec: Decoded, fi: FuncInfo, einfo) -> PtxKernel:
+    fn = fi.fn
+    reach = _reachable(dec, fi.fid)
+    if einfo is not None:
+        params = tuple((p.offset, p.size) for p in einfo.params)
+        pbytes = einfo.param_bytes
+        maxntid = einfo.maxntid
+        reqntid = einfo.reqntid
+        layout = {name: off for name, off, _ in einfo.shared_layout}
+        static_shared = einfo.static_shared_bytes
+    else:
+        params = tuple((dec.kparam_offsets[id(p)], p.size) for p in fn.params)
+        pbytes = max((o + s for o, s in params), default=0)
+        maxntid = fn.directives.get("maxntid")
+        reqntid = fn.directives.get("reqntid")
+        layout, static_shared = {}, 0
+    k = PtxKernel(
+        name=fn.name,
+        params=params,
+        param_bytes=pbytes,
+        static_shared_bytes=static_shared,
+        local_bytes=0,
+        maxntid=tuple(maxntid) if maxntid else None,
+        reqntid=tuple(reqntid) if reqntid else None,
+        fid=fi.fid,
+        entry_pc=fi.entry_pc,
+        reachable=tuple(reach),
+    )
+    reach_set = set(reach)
+    # shared variables: ptx_info's layout (ptxas order) by name; anything it lacks goes after
+    extern_align = 16
+    for slot, key in enumerate(dec.slots):
+        kind = key[0]
+        if kind == "global":
+            if slot in _slots_used(dec, reach):
+                k.global_slots[slot] = key[1]
+        elif kind in ("shared", "fshared"):
+            if kind == "fshared" and key[1] not in reach_set:
+                continue
+            name = key[-1]
+            var = _find_var(dec, key)
+            if name in layout:
+                k.slot_values[slot] = layout[name]
+            else:
+                off = _align(static_shared, var.align if var else 16)
+                k.slot_values[slot] = off
+                static_shared = off + (var.size if var else 0)
+        elif kind == "local" and key[1] not in reach_set:
+            continue
+    k.static_shared_bytes = static_shared
+    for v in dec.module.variables:
+        if v.space == "shared" and v.extern:
+            extern_align = max(extern_align, v.align)
+    for f in reach:
+        for v in dec.by_fid[f].fn.shared:
+            if v.extern:
+                extern_align = max(extern_align, v.align)
+    k.dynamic_shared_offset = _align(static_shared, extern_align)
+    # local memory: every reachable function's .local variables (the __local_depot frames)
+    off = 0
+    for f in reach:
+        for v in dec.by_fid[f].fn.locals:
+            off = _align(off, v.align)
+            slot = dec.slot_index.get(("local", f, v.name))
+            if slot is not None:
+                k.slot_values[slot] = off
+            off += v.size
+    k.local_bytes = off
+    lane = 0
+    for f in reach:
+        n16, n32, n64, npred = dec.by_fid[f].counts
+        lane += 2 * n16 + 4 * n32 + 8 * n64 + npred + dec.by_fid[f].pm_size
+    k.lane_bytes = lane
+    return k
+
+
+def _slots_used(dec: Decoded, reach: list[int]) -> set[int]:
+    used: set[int] = set()
+    for f in reach:
+        used |= dec.by_fid[f].used_slots
+    return used
+
+
+def _find_var(dec: Decoded, key: tuple):
+    if key[0] == "shared":
+        return dec.module.scope.vars.get(key[1])
+    fi = dec.by_fid[key[1]]
+    for v in fi.fn.shared:
+        if v.name == key[2]:
+            return v
+    return None

@@ -1,0 +1,199 @@
+"""The machine state of one batch of lanes (threads) while a kernel runs.
+
+A *lane* is one thread. A launch runs its blocks in batches; all lanes of a batch execute in
+lockstep, one NumPy operation per instruction over the lanes at that instruction. Lanes are
+ordered block by block, and within a block by linear thread id (x fastest), so a warp is 32
+consecutive lanes of one block and "lane order" is the order serialized atomics use.
+
+Registers: each function has its own register files, one 2-D array per storage width
+(16-bit — which also holds 8-bit registers —, 32, 64 bits, and predicates), shaped
+``(registers, lanes)``. :attr:`State.fv` holds, per function, the typed views of those files
+that instructions read and write (see :data:`VIEW_IDS`), so a bit-cast ``mov`` costs nothing.
+
+Memory spaces (see :mod:`.memspace` for the address windows): global and const through
+:class:`~crane.backends.sim.memory.SimMemory`; shared as one flat buffer with a stride per
+block; local as one flat buffer with a stride per lane; function parameters (``.param`` of
+``.func`` and of call sites) as a ``(lanes, bytes)`` array; kernel parameters as the packed
+parameter bytes, which every lane shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["VIEW_IDS", "LaunchGeometry", "State", "storage_width", "view_id"]
+
+# Typed views of the register files, by id. An operand names (function, view, row).
+VIEW_IDS = {
+    (16, "u"): 0,
+    (16, "s"): 1,
+    (32, "u"): 2,
+    (32, "s"): 3,
+    (32, "f"): 4,
+    (64, "u"): 5,
+    (64, "s"): 6,
+    (64, "f"): 7,
+    (1, "pred"): 8,
+}
+_VIEW_DTYPES = [
+    np.uint16,
+    np.int16,
+    np.uint32,
+    np.int32,
+    np.float32,
+    np.uint64,
+    np.int64,
+    np.float64,
+    np.bool_,
+]
+
+
+def storage_width(bits: int) -> int:
+    """Registers of ``bits`` are stored in files of this width (8-bit registers use 16)."""
+    return 1 if bits == 1 else max(bits, 16)
+
+
+def view_id(bits: int, kind: str) -> int:
+    """The view of a ``bits``-wide register file that a value of ``kind`` is read through."""
+    if kind == "pred":
+        return 8
+    w = storage_width(bits)
+    k = {"u": "u", "b": "u", "h": "u", "bh": "u", "h2": "u", "bh2": "u", "s": "s", "f": "f"}[kind]
+    if k == "f" and w == 16:
+        k = "u"
+    return VIEW_IDS[(w, k)]
+
+
+@dataclass
+class LaunchGeometry:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+class State:
+    """Registers, special registers and memory of one batch of blocks."""
+
+    def __init__(
+        self,
+        *,
+        geometry: LaunchGeometry,
+        first_block: int,
+        nblocks: int,
+        reg_counts: dict[int, tuple[int, int, int, int]],
+        shared_stride: int,
+        local_stride: int,
+        pm_sizes: dict[int, int],
+        memory,
+        kparams: np.ndarray,
+        symvals: np.ndarray,
+        printf,
+        shared_bytes: int,
+        nsm: int,
+    ) -> None:
+        t = geometry.threads
+        n = t * nblocks
+        self.n = n
+        self.geometry = geometry
+        self.first_block = first_block
+        self.nblocks = nblocks
+        self.threads = t
+        # ---- registers, per function id ---------------------------------------------------
+        self.fv: dict[int, list[np.ndarray]] = {}
+        for fid, (n16, n32, n64, npred) in reg_counts.items():
+            r16 = np.zeros((n16, n), np.uint16)
+            r32 = np.zeros((n32, n), np.uint32)
+            r64 = np.zeros((n64, n), np.uint64)
+            p = np.zeros((npred, n), np.bool_)
+            self.fv[fid] = [
+                r16,
+                r16.view(np.int16),
+                r32,
+                r32.view(np.int32),
+                r32.view(np.float32),
+                r64,
+                r64.view(np.int64),
+                r64.view(np.float64),
+                p,
+            ]
+        # ---- lane geometry ------------------------------------------------------------------
+        lane = np.arange(n, dtype=np.int64)
+        blk_in_batch = lane // t
+        tlin = lane - blk_in_batch * t
+        bx, by, _ = geometry.block
+        gx, gy, _ = geometry.grid
+        self.block_of_lane = blk_in_batch
+        self.tid_linear = tlin
+        gblk = blk_in_batch + first_block
+        self.special: dict[str, np.ndarray] = {
+            "%tid.x": (tlin % bx).astype(np.uint32),
+            "%tid.y": ((tlin // bx) % by).astype(np.uint32),
+            "%tid.z": (tlin // (bx * by)).astype(np.uint32),
+            "%ctaid.x": (gblk % gx).astype(np.uint32),
+            "%ctaid.y": ((gblk // gx) % gy).astype(np.uint32),
+            "%ctaid.z": (gblk // (gx * gy)).astype(np.uint32),
+            "%laneid": (tlin % 32).astype(np.uint32),
+            "%warpid": (tlin // 32).astype(np.uint32),
+            "%smid": (gblk % max(nsm, 1)).astype(np.uint32),
+        }
+        lid = self.special["%laneid"].astype(np.uint64)
+        one = np.uint64(1)
+        eq = (one << lid).astype(np.uint32)
+        self.special["%lanemask_eq"] = eq
+        self.special["%lanemask_lt"] = (eq - np.uint32(1)).astype(np.uint32)
+        self.special["%lanemask_le"] = (self.special["%lanemask_lt"] | eq).astype(np.uint32)
+        self.special["%lanemask_ge"] = (~self.special["%lanemask_lt"]).astype(np.uint32)
+        self.special["%lanemask_gt"] = (~self.special["%lanemask_le"]).astype(np.uint32)
+        #: index of the first lane of each lane's warp, and one past the block's last lane
+        self.warp_base = lane - (tlin % 32)
+        self.block_end = (blk_in_batch + 1) * t
+        self.uniform = {
+            "%ntid.x": np.uint32(bx),
+            "%ntid.y": np.uint32(by),
+            "%ntid.z": np.uint32(geometry.block[2]),
+            "%nctaid.x": np.uint32(gx),
+            "%nctaid.y": np.uint32(gy),
+            "%nctaid.z": np.uint32(geometry.grid[2]),
+            "%nwarpid": np.uint32(64),
+            "%nsmid": np.uint32(max(nsm, 1)),
+            "%gridid": np.uint64(1),
+            "%dynamic_smem_size": np.uint32(0),
+            "%total_smem_size": np.uint32(shared_bytes),
+        }
+        # ---- memory -------------------------------------------------------------------------
+        self.mem = memory
+        self.kparams = kparams
+        self.symvals = symvals
+        self.shared_stride = shared_stride
+        self.shared = np.zeros(max(nblocks * shared_stride, 16), np.uint8)
+        self.shbase = blk_in_batch * shared_stride
+        self.local_stride = local_stride
+        self.local = np.zeros(max(n * local_stride, 16), np.uint8)
+        self.lobase = lane * local_stride
+        #: per function id: the lanes' parameter areas, shape (lanes, bytes)
+        self.pm = {fid: np.zeros((n, max(sz, 8)), np.uint8) for fid, sz in pm_sizes.items()}
+        self.printf = printf
+        self.clock = 0
+        self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        #: the carry flag of add.cc / addc, per lane
+        self.cc = np.zeros(n, np.uint64)
+        #: per-lane scratch for barrier reductions (bar.red)
+        self.barpred = np.zeros(n, np.bool_)
+
+    def view(self, buf: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """``buf`` (a flat uint8 buffer) viewed as ``dtype``, cached."""
+        key = (id(buf), dtype)
+        v = self._views.get(key)
+        if v is None:
+            v = buf.view(dtype)
+            self._views[key] = v
+        return v

@@ -1,0 +1,104 @@
+"""Fixtures for the PTX interpreter tests: nvcc discovery, compiled-PTX cache, a device.
+
+The kernels in ``kernels/*.cu`` are compiled with the real nvcc during the test run, to PTX for
+each architecture in :data:`ARCHS`, once per session (in parallel, into a temporary
+directory). The ``nvcc`` fixture (tests/conftest.py) finds the compiler on PATH or in the pip
+package nvidia-cuda-nvcc and skips with a reason when there is none.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from ptxdev import Device
+
+KERNELS = Path(__file__).parent / "kernels"
+ARCHS = ("compute_75", "compute_80", "compute_90")
+
+
+class PtxCache:
+    """Compiles kernels/NAME.cu for an arch on first request (all of them up front)."""
+
+    def __init__(self, nvcc: str, outdir: Path) -> None:
+        self.nvcc = nvcc
+        self.outdir = outdir
+        self._texts: dict[tuple[str, str], str] = {}
+        self._errors: dict[tuple[str, str], str] = {}
+
+    def _compile(self, name: str, arch: str) -> None:
+        src = KERNELS / f"{name}.cu"
+        out = self.outdir / f"{name}_{arch}.ptx"
+        cmd = [self.nvcc, "-ptx", "-O3", f"-arch={arch}", str(src), "-o", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            self._errors[(name, arch)] = r.stderr
+        else:
+            self._texts[(name, arch)] = out.read_text()
+
+    def compile_all(self) -> None:
+        jobs = [(p.stem, a) for p in sorted(KERNELS.glob("*.cu")) for a in ARCHS]
+        with ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1)) as ex:
+            list(ex.map(lambda j: self._compile(*j), jobs))
+
+    def get(self, name: str, arch: str) -> str:
+        key = (name, arch)
+        if key not in self._texts and key not in self._errors:
+            self._compile(name, arch)
+        if key in self._errors:
+            raise RuntimeError(f"nvcc failed for {name}.cu ({arch}):\n{self._errors[key]}")
+        return self._texts[key]
+
+
+@pytest.fixture(scope="session")
+def ptx_cache(nvcc: str, tmp_path_factory: pytest.TempPathFactory) -> PtxCache:
+    cache = PtxCache(nvcc, tmp_path_factory.mktemp("ptx"))
+    cache.compile_all()
+    return cache
+
+
+_PROGRAMS: dict[tuple[str, str], object] = {}
+
+
+@pytest.fixture(scope="session")
+def program(ptx_cache: PtxCache):
+    """program(name, arch) -> PtxProgram (loaded once per session)."""
+    from crane.backends.sim.ptx import load_ptx
+
+    def get(name: str, arch: str):
+        key = (name, arch)
+        if key not in _PROGRAMS:
+            _PROGRAMS[key] = load_ptx(ptx_cache.get(name, arch))
+        return _PROGRAMS[key]
+
+    return get
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def dev() -> Device:
+    d = Device()
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest):
+    import numpy as np
+
+    # fresh random inputs each run; the seed is printed on failure for reproduction
+    seed = int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    print(f"random seed {seed}")
+    return np.random.default_rng(seed)

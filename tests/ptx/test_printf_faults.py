@@ -1,0 +1,257 @@
+"""Device printf, faults (illegal/misaligned address, trap, assert), unsupported instructions
+refused at load, and launch-configuration checks."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from ptxdev import Ptr, i32, i64
+
+from crane.backends.sim.ptx import KernelFault, PtxError, PtxUnsupported, load_ptx
+
+
+def test_printf_formats(program, arch, dev):
+    prog = program("printf", arch)
+    label = dev.upload(np.frombuffer(b"lbl\0", np.uint8))
+    out = dev.launch(prog, "hello", 2, 3, [i32(42), np.float32(3.5), label])
+    per_thread = [f"thread {t} block {b}: a=42 b=3.500000\n" for b in range(2) for t in range(3)]
+    assert out[:6] == per_thread
+    block0 = [
+        "[   42|42   |00042|+42|ff|FF|0xff|10|Z|4294967295]\n",
+        "3.500 3.500000e+00 1.23e+04 0.0001 1e+20     3.5000|3.50    |\n",
+        "literal and lbl -5 -6 7 8 -9\n",
+        "%done     x|ab  |\n",
+        "0x1234 2 1E-10 3.000000E+00\n",
+        "no args\n",
+    ]
+    rest = out[6:]
+    assert rest == [line for line in block0 for _ in range(2)]
+
+
+def test_out_of_bounds_write_faults(program, arch, dev):
+    prog = program("faults", arch)
+    p = dev.zeros(64, np.int32)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "oob_write", 1, 64, [p, i32(64)])
+    assert e.value.code == 700
+    msg = str(e.value)
+    addr = int(re.search(r"access at (0x[0-9a-f]+)", msg).group(1), 16)
+    assert addr >= int(p) + 256 and "st.global" in msg and "PTX line" in msg
+
+
+def test_out_of_bounds_read_faults(program, arch, dev):
+    prog = program("faults", arch)
+    src, dst = dev.zeros(16, np.float32), dev.zeros(16, np.float32)
+    dev.launch(prog, "oob_read", 1, 16, [src, dst, i64(0)])  # in bounds
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "oob_read", 1, 16, [src, dst, i64(1 << 30)])
+    assert e.value.code == 700
+
+
+def test_null_pointer_write_faults(program, arch, dev):
+    prog = program("faults", arch)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "null_write", 1, 8, [dev.zeros(8, np.int32)])
+    assert e.value.code == 700 and "0x0" in str(e.value)
+
+
+def test_misaligned_access_faults(program, arch, dev):
+    prog = program("faults", arch)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "misaligned", 1, 4, [dev.zeros(64, np.uint8), dev.zeros(4, np.int32)])
+    assert e.value.code == 716
+
+
+def test_shared_out_of_range_faults(program, arch, dev):
+    prog = program("faults", arch)
+    out = dev.zeros(64, np.int32)
+    dev.launch(prog, "shared_oob", 1, 64, [out, i32(0)])
+    assert np.array_equal(dev.download(out, 64, np.int32), np.arange(64))
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "shared_oob", 1, 64, [out, i32(1000)])
+    assert e.value.code == 700
+
+
+def test_trap(program, arch, dev):
+    prog = program("faults", arch)
+    p = dev.zeros(32, np.int32)
+    dev.launch(prog, "do_trap", 1, 32, [p, i32(99)])  # nobody traps
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "do_trap", 1, 32, [p, i32(5)])
+    assert e.value.code == 719 and "trap" in str(e.value)
+
+
+def test_assert(program, arch, dev):
+    prog = program("faults", arch)
+    vals = dev.upload(np.array([1, 2, 30, 4, 50, 6], np.int32))
+    dev.launch(prog, "do_assert", 1, 6, [vals, i32(100)])
+    out: list[str] = []
+    with pytest.raises(KernelFault) as e:
+        prog.launch(
+            "do_assert",
+            grid=(1, 1, 1),
+            block=(6, 1, 1),
+            params=dev.pack(prog, "do_assert", [vals, i32(10)]),
+            memory=dev.mem,
+            symbols=dev.symbols(prog),
+            profile=dev.profile,
+            printf=out.append,
+        )
+    assert e.value.code == 710
+    assert len(out) == 2
+    # as a GPU prints it: file:line: pretty function: block, thread, message
+    assert out[0].endswith(
+        ": void do_assert(const int *, int): block [0,0,0], thread [2,0,0] "
+        "Assertion `v < limit` failed.\n"
+    )
+    assert "faults.cu:" in out[0] and "thread [4,0,0]" in out[1]
+
+
+UNSUPPORTED = """
+.version 8.0
+.target sm_80
+.address_size 64
+.global .texref tex0;
+.visible .entry k(.param .u64 p)
+{
+    .reg .f32 %f<5>;
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    mov.b32 %r1, 0;
+    tex.1d.v4.f32.s32 {%f1, %f2, %f3, %f4}, [tex0, {%r1}];
+    st.global.f32 [%rd1], %f1;
+    ret;
+}
+"""
+
+
+def test_unsupported_instruction_refused_at_load():
+    with pytest.raises(PtxUnsupported) as e:
+        load_ptx(UNSUPPORTED)
+    assert "tex.1d.v4.f32.s32" in str(e.value) and "line 13" in str(e.value)
+    assert e.value.line == 13
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        (
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%f1,%f2,%f3,%f4}, {%r1,%r1,%r1,%r1}, {%r1,%r1}, {%f1,%f2,%f3,%f4};",
+            "mma",
+        ),
+        ("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%rd1];", "ldmatrix"),
+        ("cvt.rn.satfinite.e4m3x2.f32 %rs1, %f1, %f2;", "cvt"),
+        ("ld.global.foo.f32 %f1, [%rd1];", ".foo"),
+        ("add.f32 %f1, %f2, %zz;", "zz"),
+    ],
+)
+def test_more_refusals(body, what):
+    text = f"""
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry k(.param .u64 p)
+{{
+    .reg .f32 %f<5>;
+    .reg .b32 %r<3>;
+    .reg .b16 %rs<3>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    {body}
+    ret;
+}}
+"""
+    with pytest.raises(PtxError) as e:
+        load_ptx(text)
+    assert what in str(e.value) and "line 12" in str(e.value)
+
+
+def test_syntax_error_is_ptx_error():
+    with pytest.raises(PtxError):
+        load_ptx(
+            ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k() { add.s32 %r1 }"
+        )
+
+
+def test_newer_version_and_unknown_target_load_when_instructions_are_known():
+    text = """
+.version 9.9
+.target sm_120
+.address_size 64
+.visible .entry k(.param .u64 p)
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+"""
+    prog = load_ptx(text)
+    assert prog.kernels["k"].param_bytes == 8
+
+
+@pytest.mark.parametrize(
+    ("grid", "block", "shared", "code"),
+    [
+        ((1, 1, 1), (2048, 1, 1), 0, 1),
+        ((1, 1, 1), (1, 1, 65), 0, 1),
+        ((1, 1, 1), (32, 32, 2), 0, 1),
+        ((1, 70000, 1), (32, 1, 1), 0, 1),
+        ((0, 1, 1), (32, 1, 1), 0, 1),
+        ((1, 1, 1), (32, 1, 1), 49 * 1024, 1),
+    ],
+)
+def test_launch_limits(program, dev, grid, block, shared, code):
+    prog = program("vector_add", "compute_80")
+    p = dev.zeros(4, np.float32)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "vadd_f32", grid, block, [p, p, p, i32(0)], shared=shared)
+    assert e.value.code == code
+
+
+def test_launch_bounds_maxntid():
+    text = """
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry k(.param .u64 p)
+.maxntid 128, 1, 1
+{
+    ret;
+}
+"""
+    from ptxdev import Device
+
+    prog = load_ptx(text)
+    assert prog.kernels["k"].maxntid == (128, 1, 1)
+    d = Device()
+    try:
+        d.launch(prog, "k", 1, 128, [Ptr(0)])
+        with pytest.raises(KernelFault) as e:
+            d.launch(prog, "k", 1, 256, [Ptr(0)])
+        assert e.value.code == 701
+    finally:
+        d.close()
+
+
+def test_opt_in_dynamic_shared(program, dev):
+    prog = program("shared_dyn", "compute_80")
+    n = 64
+    x = dev.upload(np.arange(n, dtype=np.int32))
+    out = dev.zeros(n, np.int32)
+    dev.launch(
+        prog,
+        "reverse_dyn",
+        1,
+        n,
+        [x, out, i32(n)],
+        shared=100 * 1024,
+        max_dynamic_shared=100 * 1024,
+    )
+    assert np.array_equal(dev.download(out, n, np.int32), np.arange(n)[::-1])
