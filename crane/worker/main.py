@@ -1,0 +1,107 @@
+"""Entry point of a session's worker process (``python -m crane.worker.main --fd N``).
+
+The daemon spawns workers ahead of demand; a worker imports everything, then blocks until the
+daemon sends its session's configuration. It builds the backend (its own CUDA context or
+simulated device: invariant 4), answers with the device identity the guest will see, and then
+serves call batches until the daemon closes the channel or the guest closes the session. Exiting
+the process frees everything the session held, whatever state it was in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from crane.backends.factory import WorkerConfig, make_backend
+from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
+from crane.wire.malloc import tune_malloc
+from crane.worker.channel import Channel, ChannelClosed, Tag
+from crane.worker.executor import Executor
+from crane.worker.stats import SessionStats
+
+__all__ = ["main", "serve"]
+
+log = logging.getLogger("crane.worker")
+
+
+def serve(ch: Channel) -> int:
+    tag, raw = ch.recv()
+    if tag != Tag.CONFIG:
+        log.error("worker expected its configuration first, got frame tag %d", tag)
+        return 2
+    cfg = WorkerConfig(**json.loads(raw))
+    logging.getLogger().handlers[0].setFormatter(
+        logging.Formatter(f"%(asctime)s craned[worker {cfg.session_id}] %(levelname)s %(message)s")
+    )
+    try:
+        backend = make_backend(cfg)
+    except Exception as e:
+        log.exception("cannot start the backend")
+        ch.send(Tag.CLOSE, f"backend failed to start: {e}".encode())
+        return 1
+    executor = Executor(backend, cfg.session_id, (cfg.va_base, cfg.va_size), Path(cfg.module_cache))
+    stats = SessionStats(cfg.stats_path)
+    from crane.backends.identity import snapshot_to_proto
+
+    ch.send(Tag.REPLY, snapshot_to_proto(backend.snapshot).SerializeToString())
+    try:
+        while True:
+            tag, raw = ch.recv()
+            if tag != Tag.BATCH:
+                log.error("unexpected frame tag %d from the daemon", tag)
+                continue
+            msgs = executor.run_batch(raw)
+            last = len(msgs) - 1 if peek_flags(raw) & EXPECTS_REPLY else -1
+            for i, msg in enumerate(msgs):
+                ch.send(Tag.REPLY_LAST if i == last else Tag.REPLY, msg)
+            stats.write(executor.calls, executor.mem_used(), executor.done_seq)
+            if executor.closed:
+                ch.send(Tag.CLOSE)
+                break
+    except ChannelClosed:
+        log.info("daemon closed the session channel")
+    finally:
+        backend.close()
+        stats.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="crane-worker")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the daemon")
+    parser.add_argument("--log-level", default=os.environ.get("CRANE_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s craned[worker] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    # The daemon owns signals: a Ctrl-C in craned's terminal must not kill sessions mid-call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tune_malloc()
+    ch = Channel(socket.socket(fileno=args.fd))
+    profile_dir = os.environ.get("CRANE_WORKER_PROFILE")  # developers: cProfile each worker
+    profiler = None
+    if profile_dir:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        return serve(ch)
+    except ChannelClosed:
+        return 0
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(os.path.join(profile_dir, f"worker-{os.getpid()}.prof"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
