@@ -1,0 +1,136 @@
+"""``craned``: the host daemon.
+
+    craned --listen unix:///run/crane/crane.sock --listen tcp://127.0.0.1:7480 \\
+           --backend sim:h100-80gb [--config /etc/crane/craned.toml]
+
+Runs until SIGTERM/SIGINT, then stops accepting, ends every session (their workers exit and
+free their device memory) and removes its unix sockets. Under systemd (``Type=notify``) it
+reports READY=1 once it listens and STOPPING=1 when it shuts down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from crane import __version__
+from crane.daemon.config import load_config
+from crane.daemon.devices import resolve_devices
+from crane.daemon.server import build_server
+from crane.daemon.sessions import SessionManager
+from crane.daemon.workers import WorkerPool
+from crane.wire.malloc import tune_malloc
+
+__all__ = ["main"]
+
+log = logging.getLogger("craned")
+
+
+def sd_notify(state: str) -> None:
+    """Tell systemd about our state when it started us with Type=notify (no-op otherwise)."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(addr)
+            s.sendall(state.encode())
+        except OSError as e:
+            log.warning("sd_notify(%s) failed: %s", state, e)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="craned", description="Crane host daemon")
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        help="address to serve (repeatable): unix:///path.sock or tcp://host:port",
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        help="device backend (repeatable): auto, cuda[:N], sim:PROFILE",
+    )
+    p.add_argument("--run-dir", help="state directory (sockets, ledgers, module cache)")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--prespawn", type=int, help="idle workers to keep ready")
+    p.add_argument("--version", action="version", version=f"craned {__version__}")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(
+            args.config,
+            {
+                "listen": args.listen,
+                "backend": args.backend,
+                "run_dir": args.run_dir,
+                "log_level": args.log_level,
+                "prespawn": args.prespawn,
+            },
+        )
+    except (OSError, ValueError) as e:
+        print(f"craned: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        format="%(asctime)s craned %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    tune_malloc()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        devices, note = resolve_devices(cfg.backend, run_dir)
+    except (KeyError, ValueError) as e:
+        log.error("%s", str(e).strip("\"'"))
+        return 2
+    log.info("craned %s: %s", __version__, note)
+
+    pool = WorkerPool(cfg.prespawn, cfg.log_level)
+    sessions = SessionManager(devices, run_dir, pool, cfg.max_sessions)
+    try:
+        server, bound = build_server(sessions, cfg.listen, note)
+    except (OSError, RuntimeError, ValueError) as e:
+        log.error("cannot listen: %s", e)
+        pool.close()
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    for b in bound:
+        log.info("listening on %s", b)
+    sd_notify("READY=1")
+    stop.wait()
+    sd_notify("STOPPING=1")
+    server.stop(grace=1.0)
+    sessions.close_all("daemon shutting down")
+    pool.close()
+    for b in bound:
+        if b.startswith("unix://"):
+            Path(b[len("unix://") :]).unlink(missing_ok=True)
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""gRPC servicers: thin translation between RPCs and the session manager.
+
+Exceptions become gRPC status in exactly one place (:func:`_status_on_error`). The ``Calls``
+stream is a relay: the guest's serialized call batches go to the session's worker unparsed and
+the worker's serialized replies come back unparsed, so the daemon does no per-call work.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from crane import __version__
+from crane.daemon.errors import DaemonError
+from crane.daemon.sessions import WINDOW_SIZE, SessionManager
+from crane.v1 import common_pb2, control_pb2, diag_pb2, guest_pb2
+from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
+from crane.wire.fingerprint import fingerprint
+from crane.wire.status import DRIVER_VERSION, MAX_CHUNK
+from crane.worker.channel import ChannelClosed, Tag
+from crane.worker.executor import MODULE_AREA
+
+__all__ = ["control_handler", "guest_handler"]
+
+log = logging.getLogger("craned")
+
+
+def _status_on_error(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except DaemonError as e:
+            log.warning("%s refused for %s: %s", fn.__name__, context.peer(), e.message)
+            context.abort(getattr(grpc.StatusCode, e.status), e.message)
+
+    return wrapper
+
+
+class GuestServicer:
+    def __init__(self, sessions: SessionManager) -> None:
+        self.sessions = sessions
+
+    @_status_on_error
+    def OpenSession(
+        self, request: guest_pb2.OpenSessionRequest, context: grpc.ServicerContext
+    ) -> guest_pb2.OpenSessionReply:
+        if request.fingerprint != fingerprint():
+            raise DaemonError(
+                "FAILED_PRECONDITION",
+                f"protocol fingerprint mismatch: guest {request.fingerprint!r}, daemon "
+                f"{fingerprint()!r}; the guest library and craned come from different Crane "
+                "builds",
+            )
+        s = self.sessions.open(request.device, request.client)
+        return guest_pb2.OpenSessionReply(
+            session_id=s.id,
+            resume_token=s.token,
+            va_base=s.va_base,
+            va_size=WINDOW_SIZE - MODULE_AREA,
+            device=s.identity,
+            driver_version=DRIVER_VERSION,
+            chunk_granularity=2 << 20,
+            max_batch_bytes=MAX_CHUNK,
+            daemon_version=__version__,
+        )
+
+    def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        md = dict(context.invocation_metadata())
+        token = md.get("crane-token-bin")
+        try:
+            session = self.sessions.attach(md.get("crane-session"), token, context.peer())
+        except DaemonError as e:
+            log.warning("call stream refused for %s: %s", context.peer(), e.message)
+            context.abort(getattr(grpc.StatusCode, e.status), e.message)
+        context.add_callback(lambda: self.sessions.close(session, "stream ended"))
+        ch = session.worker.channel
+        try:
+            for raw in requests:
+                ch.send(Tag.BATCH, raw)
+                if peek_flags(raw) & EXPECTS_REPLY:
+                    # the guest waits: forward answers up to this batch's last one
+                    while True:
+                        tag, frame = ch.recv()
+                        if tag == Tag.CLOSE:
+                            return
+                        yield frame
+                        if tag == Tag.REPLY_LAST:
+                            break
+                else:
+                    # asynchronous batch: forward only what is already there (failures, printf)
+                    while ch.readable():
+                        tag, frame = ch.recv()
+                        if tag == Tag.CLOSE:
+                            return
+                        yield frame
+        except ChannelClosed:
+            if session.state == "running":
+                log.error("session %s: worker exited unexpectedly", session.id)
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"session {session.id}: its worker process exited"
+                )
+        finally:
+            self.sessions.close(session, "stream ended")
+
+
+class DiagnosticsServicer:
+    """The transport floor, measured on the same server and socket as guests' streams."""
+
+    def Echo(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield from requests
+
+    def Drain(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        total = count = 0
+        for raw in requests:
+            total += len(raw)
+            count += 1
+        return diag_pb2.DrainReply(bytes=total, messages=count)
+
+    def Source(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        size = min(request.size, MAX_CHUNK * 4)
+        blob = diag_pb2.Blob(payload=bytes(size)).SerializeToString()
+        for _ in range(min(request.count, 1 << 20)):
+            yield blob
+
+
+class ControlServicer:
+    def __init__(self, sessions: SessionManager, backend_note: str) -> None:
+        self.sessions = sessions
+        self.backend_note = backend_note
+
+    def ListDevices(self, request: Any, context: grpc.ServicerContext) -> Any:
+        out = control_pb2.ListDevicesReply(daemon_version=__version__, backend=self.backend_note)
+        sessions = self.sessions.list()
+        for d in self.sessions.devices:
+            out.devices.append(
+                common_pb2.DeviceInfo(
+                    index=d.index,
+                    backend=d.backend,
+                    name=d.name,
+                    uuid=d.uuid,
+                    total_mem=d.total_mem,
+                    used_mem=d.ledger.used(),
+                    cc_major=d.cc[0],
+                    cc_minor=d.cc[1],
+                    profile=d.profile,
+                    sessions=sum(1 for s in sessions if s.device is d),
+                    utilization_pct=-1,
+                    mig_mode="n/a",
+                    driver_version="crane-sim",
+                )
+            )
+        return out
+
+    def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return control_pb2.ListSessionsReply(
+            sessions=[self.sessions.info(s) for s in self.sessions.list()]
+        )
+
+
+def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
+    """The Guest service; ``Calls`` carries raw bytes (the daemon never parses a batch)."""
+    return grpc.method_handlers_generic_handler(
+        "crane.v1.Guest",
+        {
+            "OpenSession": grpc.unary_unary_rpc_method_handler(
+                servicer.OpenSession,
+                request_deserializer=guest_pb2.OpenSessionRequest.FromString,
+                response_serializer=guest_pb2.OpenSessionReply.SerializeToString,
+            ),
+            "Calls": grpc.stream_stream_rpc_method_handler(servicer.Calls),
+        },
+    )
+
+
+def diagnostics_handler(servicer: DiagnosticsServicer) -> grpc.GenericRpcHandler:
+    """Raw bytes in and out, like ``Calls``: the baseline pays what the relay pays, no more."""
+    return grpc.method_handlers_generic_handler(
+        "crane.v1.Diagnostics",
+        {
+            "Echo": grpc.stream_stream_rpc_method_handler(servicer.Echo),
+            "Drain": grpc.stream_unary_rpc_method_handler(
+                servicer.Drain, response_serializer=diag_pb2.DrainReply.SerializeToString
+            ),
+            "Source": grpc.unary_stream_rpc_method_handler(
+                servicer.Source, request_deserializer=diag_pb2.SourceRequest.FromString
+            ),
+        },
+    )
+
+
+def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        "crane.v1.Control",
+        {
+            "ListDevices": grpc.unary_unary_rpc_method_handler(
+                servicer.ListDevices,
+                request_deserializer=control_pb2.ListDevicesRequest.FromString,
+                response_serializer=control_pb2.ListDevicesReply.SerializeToString,
+            ),
+            "ListSessions": grpc.unary_unary_rpc_method_handler(
+                servicer.ListSessions,
+                request_deserializer=control_pb2.ListSessionsRequest.FromString,
+                response_serializer=control_pb2.ListSessionsReply.SerializeToString,
+            ),
+        },
+    )

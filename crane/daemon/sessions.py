@@ -1,0 +1,217 @@
+"""Sessions: who is connected, on which device, in which VA window, served by which worker.
+
+Each session moves through an explicit state machine; operations name the states they accept
+and refuse others by name (so a second stream on a session, or a stream on a closing one, gets a
+clear error rather than a race):
+
+    opening ──► ready ──► running ──► closing ──► closed
+                  └───────────────────────┘ (guest never attached / disconnected)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crane.backends.factory import WorkerConfig
+from crane.daemon.devices import Device
+from crane.daemon.errors import DaemonError
+from crane.daemon.workers import WorkerPool, WorkerProcess
+from crane.v1 import common_pb2
+from crane.worker.channel import ChannelClosed, Tag
+from crane.worker.stats import SessionStats
+
+__all__ = ["WINDOW_BASE", "WINDOW_SIZE", "WINDOW_SLOTS", "Session", "SessionManager"]
+
+log = logging.getLogger("craned")
+
+#: Session VA windows: 1 TiB each in [16 TiB, 64 TiB), below where Linux places PIE executables
+#: and their heaps (0x55.., 0x56..) and mmaps (0x7f..), so a guest process can reserve its window
+#: without colliding with host memory. A slot is picked at random per session so that sessions of
+#: different daemons rarely collide (a restore needs its window free on the target).
+WINDOW_BASE = 0x1000_0000_0000
+WINDOW_SIZE = 1 << 40
+WINDOW_SLOTS = 48
+
+
+@dataclass
+class Session:
+    id: str
+    token: bytes
+    device: Device
+    slot: int
+    worker: WorkerProcess
+    identity: common_pb2.DeviceIdentity
+    client: str
+    stats: SessionStats
+    stats_path: Path
+    state: str = "opening"
+    peer: str = ""
+    opened_at: float = field(default_factory=time.time)
+
+    @property
+    def va_base(self) -> int:
+        return WINDOW_BASE + self.slot * WINDOW_SIZE
+
+    def require(self, *states: str) -> None:
+        if self.state not in states:
+            raise DaemonError(
+                "FAILED_PRECONDITION",
+                f"session {self.id} is {self.state}; this needs it {' or '.join(states)}",
+            )
+
+
+class SessionManager:
+    def __init__(
+        self, devices: list[Device], run_dir: Path, pool: WorkerPool, max_sessions: int
+    ) -> None:
+        self.devices = devices
+        self.run_dir = run_dir
+        self.pool = pool
+        self.max_sessions = min(max_sessions, WINDOW_SLOTS)
+        self.module_cache = run_dir / "modules"
+        self.module_cache.mkdir(parents=True, exist_ok=True)
+        (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
+        self._sessions: dict[str, Session] = {}
+        self._starting: set[int] = set()  # window slots of sessions being opened
+        self._lock = threading.Lock()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def open(self, device_index: int, client: str) -> Session:
+        if device_index < 0:
+            device_index = 0
+        if device_index >= len(self.devices):
+            raise DaemonError(
+                "INVALID_ARGUMENT",
+                f"no device {device_index}: this daemon serves {len(self.devices)} device(s)",
+            )
+        device = self.devices[device_index]
+        with self._lock:
+            used = {s.slot for s in self._sessions.values()} | self._starting
+            free = [i for i in range(WINDOW_SLOTS) if i not in used]
+            if len(self._sessions) + len(self._starting) >= self.max_sessions or not free:
+                raise DaemonError(
+                    "RESOURCE_EXHAUSTED", f"daemon is at its limit of {self.max_sessions} sessions"
+                )
+            slot = random.choice(free)
+            self._starting.add(slot)
+        try:
+            session = self._start(uuid.uuid4().hex[:12], slot, device, client)
+            with self._lock:
+                self._sessions[session.id] = session
+        finally:
+            with self._lock:
+                self._starting.discard(slot)
+        log.info(
+            "session %s opened on device %d (%s) for %s, window %#x, worker pid %d",
+            session.id,
+            device.index,
+            device.name,
+            client or "?",
+            session.va_base,
+            session.worker.pid,
+        )
+        return session
+
+    def _start(self, sid: str, slot: int, device: Device, client: str) -> Session:
+        stats_path = self.run_dir / "sessions" / f"{sid}.stats"
+        cfg = WorkerConfig(
+            session_id=sid,
+            backend=device.backend,
+            profile=device.profile,
+            va_base=WINDOW_BASE + slot * WINDOW_SIZE,
+            va_size=WINDOW_SIZE,
+            uuid_seed=secrets.token_hex(16),
+            ledger_path=device.ledger_path,
+            ledger_slot=slot,
+            module_cache=str(self.module_cache),
+            stats_path=str(stats_path),
+        )
+        worker = self.pool.take()
+        try:
+            worker.channel.send(Tag.CONFIG, json.dumps(cfg.to_json()).encode())
+            tag, raw = worker.channel.recv()
+        except ChannelClosed as e:
+            worker.stop()
+            raise DaemonError("INTERNAL", f"session worker died while starting: {e}") from None
+        if tag != Tag.REPLY:
+            worker.stop()
+            raise DaemonError("INTERNAL", f"session worker failed: {raw.decode(errors='replace')}")
+        identity = common_pb2.DeviceIdentity.FromString(raw)
+        return Session(
+            id=sid,
+            token=secrets.token_bytes(16),
+            device=device,
+            slot=slot,
+            worker=worker,
+            identity=identity,
+            client=client,
+            stats=SessionStats(stats_path),
+            stats_path=stats_path,
+            state="ready",
+        )
+
+    def attach(self, sid: str | None, token: bytes | None, peer: str) -> Session:
+        """Bind the guest's call stream to its session (one stream at a time)."""
+        with self._lock:
+            session = self._sessions.get(sid or "")
+            if session is None:
+                raise DaemonError("NOT_FOUND", f"no session {sid!r} on this daemon")
+            if not token or not secrets.compare_digest(token, session.token):
+                raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            session.require("ready")
+            session.state = "running"
+            session.peer = peer
+        return session
+
+    def close(self, session: Session, why: str) -> None:
+        """Tear a session down: stop its worker (freeing its device memory), forget it."""
+        with self._lock:
+            if session.state in ("closing", "closed"):
+                return
+            session.state = "closing"
+        code = session.worker.stop()
+        session.device.ledger.clear(session.slot)
+        session.stats.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(session.stats_path)
+        with self._lock:
+            session.state = "closed"
+            self._sessions.pop(session.id, None)
+        log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
+
+    def close_all(self, why: str) -> None:
+        for s in self.list():
+            self.close(s, why)
+
+    # ---- queries -------------------------------------------------------------------------
+    def list(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def info(self, s: Session) -> common_pb2.SessionInfo:
+        try:
+            calls, mem, _ = s.stats.read()
+        except ValueError:  # closed under us
+            calls, mem = 0, 0
+        return common_pb2.SessionInfo(
+            id=s.id,
+            peer=s.peer,
+            device=s.device.index,
+            mem_used=mem,
+            calls=calls,
+            state=s.state,
+            client=s.client,
+            opened_at=s.opened_at,
+            va_base=s.va_base,
+            va_size=WINDOW_SIZE,
+        )
