@@ -1,0 +1,497 @@
+"""The guest session: the Python API the interposer sits on, one method per driver operation.
+
+What is answered locally (invariant 3): device identity and attributes (cached at open), handle
+validity, address-range validity of copies (from the guest's own VA allocator), launch limits,
+kernel look-up (kernels and their parameter layouts come back with the module load). What goes
+to the daemon: everything that touches the device, batched (see :mod:`crane.guest.transport`).
+
+Errors are raised as :class:`crane.api.results.CudaError` carrying the CUresult the application
+should see; errors of asynchronous calls are raised by the next synchronizing call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.launch_check import check_launch
+from crane.api.ops import OPS_BY_NAME, Op
+from crane.api.results import CudaError
+from crane.backends.base import DeviceSnapshot
+from crane.backends.identity import snapshot_from_proto
+from crane.guest.handles import HandleAllocator, HandleKind, kind_of
+from crane.guest.transport import CallReply, Transport
+from crane.guest.va import VaAllocator, VaError
+from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
+
+__all__ = ["Function", "KernelLayout", "Module", "Session"]
+
+_O = OPS_BY_NAME
+_DEFAULT_STREAMS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """A kernel's parameters as (offset, size) pairs, from the module's code."""
+
+    name: str
+    params: tuple[tuple[int, int], ...]
+    param_bytes: int
+    static_shared: int = 0
+    max_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class Module:
+    handle: int
+    kind: str
+    description: str
+    kernels: dict[str, KernelLayout]
+    globals: dict[str, tuple[int, int]]  # name -> (device address, size)
+
+
+@dataclass(frozen=True)
+class Function:
+    handle: int
+    module: int
+    layout: KernelLayout
+
+
+@dataclass
+class _Objects:
+    contexts: set[int] = field(default_factory=set)
+    streams: set[int] = field(default_factory=set)
+    events: set[int] = field(default_factory=set)
+    modules: dict[int, Module] = field(default_factory=dict)
+    functions: dict[int, Function] = field(default_factory=dict)
+
+
+class Session:
+    """A connection to craned and the guest-side state of one CUDA session."""
+
+    def __init__(self, address: str | None = None, device: int = -1, client: str = "") -> None:
+        self._t = Transport(address, device, client)
+        o = self._t.opened
+        self.session_id: str = o.session_id
+        self.device: DeviceSnapshot = snapshot_from_proto(o.device)
+        self.attributes = self.device.attributes
+        self.driver_version: int = o.driver_version
+        self.va_window = (o.va_base, o.va_size)
+        self._handles = HandleAllocator()
+        self._objs = _Objects()
+        self._lock = threading.RLock()
+        self.va = VaAllocator(
+            o.va_base,
+            o.va_size,
+            self._map_chunk,
+            self._unmap_chunk,
+            granularity=o.chunk_granularity,
+        )
+        self.primary_context = self.ctx_create()
+
+    @classmethod
+    def open(cls, address: str | None = None, device: int = -1, client: str = "") -> Session:
+        return cls(address, device, client)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    def _async(self, op: Op, *args: object, data: bytes = b"") -> None:
+        self._t.enqueue(op, op.pack(*args), data, expect=False)
+
+    def _sync(self, op: Op, *args: object, data: bytes = b"") -> CallReply:
+        seq = self._t.enqueue(op, op.pack(*args), data, expect=True)
+        return self._settle(seq, self._t.wait(seq))
+
+    def _settle(self, seq: int, reply: CallReply) -> CallReply:
+        """Raise a pending asynchronous error first, then this call's own."""
+        pending = self._t.take_async_error(seq)
+        if pending is not None:
+            raise CudaError(CUresult(pending.result), pending.detail)
+        if reply.result and reply.result != CRANE_NEED_IMAGE:
+            raise CudaError(_as_result(reply.result), reply.detail)
+        return reply
+
+    def _ctx(self, ctx: int | None) -> int:
+        ctx = self.primary_context if ctx is None else ctx
+        if ctx not in self._objs.contexts:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_CONTEXT, f"unknown context {ctx:#x}")
+        return ctx
+
+    def _stream(self, stream: int) -> int:
+        if stream not in _DEFAULT_STREAMS and stream not in self._objs.streams:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown stream {stream:#x}")
+        return stream
+
+    def _event(self, event: int) -> int:
+        if event not in self._objs.events:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown event {event:#x}")
+        return event
+
+    def _in_module_global(self, addr: int, size: int) -> bool:
+        return any(
+            g <= addr and addr + size <= g + n
+            for m in self._objs.modules.values()
+            for g, n in m.globals.values()
+        )
+
+    def _range(self, addr: int, size: int) -> None:
+        """Local check that a device range lies in one allocation or module variable."""
+        if not self.va.check(addr, size) and not self._in_module_global(addr, size):
+            hit = self.va.find(addr)
+            why = (
+                "is not inside any allocation"
+                if hit is None
+                else f"runs past the allocation {hit[0]:#x}+{hit[1]:#x}"
+            )
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE, f"device range {addr:#x}+{size:#x} {why}"
+            )
+
+    # ---- contexts -----------------------------------------------------------------------------
+    def ctx_create(self, flags: int = 0) -> int:
+        h = self._handles.new(HandleKind.CONTEXT)
+        self._async(_O["CTX_CREATE"], h, flags)
+        self._objs.contexts.add(h)
+        return h
+
+    def ctx_destroy(self, ctx: int) -> None:
+        self._ctx(ctx)
+        self._async(_O["CTX_DESTROY"], ctx)
+        self._objs.contexts.discard(ctx)
+
+    def ctx_synchronize(self, ctx: int | None = None) -> None:
+        self._sync(_O["CTX_SYNCHRONIZE"], self._ctx(ctx))
+
+    synchronize = ctx_synchronize
+
+    # ---- memory -------------------------------------------------------------------------------
+    def _map_chunk(self, addr: int, size: int) -> None:
+        self._sync(_O["MEM_MAP_CHUNK"], addr, size)
+
+    def _unmap_chunk(self, addr: int) -> None:
+        self._async(_O["MEM_UNMAP_CHUNK"], addr)
+
+    def mem_alloc(self, size: int, ctx: int | None = None) -> int:
+        ctx = self._ctx(ctx)
+        with self._lock:
+            try:
+                addr = self.va.alloc(size)
+            except VaError as e:
+                raise CudaError(
+                    CUresult.CUDA_ERROR_INVALID_VALUE
+                    if size <= 0
+                    else CUresult.CUDA_ERROR_OUT_OF_MEMORY,
+                    str(e),
+                ) from None
+        self._async(_O["MEM_ALLOC"], ctx, addr, size)
+        return addr
+
+    def mem_free(self, addr: int) -> None:
+        if addr == 0:
+            return  # cuMemFree(0) is a no-op, as cudaFree(NULL)
+        with self._lock:
+            if self.va.find(addr) is None or self.va.find(addr)[0] != addr:  # type: ignore[index]
+                raise CudaError(
+                    CUresult.CUDA_ERROR_INVALID_VALUE,
+                    f"{addr:#x} is not an allocation of this session",
+                )
+            self._async(_O["MEM_FREE"], addr)
+            self.va.free(addr)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        reply = self._sync(_O["MEM_GET_INFO"])
+        return _O["MEM_GET_INFO"].unpack_results(reply.out)
+
+    def memcpy_htod(
+        self, dst: int, src: bytes | bytearray | memoryview | np.ndarray, stream: int = 0
+    ) -> None:
+        """Copy host bytes to the device; the source may be reused as soon as this returns."""
+        view = (
+            memoryview(src).cast("B")
+            if not isinstance(src, np.ndarray)
+            else memoryview(np.ascontiguousarray(src)).cast("B")
+        )
+        self._range(dst, view.nbytes)
+        stream = self._stream(stream)
+        op = _O["MEMCPY_HTOD"]
+        for off in range(0, view.nbytes, MAX_CHUNK):
+            part = view[off : off + MAX_CHUNK]
+            self._async(op, dst + off, stream, data=part.tobytes())
+
+    def memcpy_dtoh(
+        self,
+        src: int,
+        size: int | None = None,
+        stream: int = 0,
+        out: bytearray | memoryview | np.ndarray | None = None,
+    ) -> bytes | None:
+        """Read device memory; returns bytes, or fills ``out`` (then returns None)."""
+        target = None
+        if out is not None:
+            target = (
+                memoryview(out).cast("B")
+                if not isinstance(out, np.ndarray)
+                else memoryview(out.reshape(-1).view(np.uint8))
+            )
+            size = target.nbytes if size is None else size
+        if size is None:
+            raise TypeError("memcpy_dtoh needs size or out")
+        self._range(src, size)
+        stream = self._stream(stream)
+        op = _O["MEMCPY_DTOH"]
+        seqs = []
+        for off in range(0, size, MAX_CHUNK):  # one batch: the worker streams the pieces back
+            n = min(MAX_CHUNK, size - off)
+            seqs.append(
+                (off, self._t.enqueue(op, op.pack(src + off, n, stream), expect=True, send=False))
+            )
+        self._t.flush()
+        buf = target if target is not None else memoryview(bytearray(size))
+        for off, seq in seqs:
+            data = self._settle(seq, self._t.wait(seq)).data
+            buf[off : off + len(data)] = data
+        return None if target is not None else bytes(buf)
+
+    def memcpy_dtod(self, dst: int, src: int, size: int, stream: int = 0) -> None:
+        self._range(src, size)
+        self._range(dst, size)
+        self._async(_O["MEMCPY_DTOD"], dst, src, size, self._stream(stream))
+
+    def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
+        self._range(dst, elem * count)
+        self._async(
+            _O["MEMSET"], dst, value & ((1 << (8 * elem)) - 1), elem, count, self._stream(stream)
+        )
+
+    def memset_d8(self, dst: int, value: int, count: int, stream: int = 0) -> None:
+        self._memset(dst, value, 1, count, stream)
+
+    def memset_d16(self, dst: int, value: int, count: int, stream: int = 0) -> None:
+        self._memset(dst, value, 2, count, stream)
+
+    def memset_d32(self, dst: int, value: int, count: int, stream: int = 0) -> None:
+        self._memset(dst, value, 4, count, stream)
+
+    # ---- streams and events -------------------------------------------------------------------
+    def stream_create(self, flags: int = 0, priority: int = 0, ctx: int | None = None) -> int:
+        h = self._handles.new(HandleKind.STREAM)
+        self._async(_O["STREAM_CREATE"], self._ctx(ctx), h, flags, priority)
+        self._objs.streams.add(h)
+        return h
+
+    def stream_destroy(self, stream: int) -> None:
+        if stream not in self._objs.streams:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown stream {stream:#x}")
+        self._async(_O["STREAM_DESTROY"], stream)
+        self._objs.streams.discard(stream)
+
+    def stream_synchronize(self, stream: int = 0) -> None:
+        self._sync(_O["STREAM_SYNCHRONIZE"], self._stream(stream))
+
+    def stream_query(self, stream: int = 0) -> bool:
+        """True when idle (CUDA_SUCCESS); False for CUDA_ERROR_NOT_READY."""
+        seq = self._t.enqueue(
+            _O["STREAM_QUERY"], _O["STREAM_QUERY"].pack(self._stream(stream)), expect=True
+        )
+        reply = self._t.wait(seq)
+        if reply.result == CUresult.CUDA_ERROR_NOT_READY:
+            reply.result = 0
+            self._settle(seq, reply)
+            return False
+        self._settle(seq, reply)
+        return True
+
+    def stream_wait_event(self, stream: int, event: int, flags: int = 0) -> None:
+        self._async(_O["STREAM_WAIT_EVENT"], self._stream(stream), self._event(event), flags)
+
+    def event_create(self, flags: int = 0, ctx: int | None = None) -> int:
+        h = self._handles.new(HandleKind.EVENT)
+        self._async(_O["EVENT_CREATE"], self._ctx(ctx), h, flags)
+        self._objs.events.add(h)
+        return h
+
+    def event_destroy(self, event: int) -> None:
+        self._async(_O["EVENT_DESTROY"], self._event(event))
+        self._objs.events.discard(event)
+
+    def event_record(self, event: int, stream: int = 0) -> None:
+        self._async(_O["EVENT_RECORD"], self._event(event), self._stream(stream))
+
+    def event_synchronize(self, event: int) -> None:
+        self._sync(_O["EVENT_SYNCHRONIZE"], self._event(event))
+
+    def event_query(self, event: int) -> bool:
+        seq = self._t.enqueue(
+            _O["EVENT_QUERY"], _O["EVENT_QUERY"].pack(self._event(event)), expect=True
+        )
+        reply = self._t.wait(seq)
+        ready = reply.result != CUresult.CUDA_ERROR_NOT_READY
+        if not ready:
+            reply.result = 0
+        self._settle(seq, reply)
+        return ready
+
+    def event_elapsed(self, start: int, end: int) -> float:
+        """Milliseconds between two recorded events."""
+        reply = self._sync(_O["EVENT_ELAPSED"], self._event(start), self._event(end))
+        return _O["EVENT_ELAPSED"].unpack_results(reply.out)[0]
+
+    # ---- modules and launches -----------------------------------------------------------------
+    def module_load(self, image: bytes, ctx: int | None = None) -> Module:
+        """Load a fatbin, cubin or PTX image; sends the bytes only if the daemon lacks them."""
+        ctx = self._ctx(ctx)
+        digest = hashlib.sha256(image).digest()
+        h = self._handles.new(HandleKind.MODULE)
+        op = _O["MODULE_LOAD"]
+        reply = self._sync(op, ctx, h, digest)
+        if reply.result == CRANE_NEED_IMAGE:
+            reply = self._sync(op, ctx, h, digest, data=bytes(image))
+        desc = json.loads(reply.data)
+        kernels = {
+            name: KernelLayout(
+                name,
+                tuple(tuple(p) for p in k["params"]),
+                k["param_bytes"],
+                k["static_shared"],
+                k["max_threads"],
+            )
+            for name, k in desc["kernels"].items()
+        }
+        mod = Module(
+            h,
+            desc["kind"],
+            desc["description"],
+            kernels,
+            {n: (a, s) for n, (a, s) in desc["globals"].items()},
+        )
+        self._objs.modules[h] = mod
+        return mod
+
+    def module_unload(self, module: Module | int) -> None:
+        h = module.handle if isinstance(module, Module) else module
+        if h not in self._objs.modules:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown module {h:#x}")
+        self._async(_O["MODULE_UNLOAD"], h)
+        del self._objs.modules[h]
+        for f in [f for f, fn in self._objs.functions.items() if fn.module == h]:
+            del self._objs.functions[f]
+
+    def module_get_function(self, module: Module | int, name: str) -> Function:
+        h = module.handle if isinstance(module, Module) else module
+        mod = self._objs.modules.get(h)
+        if mod is None:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown module {h:#x}")
+        layout = mod.kernels.get(name)
+        if layout is None:
+            raise CudaError(CUresult.CUDA_ERROR_NOT_FOUND, f"module has no kernel {name!r}")
+        fh = self._handles.new(HandleKind.FUNCTION)
+        self._async(_O["FUNCTION_BIND"], fh, h, data=name.encode())
+        fn = Function(fh, h, layout)
+        self._objs.functions[fh] = fn
+        return fn
+
+    def module_get_global(self, module: Module | int, name: str) -> tuple[int, int]:
+        h = module.handle if isinstance(module, Module) else module
+        mod = self._objs.modules.get(h)
+        if mod is None:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown module {h:#x}")
+        if name not in mod.globals:
+            raise CudaError(CUresult.CUDA_ERROR_NOT_FOUND, f"module has no global {name!r}")
+        return mod.globals[name]
+
+    def launch(
+        self,
+        function: Function,
+        grid: Sequence[int],
+        block: Sequence[int],
+        params: bytes | Sequence[object] = b"",
+        shared: int = 0,
+        stream: int = 0,
+    ) -> None:
+        """Enqueue a kernel. ``params`` is the packed buffer or one value per parameter."""
+        if (
+            kind_of(function.handle) != HandleKind.FUNCTION
+            or function.handle not in self._objs.functions
+        ):
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
+        g = ((*tuple(grid), 1, 1))[:3]
+        b = ((*tuple(block), 1, 1))[:3]
+        lay = function.layout
+        check_launch(
+            self.attributes,
+            g,
+            b,
+            shared,
+            static_shared=lay.static_shared,  # type: ignore[arg-type]
+            max_threads=lay.max_threads,
+        )
+        buf = params if isinstance(params, bytes | bytearray) else pack_params(lay, params)
+        if len(buf) != lay.param_bytes:
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE,
+                f"{lay.name} takes {lay.param_bytes} parameter bytes, got {len(buf)}",
+            )
+        self._async(
+            _O["LAUNCH"], function.handle, *g, *b, shared, self._stream(stream), data=bytes(buf)
+        )
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """End the session: the daemon frees everything it held."""
+        if self._t._closed:
+            return
+        try:
+            self._sync(_O["SESSION_CLOSE"])
+        except CudaError:
+            pass
+        finally:
+            self._t.close()
+
+
+def pack_params(layout: KernelLayout, values: Sequence[object]) -> bytes:
+    """Pack Python/NumPy values into a kernel's parameter buffer by its layout.
+
+    ints are packed little-endian at the parameter's size (signed if negative), floats as f32
+    or f64 by size, bytes-like and NumPy values by their raw bytes (sizes must match).
+    """
+    if len(values) != len(layout.params):
+        raise CudaError(
+            CUresult.CUDA_ERROR_INVALID_VALUE,
+            f"{layout.name} takes {len(layout.params)} parameters, got {len(values)}",
+        )
+    buf = bytearray(layout.param_bytes)
+    for i, ((off, size), v) in enumerate(zip(layout.params, values, strict=True)):
+        if isinstance(v, bool | int):
+            raw = int(v).to_bytes(size, "little", signed=int(v) < 0)
+        elif isinstance(v, float):
+            raw = struct.pack("<f" if size == 4 else "<d", v)
+        elif isinstance(v, np.generic | np.ndarray):
+            raw = np.asarray(v).tobytes()
+        else:
+            raw = bytes(v)  # type: ignore[arg-type]
+        if len(raw) != size:
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE,
+                f"{layout.name} parameter {i} is {size} bytes, got {len(raw)}",
+            )
+        buf[off : off + size] = raw
+    return bytes(buf)
+
+
+def _as_result(code: int) -> CUresult:
+    try:
+        return CUresult(code)
+    except ValueError:
+        return CUresult.CUDA_ERROR_UNKNOWN
