@@ -1,0 +1,33 @@
+"""A small client for the daemon's Control service (used by the CLI and tests)."""
+
+from __future__ import annotations
+
+import grpc
+
+from crane.v1 import control_pb2, control_pb2_grpc
+from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
+
+__all__ = ["ControlClient"]
+
+
+class ControlClient:
+    def __init__(self, address: str | None = None, timeout: float = 10.0) -> None:
+        self.address = address or default_address()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(to_grpc_target(self.address), options=CHANNEL_OPTIONS)
+        self._stub = control_pb2_grpc.ControlStub(self._channel)
+
+    def devices(self) -> control_pb2.ListDevicesReply:
+        return self._stub.ListDevices(control_pb2.ListDevicesRequest(), timeout=self.timeout)
+
+    def sessions(self) -> control_pb2.ListSessionsReply:
+        return self._stub.ListSessions(control_pb2.ListSessionsRequest(), timeout=self.timeout)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,113 @@
+"""``crane devices`` and ``crane ps``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from crane.cli.control_client import ControlClient
+
+__all__ = ["cmd_devices", "cmd_ps", "format_bytes"]
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    return "\n".join(lines)
+
+
+def _call(args: argparse.Namespace, what: str):  # type: ignore[no-untyped-def]
+    with ControlClient(args.daemon) as c:
+        try:
+            return c.devices() if what == "devices" else c.sessions()
+        except grpc.RpcError as e:
+            print(f"crane: cannot reach the daemon at {c.address}: {e.details()}", file=sys.stderr)
+            return None
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    reply = _call(args, "devices")
+    if reply is None:
+        return 1
+    if args.json:
+        print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
+        return 0
+    rows = [
+        [
+            str(d.index),
+            d.name,
+            f"{d.cc_major}.{d.cc_minor}",
+            d.backend,
+            d.profile,
+            format_bytes(d.total_mem),
+            format_bytes(d.used_mem),
+            str(d.sessions),
+            "-" if d.utilization_pct < 0 else f"{d.utilization_pct}%",
+            d.mig_mode,
+            d.driver_version,
+            d.uuid,
+        ]
+        for d in reply.devices
+    ]
+    print(
+        _table(
+            [
+                "IDX",
+                "NAME",
+                "CC",
+                "BACKEND",
+                "PROFILE",
+                "MEMORY",
+                "USED",
+                "SESSIONS",
+                "UTIL",
+                "MIG",
+                "DRIVER",
+                "UUID",
+            ],
+            rows,
+        )
+    )
+    return 0
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    reply = _call(args, "sessions")
+    if reply is None:
+        return 1
+    if args.json:
+        print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
+        return 0
+    now = time.time()
+    rows = [
+        [
+            s.id,
+            s.state,
+            str(s.device),
+            format_bytes(s.mem_used),
+            str(s.calls),
+            f"{now - s.opened_at:.0f}s",
+            s.peer,
+            s.client,
+        ]
+        for s in reply.sessions
+    ]
+    print(_table(["SESSION", "STATE", "DEV", "MEMORY", "CALLS", "AGE", "PEER", "CLIENT"], rows))
+    return 0

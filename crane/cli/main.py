@@ -1,0 +1,46 @@
+"""``crane``: the command-line front end (operators and guests).
+
+    crane devices [--json]      devices the daemon serves
+    crane ps [--json]           sessions: id, peer, device, memory, calls, state
+    crane demo                  a daemon on the simulated GPU and a CUDA workload through it
+
+``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. Subcommands only parse arguments and
+call the library; their output is a human table by default and JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crane.cli import demo, inventory
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="crane", description="Crane: CUDA remoting and migration")
+    p.add_argument("--daemon", help="daemon address (default: $CRANE_DAEMON or the system socket)")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("devices", help="list the daemon's devices")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=inventory.cmd_devices)
+    s = sub.add_parser("ps", help="list sessions")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=inventory.cmd_ps)
+    m = sub.add_parser("demo", help="run the built-in demo on an embedded simulated-GPU daemon")
+    m.add_argument("--profile", default="h100-80gb", help="simulated device profile")
+    m.set_defaults(func=demo.cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
