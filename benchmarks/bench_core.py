@@ -1,0 +1,201 @@
+"""Core data-path benchmarks: Crane's call path vs the bare gRPC floor, measured in one run.
+
+    python benchmarks/bench_core.py [--json benchmarks/results/core.json] [--quick]
+
+Everything runs against one craned on the simulated GPU, over its unix socket. Baselines use the
+daemon's Diagnostics service (crane.v1.Diagnostics) on the same server and socket, so a ratio is
+Crane's own overhead: batching, the relay to the session's worker process, decoding and
+executing the call.
+
+* ``sync_rtt``: ``cuStreamSynchronize`` of an idle stream vs one Echo ping-pong (median).
+  Target: ratio <= 1.15.
+* ``async_rate``: 100k one-byte ``cuMemsetD8`` then one synchronize. Target: >= 100k calls/s.
+* ``htod_*``/``dtoh_*``: bandwidth at 1 MiB and 256 MiB vs streaming the same bytes one way
+  (Drain / Source) in the same 4 MiB messages. Target: ratio >= 0.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from crane.daemon.launcher import DaemonProcess
+from crane.guest.session import Session
+from crane.v1 import diag_pb2
+from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.status import MAX_CHUNK
+
+MiB = 1 << 20
+
+
+class Bare:
+    """Bare gRPC calls on the daemon's Diagnostics service."""
+
+    def __init__(self, address: str) -> None:
+        self.ch = grpc.insecure_channel(to_grpc_target(address), options=CHANNEL_OPTIONS)
+        self.echo = self.ch.stream_stream(
+            "/crane.v1.Diagnostics/Echo",
+            request_serializer=diag_pb2.Blob.SerializeToString,
+            response_deserializer=diag_pb2.Blob.FromString,
+        )
+        self.drain = self.ch.stream_unary(
+            "/crane.v1.Diagnostics/Drain",
+            request_serializer=diag_pb2.Blob.SerializeToString,
+            response_deserializer=diag_pb2.DrainReply.FromString,
+        )
+        self.source = self.ch.unary_stream(
+            "/crane.v1.Diagnostics/Source",
+            request_serializer=diag_pb2.SourceRequest.SerializeToString,
+            response_deserializer=diag_pb2.Blob.FromString,
+        )
+
+    def ping_pong(self, n: int) -> list[float]:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        replies = self.echo(iter(q.get, None))
+        msg = diag_pb2.Blob(payload=b"x" * 16)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            q.put(msg)
+            next(replies)
+            times.append(time.perf_counter() - t)
+        q.put(None)
+        return times
+
+    def upload(self, data: bytes) -> float:
+        def chunks():  # type: ignore[no-untyped-def]
+            for off in range(0, len(data), MAX_CHUNK):
+                yield diag_pb2.Blob(payload=data[off : off + MAX_CHUNK])
+
+        t = time.perf_counter()
+        reply = self.drain(chunks())
+        assert reply.bytes >= len(data)  # serialized Blobs: payload plus framing
+        return time.perf_counter() - t
+
+    def download(self, size: int) -> float:
+        t = time.perf_counter()
+        got = 0
+        n = (size + MAX_CHUNK - 1) // MAX_CHUNK
+        for blob in self.source(diag_pb2.SourceRequest(size=min(size, MAX_CHUNK), count=n)):
+            got += len(blob.payload)
+        assert got >= size
+        return time.perf_counter() - t
+
+
+def best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    return min(fn() for _ in range(repeat))
+
+
+def run(quick: bool) -> dict:
+    results: dict = {"device": "sim:h100-80gb", "transport": "unix socket"}
+    n_rtt = 500 if quick else 3000
+    n_async = 20_000 if quick else 100_000
+    with (
+        tempfile.TemporaryDirectory(prefix="crane-bench-") as tmp,
+        DaemonProcess(Path(tmp) / "run") as daemon,
+    ):
+        bare = Bare(daemon.address)
+        with Session(daemon.address, client="bench_core") as s:
+            stream = s.stream_create()
+            # interleave baseline and Crane so machine noise hits both alike
+            base_t, crane_t = [], []
+            for _ in range(3):
+                base_t += bare.ping_pong(n_rtt // 3)
+                for _ in range(n_rtt // 3):
+                    t = time.perf_counter()
+                    s.stream_synchronize(stream)
+                    crane_t.append(time.perf_counter() - t)
+            b, c = statistics.median(base_t), statistics.median(crane_t)
+            results["sync_rtt"] = {
+                "bare_us": b * 1e6,
+                "crane_us": c * 1e6,
+                "ratio": c / b,
+                "target": "<= 1.15",
+            }
+
+            p = s.mem_alloc(4096)
+            s.synchronize()
+            rates = []
+            for _ in range(3):
+                t = time.perf_counter()
+                for _ in range(n_async):
+                    s.memset_d8(p, 1, 1)
+                s.synchronize()
+                rates.append(n_async / (time.perf_counter() - t))
+            results["async_rate"] = {
+                "calls": n_async,
+                "calls_per_s": max(rates),
+                "target": ">= 100000",
+            }
+
+            for size in (MiB, 256 * MiB):
+                label = f"{size // MiB}MiB"
+                data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+                raw = data.tobytes()
+                dev = s.mem_alloc(size)
+                reps = 3 if size > 64 * MiB else 20
+
+                def htod() -> float:
+                    t = time.perf_counter()
+                    s.memcpy_htod(dev, data)  # noqa: B023
+                    s.synchronize()
+                    return time.perf_counter() - t
+
+                out = np.empty_like(data)
+
+                def dtoh() -> float:
+                    t = time.perf_counter()
+                    s.memcpy_dtoh(dev, out=out)  # noqa: B023
+                    return time.perf_counter() - t
+
+                bu = best_of(lambda: bare.upload(raw), reps)  # noqa: B023
+                cu = best_of(htod, reps)
+                bd = best_of(lambda: bare.download(size), reps)  # noqa: B023
+                cd = best_of(dtoh, reps)
+                assert np.array_equal(out, data)
+                for kind, bt, ct in (("htod", bu, cu), ("dtoh", bd, cd)):
+                    results[f"{kind}_{label}"] = {
+                        "bare_GBps": size / bt / 1e9,
+                        "crane_GBps": size / ct / 1e9,
+                        "ratio": bt / ct,
+                        "target": ">= 0.8",
+                    }
+                s.mem_free(dev)
+        bare.ch.close()
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default="benchmarks/results/core.json")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
+    args = ap.parse_args()
+    results = run(args.quick)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    for k, v in results.items():
+        if isinstance(v, dict):
+            print(
+                f"{k:14s} "
+                + "  ".join(
+                    f"{kk}={vv:.3f}" if isinstance(vv, float) else f"{kk}={vv}"
+                    for kk, vv in v.items()
+                )
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Shared fixtures: a CUDA compiler for tests that build real CUDA code, and capability skips."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def find_nvcc() -> str | None:
+    from crane.cli.demo import find_nvcc as find
+
+    return find()
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    path = find_nvcc()
+    if path is None:
+        pytest.skip("no CUDA compiler: install nvcc or `pip install nvidia-cuda-nvcc`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cuda_build(nvcc: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Compile CUDA source with nvcc once per (source, flags) for the whole run."""
+    cache: dict[tuple[str, tuple[str, ...]], Path] = {}
+    root = tmp_path_factory.mktemp("cuda-build")
+
+    def build(source: str, *flags: str, suffix: str = ".fatbin") -> Path:
+        key = (source, flags)
+        if key not in cache:
+            d = root / f"b{len(cache)}"
+            d.mkdir()
+            src = d / "k.cu"
+            src.write_text(source)
+            out = d / f"out{suffix}"
+            subprocess.run(
+                [nvcc, *flags, "-o", str(out), str(src)], check=True, capture_output=True
+            )
+            cache[key] = out
+        return cache[key]
+
+    return build
+
+
+def have(cmd: str) -> bool:
+    return shutil.which(cmd) is not None

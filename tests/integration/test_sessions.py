@@ -1,0 +1,123 @@
+"""Sessions: isolation, worker per session, cleanup on disconnect, concurrent use."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.ops import OPS_BY_NAME as O
+from crane.cli.control_client import ControlClient
+from crane.daemon.launcher import DaemonProcess
+from crane.guest.session import Session
+
+
+def wait_for(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def test_two_sessions_are_isolated(daemon: DaemonProcess) -> None:
+    with Session(daemon.address) as a, Session(daemon.address) as b:
+        assert a.session_id != b.session_id
+        assert a.va_window[0] != b.va_window[0]
+        assert a.device.uuid != b.device.uuid  # each session has its own virtual identity
+        pa = a.mem_alloc(4096)
+        a.memcpy_htod(pa, b"secret" * 10)
+        # b reaches for a's address through the raw protocol: refused, a's data untouched
+        op = O["MEMCPY_DTOH"]
+        seq = b._t.enqueue(op, op.pack(pa, 60, 0), expect=True)
+        reply = b._t.wait(seq)
+        assert reply.result == CUresult.CUDA_ERROR_INVALID_VALUE and reply.data == b""
+        op = O["MEMCPY_HTOD"]
+        seq = b._t.enqueue(op, op.pack(pa, 0), b"x" * 6, expect=True)
+        b._t.wait(seq)
+        assert a.memcpy_dtoh(pa, 60) == b"secret" * 10
+        # each session runs in its own worker process
+        with ControlClient(daemon.address) as ctl:
+            infos = {s.id: s for s in ctl.sessions().sessions}
+        assert set(infos) == {a.session_id, b.session_id}
+
+
+def test_concurrent_sessions_do_not_interfere(daemon: DaemonProcess) -> None:
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            with Session(daemon.address) as s:
+                rng = np.random.default_rng(seed)
+                for _ in range(20):
+                    data = rng.integers(0, 256, 100_000, dtype=np.uint8)
+                    p = s.mem_alloc(data.nbytes)
+                    s.memcpy_htod(p, data)
+                    assert s.memcpy_dtoh(p, data.nbytes) == data.tobytes()
+                    s.mem_free(p)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
+def test_killed_guest_is_reaped_and_its_memory_freed(daemon: DaemonProcess) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        from crane.guest.session import Session
+        s = Session({daemon.address!r}, client="doomed")
+        s.mem_alloc(1 << 30)
+        s.synchronize()
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with ControlClient(daemon.address) as ctl:
+            [info] = ctl.sessions().sessions
+            assert info.client == "doomed" and info.mem_used >= 1 << 30
+            assert ctl.devices().devices[0].used_mem >= 1 << 30
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            assert wait_for(lambda: not ctl.sessions().sessions)
+            assert ctl.devices().devices[0].used_mem == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "session" in daemon.log_text() and "closed" in daemon.log_text()
+
+
+def test_closed_session_frees_everything(daemon: DaemonProcess) -> None:
+    with ControlClient(daemon.address) as ctl:
+        s = Session(daemon.address)
+        s.mem_alloc(100 << 20)
+        s.synchronize()
+        assert ctl.devices().devices[0].used_mem >= 100 << 20
+        s.close()
+        assert wait_for(lambda: not ctl.sessions().sessions)
+        assert ctl.devices().devices[0].used_mem == 0
+
+
+def test_ps_reports_calls_and_memory(daemon: DaemonProcess) -> None:
+    with Session(daemon.address, client="counter") as s, ControlClient(daemon.address) as ctl:
+        p = s.mem_alloc(1 << 20)
+        for _ in range(100):
+            s.memset_d8(p, 1, 1 << 20)
+        s.synchronize()
+        [info] = ctl.sessions().sessions
+        assert info.state == "running" and info.calls >= 100 and info.mem_used >= 1 << 20
+        assert info.client == "counter" and info.peer
