@@ -2,10 +2,11 @@
 
     python benchmarks/bench_core.py [--json benchmarks/results/core.json] [--quick]
 
-Everything runs against one craned on the simulated GPU, over its unix socket. Baselines use the
-daemon's Diagnostics service (crane.v1.Diagnostics) on the same server and socket, so a ratio is
-Crane's own overhead: batching, the relay to the session's worker process, decoding and
-executing the call.
+Everything runs against one craned on the simulated GPU, over unix sockets, once per path: a
+session whose call stream goes straight to its worker ("direct", guests on the daemon's host)
+and one relayed by the daemon ("relay", VMs and remote guests). Baselines use the daemon's
+Diagnostics service (crane.v1.Diagnostics), so a ratio is Crane's own overhead: batching,
+the relay (if any), decoding and executing the call.
 
 * ``sync_rtt``: ``cuStreamSynchronize`` of an idle stream vs one Echo ping-pong (median).
   Target: ratio <= 1.15.
@@ -97,81 +98,84 @@ def best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return min(fn() for _ in range(repeat))
 
 
-def run(quick: bool) -> dict:
-    results: dict = {"device": "sim:h100-80gb", "transport": "unix socket"}
+def measure_path(s: Session, bare: Bare, quick: bool) -> dict:
+    """All metrics for one session (one path: direct or relay), baselines interleaved."""
+    results: dict = {}
     n_rtt = 500 if quick else 3000
     n_async = 20_000 if quick else 100_000
+    stream = s.stream_create()
+    # interleave baseline and Crane so machine noise hits both alike
+    base_t, crane_t = [], []
+    for _ in range(3):
+        base_t += bare.ping_pong(n_rtt // 3)
+        for _ in range(n_rtt // 3):
+            t = time.perf_counter()
+            s.stream_synchronize(stream)
+            crane_t.append(time.perf_counter() - t)
+    b, c = statistics.median(base_t), statistics.median(crane_t)
+    results["sync_rtt"] = {
+        "bare_us": b * 1e6,
+        "crane_us": c * 1e6,
+        "ratio": c / b,
+        "target": "<= 1.15",
+    }
+
+    p = s.mem_alloc(4096)
+    s.synchronize()
+    rates = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(n_async):
+            s.memset_d8(p, 1, 1)
+        s.synchronize()
+        rates.append(n_async / (time.perf_counter() - t))
+    results["async_rate"] = {"calls": n_async, "calls_per_s": max(rates), "target": ">= 100000"}
+
+    for size in (MiB, 256 * MiB):
+        label = f"{size // MiB}MiB"
+        data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+        raw = data.tobytes()
+        dev = s.mem_alloc(size)
+        out = np.empty_like(data)
+        reps = 3 if size > 64 * MiB else 20
+
+        def htod(dev: int = dev, data: np.ndarray = data) -> float:
+            t = time.perf_counter()
+            s.memcpy_htod(dev, data)
+            s.synchronize()
+            return time.perf_counter() - t
+
+        def dtoh(dev: int = dev, out: np.ndarray = out) -> float:
+            t = time.perf_counter()
+            s.memcpy_dtoh(dev, out=out)
+            return time.perf_counter() - t
+
+        bu = best_of(lambda raw=raw: bare.upload(raw), reps)
+        cu = best_of(htod, reps)
+        bd = best_of(lambda size=size: bare.download(size), reps)
+        cd = best_of(dtoh, reps)
+        assert np.array_equal(out, data)
+        for kind, bt, ct in (("htod", bu, cu), ("dtoh", bd, cd)):
+            results[f"{kind}_{label}"] = {
+                "bare_GBps": size / bt / 1e9,
+                "crane_GBps": size / ct / 1e9,
+                "ratio": bt / ct,
+                "target": ">= 0.8",
+            }
+        s.mem_free(dev)
+    return results
+
+
+def run(quick: bool) -> dict:
+    results: dict = {"device": "sim:h100-80gb", "transport": "unix socket"}
     with (
         tempfile.TemporaryDirectory(prefix="crane-bench-") as tmp,
         DaemonProcess(Path(tmp) / "run") as daemon,
     ):
         bare = Bare(daemon.address)
-        with Session(daemon.address, client="bench_core") as s:
-            stream = s.stream_create()
-            # interleave baseline and Crane so machine noise hits both alike
-            base_t, crane_t = [], []
-            for _ in range(3):
-                base_t += bare.ping_pong(n_rtt // 3)
-                for _ in range(n_rtt // 3):
-                    t = time.perf_counter()
-                    s.stream_synchronize(stream)
-                    crane_t.append(time.perf_counter() - t)
-            b, c = statistics.median(base_t), statistics.median(crane_t)
-            results["sync_rtt"] = {
-                "bare_us": b * 1e6,
-                "crane_us": c * 1e6,
-                "ratio": c / b,
-                "target": "<= 1.15",
-            }
-
-            p = s.mem_alloc(4096)
-            s.synchronize()
-            rates = []
-            for _ in range(3):
-                t = time.perf_counter()
-                for _ in range(n_async):
-                    s.memset_d8(p, 1, 1)
-                s.synchronize()
-                rates.append(n_async / (time.perf_counter() - t))
-            results["async_rate"] = {
-                "calls": n_async,
-                "calls_per_s": max(rates),
-                "target": ">= 100000",
-            }
-
-            for size in (MiB, 256 * MiB):
-                label = f"{size // MiB}MiB"
-                data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
-                raw = data.tobytes()
-                dev = s.mem_alloc(size)
-                reps = 3 if size > 64 * MiB else 20
-
-                def htod() -> float:
-                    t = time.perf_counter()
-                    s.memcpy_htod(dev, data)  # noqa: B023
-                    s.synchronize()
-                    return time.perf_counter() - t
-
-                out = np.empty_like(data)
-
-                def dtoh() -> float:
-                    t = time.perf_counter()
-                    s.memcpy_dtoh(dev, out=out)  # noqa: B023
-                    return time.perf_counter() - t
-
-                bu = best_of(lambda: bare.upload(raw), reps)  # noqa: B023
-                cu = best_of(htod, reps)
-                bd = best_of(lambda: bare.download(size), reps)  # noqa: B023
-                cd = best_of(dtoh, reps)
-                assert np.array_equal(out, data)
-                for kind, bt, ct in (("htod", bu, cu), ("dtoh", bd, cd)):
-                    results[f"{kind}_{label}"] = {
-                        "bare_GBps": size / bt / 1e9,
-                        "crane_GBps": size / ct / 1e9,
-                        "ratio": bt / ct,
-                        "target": ">= 0.8",
-                    }
-                s.mem_free(dev)
+        for path in ("direct", "relay"):
+            with Session(daemon.address, client="bench_core", direct=path == "direct") as s:
+                results[path] = measure_path(s, bare, quick)
         bare.ch.close()
     return results
 
@@ -185,15 +189,12 @@ def main() -> int:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    for k, v in results.items():
-        if isinstance(v, dict):
-            print(
-                f"{k:14s} "
-                + "  ".join(
-                    f"{kk}={vv:.3f}" if isinstance(vv, float) else f"{kk}={vv}"
-                    for kk, vv in v.items()
-                )
-            )
+    for path in ("direct", "relay"):
+        for k, v in results[path].items():
+            cells = [
+                f"{kk}={vv:.3f}" if isinstance(vv, float) else f"{kk}={vv}" for kk, vv in v.items()
+            ]
+            print(f"{path:6s} {k:12s} " + "  ".join(cells))
     return 0
 
 

@@ -23,6 +23,9 @@ class WorkerConfig:
     ledger_slot: int
     module_cache: str
     stats_path: str
+    token: str = ""  # hex resume token, checked by the worker's direct endpoint
+    direct_socket: str = ""  # unix socket path for guests on this host ("" = relay only)
+    attach_timeout_s: float = 60.0  # end a session whose guest never attaches
 
     def to_json(self) -> dict:
         return asdict(self)

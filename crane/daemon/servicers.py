@@ -67,6 +67,7 @@ class GuestServicer:
             chunk_granularity=2 << 20,
             max_batch_bytes=MAX_CHUNK,
             daemon_version=__version__,
+            direct_address=f"unix://{s.direct_socket}" if s.direct_socket else "",
         )
 
     def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:

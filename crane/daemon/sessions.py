@@ -10,10 +10,8 @@ clear error rather than a race):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import random
 import secrets
 import threading
@@ -28,7 +26,7 @@ from crane.daemon.errors import DaemonError
 from crane.daemon.workers import WorkerPool, WorkerProcess
 from crane.v1 import common_pb2
 from crane.worker.channel import ChannelClosed, Tag
-from crane.worker.stats import SessionStats
+from crane.worker.stats import MODE_DIRECT, SessionStats
 
 __all__ = ["WINDOW_BASE", "WINDOW_SIZE", "WINDOW_SLOTS", "Session", "SessionManager"]
 
@@ -56,6 +54,7 @@ class Session:
     stats_path: Path
     state: str = "opening"
     peer: str = ""
+    direct_socket: Path | None = None
     opened_at: float = field(default_factory=time.time)
 
     @property
@@ -72,8 +71,14 @@ class Session:
 
 class SessionManager:
     def __init__(
-        self, devices: list[Device], run_dir: Path, pool: WorkerPool, max_sessions: int
+        self,
+        devices: list[Device],
+        run_dir: Path,
+        pool: WorkerPool,
+        max_sessions: int,
+        attach_timeout_s: float = 60.0,
     ) -> None:
+        self.attach_timeout_s = attach_timeout_s
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
@@ -124,6 +129,11 @@ class SessionManager:
 
     def _start(self, sid: str, slot: int, device: Device, client: str) -> Session:
         stats_path = self.run_dir / "sessions" / f"{sid}.stats"
+        direct = self.run_dir / "sessions" / f"{sid}.sock"
+        if len(str(direct)) > 100:  # AF_UNIX paths are limited to 108 bytes
+            log.warning("session %s: run dir too deep for a direct socket; relay only", sid)
+            direct = None
+        token = secrets.token_bytes(16)
         cfg = WorkerConfig(
             session_id=sid,
             backend=device.backend,
@@ -135,6 +145,9 @@ class SessionManager:
             ledger_slot=slot,
             module_cache=str(self.module_cache),
             stats_path=str(stats_path),
+            token=token.hex(),
+            direct_socket=str(direct) if direct else "",
+            attach_timeout_s=self.attach_timeout_s,
         )
         worker = self.pool.take()
         try:
@@ -147,9 +160,9 @@ class SessionManager:
             worker.stop()
             raise DaemonError("INTERNAL", f"session worker failed: {raw.decode(errors='replace')}")
         identity = common_pb2.DeviceIdentity.FromString(raw)
-        return Session(
+        session = Session(
             id=sid,
-            token=secrets.token_bytes(16),
+            token=token,
             device=device,
             slot=slot,
             worker=worker,
@@ -158,7 +171,20 @@ class SessionManager:
             stats=SessionStats(stats_path),
             stats_path=stats_path,
             state="ready",
+            direct_socket=direct,
         )
+        threading.Thread(
+            target=self._reap, args=(session,), name=f"reap-{sid}", daemon=True
+        ).start()
+        return session
+
+    def _reap(self, session: Session) -> None:
+        """A worker ends its session by exiting (guest gone, attach timeout, crash)."""
+        code = session.worker.proc.wait()
+        if session.state not in ("closing", "closed"):
+            if code:
+                log.error("session %s: worker exited with status %s", session.id, code)
+            self.close(session, "worker exited")
 
     def attach(self, sid: str | None, token: bytes | None, peer: str) -> Session:
         """Bind the guest's call stream to its session (one stream at a time)."""
@@ -169,6 +195,10 @@ class SessionManager:
             if not token or not secrets.compare_digest(token, session.token):
                 raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
             session.require("ready")
+            if session.stats.read()[3] == MODE_DIRECT:
+                raise DaemonError(
+                    "FAILED_PRECONDITION", f"session {sid} is attached directly to its worker"
+                )
             session.state = "running"
             session.peer = peer
         return session
@@ -182,8 +212,9 @@ class SessionManager:
         code = session.worker.stop()
         session.device.ledger.clear(session.slot)
         session.stats.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(session.stats_path)
+        for path in (session.stats_path, session.direct_socket):
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
         with self._lock:
             session.state = "closed"
             self._sessions.pop(session.id, None)
@@ -200,16 +231,17 @@ class SessionManager:
 
     def info(self, s: Session) -> common_pb2.SessionInfo:
         try:
-            calls, mem, _ = s.stats.read()
+            calls, mem, _, mode, peer = s.stats.read()
         except ValueError:  # closed under us
-            calls, mem = 0, 0
+            calls, mem, mode, peer = 0, 0, 0, ""
+        direct = mode == MODE_DIRECT
         return common_pb2.SessionInfo(
             id=s.id,
-            peer=s.peer,
+            peer=peer if direct else s.peer,
             device=s.device.index,
             mem_used=mem,
             calls=calls,
-            state=s.state,
+            state="running" if direct and s.state == "ready" else s.state,
             client=s.client,
             opened_at=s.opened_at,
             va_base=s.va_base,

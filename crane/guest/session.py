@@ -76,8 +76,14 @@ class _Objects:
 class Session:
     """A connection to craned and the guest-side state of one CUDA session."""
 
-    def __init__(self, address: str | None = None, device: int = -1, client: str = "") -> None:
-        self._t = Transport(address, device, client)
+    def __init__(
+        self,
+        address: str | None = None,
+        device: int = -1,
+        client: str = "",
+        direct: bool | None = None,
+    ) -> None:
+        self._t = Transport(address, device, client, direct)
         o = self._t.opened
         self.session_id: str = o.session_id
         self.device: DeviceSnapshot = snapshot_from_proto(o.device)

@@ -42,8 +42,11 @@ log = logging.getLogger("crane.guest")
 
 MAX_BATCH_CALLS = 1024
 FLUSH_AFTER_S = 0.001
-#: Bytes of batches queued for sending before a caller blocks (bounds guest memory).
+#: Bytes of bulk batches queued for sending before a caller blocks (bounds guest memory).
 MAX_INFLIGHT_BYTES = 64 << 20
+BULK_BATCH = 256 << 10
+#: Small batches queued for sending before a caller waits for the stream to drain.
+MAX_QUEUED_BATCHES = 4096
 
 
 class TransportError(CudaError):
@@ -61,7 +64,16 @@ class CallReply:
 class Transport:
     """One session's stream to the daemon."""
 
-    def __init__(self, address: str | None = None, device: int = -1, client: str = "") -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        device: int = -1,
+        client: str = "",
+        direct: bool | None = None,
+    ) -> None:
+        """Open a session. ``direct``: carry calls straight to the session's worker (True),
+        through the daemon (False), or directly when reachable (None; ``CRANE_DIRECT=0``
+        forces the relay)."""
         self.address = address or default_address()
         self._channel = grpc.insecure_channel(to_grpc_target(self.address), options=CHANNEL_OPTIONS)
         stub = guest_pb2_grpc.GuestStub(self._channel)
@@ -92,7 +104,9 @@ class Transport:
         self._reading = False
         self._broken: CudaError | None = None
         self.done_seq = 0
-        self._responses = stub.Calls(
+        self._direct_channel: grpc.Channel | None = None
+        self.path = "relay"
+        self._responses = self._calls_stub(stub, direct).Calls(
             self._request_iter(),
             metadata=(
                 ("crane-session", self.opened.session_id),
@@ -104,16 +118,35 @@ class Transport:
         self._timer_wake = threading.Event()
         self._timer.start()
 
+    def _calls_stub(
+        self, daemon_stub: guest_pb2_grpc.GuestStub, direct: bool | None
+    ) -> guest_pb2_grpc.GuestStub:
+        """The stub to carry calls on: the worker's own socket when reachable, else the daemon."""
+        if direct is None:
+            direct = os.environ.get("CRANE_DIRECT", "1") != "0" and to_grpc_target(
+                self.address
+            ).startswith("unix:")
+        target = self.opened.direct_address
+        if direct and target:
+            ch = grpc.insecure_channel(to_grpc_target(target), options=CHANNEL_OPTIONS)
+            try:
+                grpc.channel_ready_future(ch).result(timeout=2)
+            except grpc.FutureTimeoutError:
+                ch.close()
+                log.info("worker socket %s unreachable; calls go through the daemon", target)
+            else:
+                self._direct_channel = ch
+                self.path = "direct"
+                return guest_pb2_grpc.GuestStub(ch)
+        return daemon_stub
+
     # ---- sending ------------------------------------------------------------------------------
     def _request_iter(self) -> Iterator[guest_pb2.CallBatch]:
-        while True:
-            item = self._requests.get()
-            if item is None:
-                return
-            batch, size = item
-            with self._inflight_cv:
-                self._inflight -= size
-                self._inflight_cv.notify_all()
+        for batch, size in iter(self._requests.get, None):
+            if size >= BULK_BATCH:
+                with self._inflight_cv:
+                    self._inflight -= size
+                    self._inflight_cv.notify_all()
             yield batch
 
     def enqueue(
@@ -157,10 +190,16 @@ class Transport:
         batch, self._batch = self._batch, guest_pb2.CallBatch()
         size = self._batch_bytes
         self._batch_bytes = 0
-        with self._inflight_cv:
-            while self._inflight > MAX_INFLIGHT_BYTES and self._broken is None:
-                self._inflight_cv.wait(0.1)
-            self._inflight += size
+        # Backpressure, kept off the small-call path: bulk batches are bounded in bytes, small
+        # ones in number (a C-level qsize, no lock hand-off per call).
+        if size >= BULK_BATCH:
+            with self._inflight_cv:
+                while self._inflight > MAX_INFLIGHT_BYTES and self._broken is None:
+                    self._inflight_cv.wait(0.1)
+                self._inflight += size
+        else:
+            while self._requests.qsize() > MAX_QUEUED_BATCHES and self._broken is None:
+                time.sleep(0.0005)
         self._requests.put((batch, size))
 
     def _timer_loop(self) -> None:
@@ -237,6 +276,8 @@ class Transport:
         self._timer_wake.set()
         self.flush()
         self._requests.put(None)
+        if self._direct_channel is not None:
+            self._direct_channel.close()
         self._channel.close()
 
 

@@ -92,6 +92,11 @@ class Channel:
         except (OSError, ValueError):
             return True  # closed: the next recv reports it
 
+    def shutdown(self) -> None:
+        """End both directions (a blocked reader wakes up with ChannelClosed)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)

@@ -92,6 +92,7 @@ class Executor:
         self.functions: HandleTable[str] = HandleTable("function")
         self.allocations: dict[int, tuple[int, int]] = {}  # addr -> (ctx, size)
         self.chunks: dict[int, int] = {}  # addr -> size, guest-mapped
+        self._chunk_bytes = 0
         self._default_stream = backend.stream_create(0, 0)
         self._module_next = window[0] + window[1] - MODULE_AREA
         self._module_chunk_end = self._module_next
@@ -227,7 +228,8 @@ class Executor:
         return self.streams.get(handle).obj
 
     def mem_used(self) -> int:
-        return sum(self.chunks.values()) + (
+        """Device bytes the session has committed (guest chunks + module variables)."""
+        return self._chunk_bytes + (
             self._module_chunk_end - (self.window[0] + self.window[1] - MODULE_AREA)
         )
 
@@ -273,12 +275,13 @@ class Executor:
         self._check_in_window(addr, size)
         self.backend.map_chunk(addr, size)
         self.chunks[addr] = size
+        self._chunk_bytes += size
 
     def mem_unmap_chunk(self, addr: int) -> None:
         if addr not in self.chunks:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"{addr:#x} is not a mapped chunk")
         self.backend.unmap_chunk(addr)
-        del self.chunks[addr]
+        self._chunk_bytes -= self.chunks.pop(addr)
 
     def mem_alloc(self, ctx: int, addr: int, size: int) -> None:
         self._ctx(ctx)

@@ -16,14 +16,18 @@ import os
 import signal
 import socket
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from crane.backends.factory import WorkerConfig, make_backend
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.malloc import tune_malloc
 from crane.worker.channel import Channel, ChannelClosed, Tag
+from crane.worker.direct import start_direct_server
 from crane.worker.executor import Executor
-from crane.worker.stats import SessionStats
+from crane.worker.session_state import WorkerSession
+from crane.worker.stats import MODE_RELAY, SessionStats
 
 __all__ = ["main", "serve"]
 
@@ -46,9 +50,21 @@ def serve(ch: Channel) -> int:
         ch.send(Tag.CLOSE, f"backend failed to start: {e}".encode())
         return 1
     executor = Executor(backend, cfg.session_id, (cfg.va_base, cfg.va_size), Path(cfg.module_cache))
-    stats = SessionStats(cfg.stats_path)
+    ws = WorkerSession(executor, SessionStats(cfg.stats_path))
     from crane.backends.identity import snapshot_to_proto
 
+    def end_session() -> None:
+        ws.ended.set()
+        ch.shutdown()  # wakes the loop below, which then exits
+
+    direct = None
+    if cfg.direct_socket:
+        direct = start_direct_server(
+            cfg.direct_socket, cfg.session_id, bytes.fromhex(cfg.token), ws, end_session
+        )
+    abandon = threading.Timer(cfg.attach_timeout_s, _abandon_if_unattached, (ws, end_session))
+    abandon.daemon = True
+    abandon.start()
     ch.send(Tag.REPLY, snapshot_to_proto(backend.snapshot).SerializeToString())
     try:
         while True:
@@ -56,20 +72,31 @@ def serve(ch: Channel) -> int:
             if tag != Tag.BATCH:
                 log.error("unexpected frame tag %d from the daemon", tag)
                 continue
-            msgs = executor.run_batch(raw)
+            if not ws.relay and not ws.attach(MODE_RELAY, "relay"):
+                log.error("relayed batch refused: the guest is attached directly")
+                continue
+            msgs = ws.run(raw)
             last = len(msgs) - 1 if peek_flags(raw) & EXPECTS_REPLY else -1
             for i, msg in enumerate(msgs):
                 ch.send(Tag.REPLY_LAST if i == last else Tag.REPLY, msg)
-            stats.write(executor.calls, executor.mem_used(), executor.done_seq)
             if executor.closed:
                 ch.send(Tag.CLOSE)
                 break
     except ChannelClosed:
-        log.info("daemon closed the session channel")
+        log.info("session ended" if ws.ended.is_set() else "daemon closed the session channel")
     finally:
+        abandon.cancel()
+        if direct is not None:
+            direct.stop(grace=0.5)
         backend.close()
-        stats.close()
+        ws.stats.close()
     return 0
+
+
+def _abandon_if_unattached(ws: WorkerSession, end: Callable[[], None]) -> None:
+    if not ws.attached.is_set():
+        log.warning("no call stream attached in time; ending the session")
+        end()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,14 @@ import os
 import struct
 from pathlib import Path
 
-__all__ = ["SessionStats"]
+__all__ = ["MODE_DIRECT", "MODE_RELAY", "SessionStats"]
 
-_LAYOUT = struct.Struct("<QQQ")  # calls executed, device bytes committed, last done seq
+#: How the guest's call stream reaches the worker (0: not attached yet).
+MODE_RELAY = 1
+MODE_DIRECT = 2
+
+# calls executed, device bytes committed, last done seq, attach mode, peer (NUL-padded)
+_LAYOUT = struct.Struct("<QQQQ96s")
 
 
 class SessionStats:
@@ -29,10 +34,15 @@ class SessionStats:
             os.close(fd)
 
     def write(self, calls: int, mem_used: int, done_seq: int) -> None:
-        _LAYOUT.pack_into(self._map, 0, calls, mem_used, done_seq)
+        struct.pack_into("<QQQ", self._map, 0, calls, mem_used, done_seq)
 
-    def read(self) -> tuple[int, int, int]:
-        return _LAYOUT.unpack_from(self._map, 0)
+    def set_attached(self, mode: int, peer: str) -> None:
+        struct.pack_into("<Q96s", self._map, 24, mode, peer.encode()[:96])
+
+    def read(self) -> tuple[int, int, int, int, str]:
+        """(calls, mem_used, done_seq, mode, peer)."""
+        calls, mem, done, mode, peer = _LAYOUT.unpack_from(self._map, 0)
+        return calls, mem, done, mode, peer.rstrip(b"\0").decode(errors="replace")
 
     def close(self) -> None:
         self._map.close()

@@ -1,4 +1,9 @@
-"""Integration fixtures: a real craned (own process, own workers) on a temp-dir unix socket."""
+"""Integration fixtures: a real craned (own process, own workers) on a temp-dir unix socket.
+
+``session`` runs each test twice: with the call stream carried straight to the session's worker
+(how guests on the daemon's host connect) and through the daemon's relay (how a VM behind one
+forwarded port, or a remote guest, connects).
+"""
 
 from __future__ import annotations
 
@@ -20,9 +25,10 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
         d.stop()
 
 
-@pytest.fixture
-def session(daemon: DaemonProcess) -> Iterator[Session]:
-    s = Session(daemon.address, client="pytest")
+@pytest.fixture(params=["direct", "relay"])
+def session(daemon: DaemonProcess, request: pytest.FixtureRequest) -> Iterator[Session]:
+    s = Session(daemon.address, client="pytest", direct=request.param == "direct")
+    assert s._t.path == request.param
     try:
         yield s
     finally:

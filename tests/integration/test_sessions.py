@@ -121,3 +121,40 @@ def test_ps_reports_calls_and_memory(daemon: DaemonProcess) -> None:
         [info] = ctl.sessions().sessions
         assert info.state == "running" and info.calls >= 100 and info.mem_used >= 1 << 20
         assert info.client == "counter" and info.peer
+
+
+def test_direct_and_relay_paths_are_exclusive(daemon: DaemonProcess) -> None:
+    import grpc
+
+    from crane.v1 import guest_pb2
+
+    with Session(daemon.address, direct=True) as s, ControlClient(daemon.address) as ctl:
+        s.synchronize()
+        [info] = ctl.sessions().sessions
+        assert info.state == "running" and info.peer.startswith("direct")
+        # a second stream through the daemon for the same session is refused
+        ch = grpc.insecure_channel(daemon.address.replace("unix://", "unix:"))
+        calls = ch.stream_stream(
+            "/crane.v1.Guest/Calls",
+            request_serializer=None,
+            response_deserializer=guest_pb2.ReplyBatch.FromString,
+        )
+        md = (("crane-session", s.session_id), ("crane-token-bin", s._t.opened.resume_token))
+        try:
+            next(calls(iter([b""]), metadata=md))
+            raise AssertionError("second stream accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ch.close()
+        s.synchronize()  # the attached stream is unaffected
+
+
+def test_relay_is_used_when_the_worker_socket_is_unreachable(
+    daemon: DaemonProcess, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CRANE_DIRECT", "0")
+    with Session(daemon.address) as s:
+        assert s._t.path == "relay"
+        p = s.mem_alloc(8)
+        s.memcpy_htod(p, b"relayed!")
+        assert s.memcpy_dtoh(p, 8) == b"relayed!"

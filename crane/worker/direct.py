@@ -1,0 +1,65 @@
+"""The worker's own call-stream endpoint: guests on the same host skip the daemon's relay.
+
+The daemon offers each session's worker socket in OpenSessionReply.direct_address; a guest that
+can reach it (same host, same filesystem view) carries its call stream straight to the process
+that executes it, so a synchronizing call costs one gRPC round trip and nothing more, and bulk
+copies are not copied through the daemon. Guests that cannot reach it (a VM behind one forwarded
+port, a remote host) use the daemon's address and its relay; both paths run the same executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from crane.wire.address import CHANNEL_OPTIONS
+from crane.worker.session_state import WorkerSession
+from crane.worker.stats import MODE_DIRECT
+
+__all__ = ["start_direct_server"]
+
+log = logging.getLogger("crane.worker")
+
+
+def start_direct_server(
+    path: str, session_id: str, token: bytes, ws: WorkerSession, on_end: Callable[[], None]
+) -> grpc.Server:
+    """Serve ``crane.v1.Guest/Calls`` for this one session on ``unix:path``."""
+
+    def calls(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        md = dict(context.invocation_metadata())
+        if md.get("crane-session") != session_id or not secrets.compare_digest(
+            md.get("crane-token-bin", b""), token
+        ):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong session or resume token")
+        if not ws.attach(MODE_DIRECT, f"direct {context.peer()}"):
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"session {session_id} already has a call stream",
+            )
+        log.info("guest attached directly (%s)", context.peer())
+        try:
+            for raw in requests:
+                yield from ws.run(raw)
+                if ws.executor.closed:
+                    return
+        finally:
+            on_end()
+
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="direct"), options=CHANNEL_OPTIONS
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "crane.v1.Guest", {"Calls": grpc.stream_stream_rpc_method_handler(calls)}
+            ),
+        )
+    )
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    return server
