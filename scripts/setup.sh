@@ -15,6 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.crane-setup
 inputs=$(cat pyproject.toml setup.py proto/crane/v1/*.proto | sha256sum | cut -d' ' -f1)
+lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/guest_pb2.py ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     extras="test"
@@ -23,4 +24,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/gu
     fi
     .venv/bin/python -m pip install -q -e ".[$extras]"
     echo "$inputs" > "$stamp"
+fi
+# The guest library (libcuda.so.1): rebuilt whenever its C sources or generated stubs change
+# (an editable install does not rerun the build hook for those).
+lib_stamp=.venv/.crane-interposer
+if [ ! -f "$lib_stamp" ] || [ "$(cat "$lib_stamp")" != "$lib_inputs" ] \
+        || [ ! -f crane/interposer/_lib/libcuda.so.1 ]; then
+    .venv/bin/python interposer/build_interposer.py >/dev/null
+    echo "$lib_inputs" > "$lib_stamp"
 fi

@@ -173,6 +173,9 @@ OPS: tuple[Op, ...] = (
        data_in="params",
        doc="Launch a kernel with its packed parameter buffer, in stream order; every "
            "allocation a pointer-sized parameter points into counts as written."),
+    op(29, "FUNCTION_SET_MAX_DYNAMIC_SHARED", "function:HANDLE size:U32",
+       doc="cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES): later launches "
+           "of the function may use up to this much dynamic shared memory."),
 )
 # fmt: on
 

@@ -147,7 +147,11 @@ class Backend(ABC):
         shared: int,
         stream: Any,
         params: bytes,
-    ) -> None: ...
+        *,
+        max_dynamic_shared: int | None = None,
+    ) -> None:
+        """Run a kernel in stream order; ``max_dynamic_shared`` is the limit raised by
+        cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) (None: the default 48 KiB rule)."""
 
     def take_stdout(self) -> bytes:
         """Device printf output produced since the last call (delivered to the guest)."""

@@ -26,7 +26,7 @@ from crane.api.ops import OPS_BY_NAME, Op
 from crane.api.results import CudaError
 from crane.backends.base import DeviceSnapshot
 from crane.backends.identity import snapshot_from_proto
-from crane.guest.handles import HandleAllocator, HandleKind, kind_of
+from crane.guest.handles import HandleAllocator, HandleKind
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
 from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
@@ -35,6 +35,7 @@ __all__ = ["Function", "KernelLayout", "Module", "Session"]
 
 _O = OPS_BY_NAME
 _DEFAULT_STREAMS = (0, 1, 2)
+_LAUNCH = _O["LAUNCH"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Session:
         self._handles = HandleAllocator()
         self._objs = _Objects()
         self._lock = threading.RLock()
+        self._launch_ok: set[tuple[object, ...]] = set()  # launch configurations checked
         self.va = VaAllocator(
             o.va_base,
             o.va_size,
@@ -181,6 +183,12 @@ class Session:
         self._sync(_O["CTX_SYNCHRONIZE"], self._ctx(ctx))
 
     synchronize = ctx_synchronize
+
+    def ctx_reset_primary(self) -> None:
+        """cuDevicePrimaryCtxReset: destroy the primary context with everything in it (which
+        clears a sticky fault) and start a fresh one."""
+        self.ctx_destroy(self.primary_context)
+        self.primary_context = self.ctx_create()
 
     # ---- memory -------------------------------------------------------------------------------
     def _map_chunk(self, addr: int, size: int) -> None:
@@ -425,33 +433,50 @@ class Session:
         params: bytes | Sequence[object] = b"",
         shared: int = 0,
         stream: int = 0,
+        max_dynamic_shared: int | None = None,
     ) -> None:
-        """Enqueue a kernel. ``params`` is the packed buffer or one value per parameter."""
-        if (
-            kind_of(function.handle) != HandleKind.FUNCTION
-            or function.handle not in self._objs.functions
-        ):
+        """Enqueue a kernel. ``params`` is the packed buffer or one value per parameter.
+
+        ``max_dynamic_shared`` is the limit raised by :meth:`function_set_max_dynamic_shared`."""
+        if function.handle not in self._objs.functions:  # holds FUNCTION handles only
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
-        g = ((*tuple(grid), 1, 1))[:3]
-        b = ((*tuple(block), 1, 1))[:3]
+        g = grid if len(grid) == 3 and type(grid) is tuple else ((*tuple(grid), 1, 1))[:3]
+        b = block if len(block) == 3 and type(block) is tuple else ((*tuple(block), 1, 1))[:3]
         lay = function.layout
-        check_launch(
-            self.attributes,
-            g,
-            b,
-            shared,
-            static_shared=lay.static_shared,  # type: ignore[arg-type]
-            max_threads=lay.max_threads,
-        )
+        key = (function.handle, g, b, shared, max_dynamic_shared)
+        if key not in self._launch_ok:  # configurations repeat: check each one once
+            check_launch(
+                self.attributes,
+                g,
+                b,
+                shared,
+                static_shared=lay.static_shared,  # type: ignore[arg-type]
+                max_threads=lay.max_threads,
+                max_dynamic_shared=max_dynamic_shared,
+            )
+            if len(self._launch_ok) > 4096:
+                self._launch_ok.clear()
+            self._launch_ok.add(key)
         buf = params if isinstance(params, bytes | bytearray) else pack_params(lay, params)
         if len(buf) != lay.param_bytes:
             raise CudaError(
                 CUresult.CUDA_ERROR_INVALID_VALUE,
                 f"{lay.name} takes {lay.param_bytes} parameter bytes, got {len(buf)}",
             )
-        self._async(
-            _O["LAUNCH"], function.handle, *g, *b, shared, self._stream(stream), data=bytes(buf)
+        if stream not in _DEFAULT_STREAMS:
+            self._stream(stream)
+        self._t.enqueue(
+            _LAUNCH,
+            _LAUNCH.pack(function.handle, *g, *b, shared, stream),
+            buf if type(buf) is bytes else bytes(buf),
+            expect=False,
         )
+
+    def function_set_max_dynamic_shared(self, function: Function, size: int) -> None:
+        """cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for later launches."""
+        if function.handle not in self._objs.functions:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
+        self._async(_O["FUNCTION_SET_MAX_DYNAMIC_SHARED"], function.handle, size)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:

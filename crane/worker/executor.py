@@ -25,7 +25,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from crane.api.generated.cuda_enums import CUresult
+from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
 from crane.api.launch_check import check_launch
 from crane.api.ops import OPS, Op
 from crane.api.results import CudaError
@@ -90,6 +90,7 @@ class Executor:
         self.events: HandleTable[Any] = HandleTable("event")
         self.modules: HandleTable[LoadedModule] = HandleTable("module")
         self.functions: HandleTable[str] = HandleTable("function")
+        self.max_dynamic_shared: dict[int, int] = {}  # function -> raised dynamic smem limit
         self.allocations: dict[int, tuple[int, int]] = {}  # addr -> (ctx, size)
         self.chunks: dict[int, int] = {}  # addr -> size, guest-mapped
         self._chunk_bytes = 0
@@ -432,6 +433,17 @@ class Executor:
             raise CudaError(CUresult.CUDA_ERROR_NOT_FOUND, f"module has no kernel {kernel!r}")
         self.functions.add(function, owned.ctx, kernel, module)
 
+    def function_set_max_dynamic_shared(self, function: int, size: int) -> None:
+        self.functions.get(function)
+        optin = self.backend.snapshot.attributes[
+            CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        ]
+        if size > optin:
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE, f"{size} bytes exceeds the opt-in limit {optin}"
+            )
+        self.max_dynamic_shared[function] = size
+
     def launch(
         self,
         function: int,
@@ -461,7 +473,15 @@ class Executor:
             shared,
             static_shared=kernel.static_shared_bytes or 0,
             max_threads=kernel.max_threads_per_block,
+            max_dynamic_shared=self.max_dynamic_shared.get(function),
         )
         self.backend.launch(
-            loaded, fn.obj, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream), params
+            loaded,
+            fn.obj,
+            (gx, gy, gz),
+            (bx, by, bz),
+            shared,
+            self._stream(stream),
+            params,
+            max_dynamic_shared=self.max_dynamic_shared.get(function),
         )

@@ -236,6 +236,8 @@ class SimBackend(Backend):
         shared: int,
         stream: Any,
         params: bytes,
+        *,
+        max_dynamic_shared: int | None = None,
     ) -> None:
         sim: _SimModule = module.native
         if sim.program is None:
@@ -253,6 +255,7 @@ class SimBackend(Backend):
                 symbols=sim.symbols,
                 profile=self.profile,
                 printf=self._printf,
+                max_dynamic_shared=max_dynamic_shared,
             )
         except KernelFault as e:
             raise CudaError(CUresult(e.code), str(e)) from None

@@ -1,0 +1,115 @@
+"""The driver-API spec: which CUDA driver entry points the interposer serves, and how.
+
+One table, edited by people, drives the generator (:mod:`crane.codegen.gen_interposer`), which
+emits the interposer's C entry points, the cffi ``embedding_api`` text and the
+``cuGetProcAddress`` table. Signatures are not written here: they come from the generated
+:mod:`crane.api.generated.driver_protos` (one row per ABI variant in ``cudaTypedefs.h``), so the
+spec only says, per (name, ABI version), *who* answers:
+
+* ``PY``: the generated C entry calls a Python handler (``crane.interposer.handlers_*``,
+  registered under ``"name@version"``). Used for everything that needs the session.
+* ``C``: hand-written C in ``interposer/src`` named ``crane_c_<name>_<version>``. Used for what
+  must never cross the wire or needs no Python (architecture invariant 3): proc-address look-ups,
+  export tables, current context, primary-context reference counts, host memory.
+
+Every other driver symbol is still exported and returns CUDA_ERROR_NOT_SUPPORTED with one log
+line naming it. ``_ptds``/``_ptsz`` variants follow their base entry automatically (the generator
+maps a NULL stream to CU_STREAM_PER_THREAD). The ``local`` flag documents calls answered in the
+guest without a round trip (from the session's snapshot or local tables).
+
+Rules: entries are keyed by name and version, so adding one never renumbers anything; the
+wire-level op ids live in :mod:`crane.api.ops` (append-only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["SPEC", "Entry", "How", "spec_key"]
+
+
+class How(Enum):
+    PY = "py"
+    C = "c"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    version: int
+    how: How
+    local: bool = False  # answered in the guest, never a round trip
+
+
+def spec_key(name: str, version: int) -> str:
+    return f"{name}@{version}"
+
+
+def _e(how: How, local: bool, *items: str) -> list[Entry]:
+    out = []
+    for item in items:
+        name, _, versions = item.partition("@")
+        out += [Entry(name, int(v), how, local) for v in versions.split(",")]
+    return out
+
+
+PY, C = How.PY, How.C
+
+# fmt: off
+SPEC: tuple[Entry, ...] = tuple(
+    # -- hand-written C: look-ups, tables, thread-local context, primary-context refcounts ------
+    _e(C, True,
+       "cuGetProcAddress@11030,12000", "cuGetExportTable@3000",
+       "cuCtxGetCurrent@4000", "cuCtxSetCurrent@4000", "cuCtxPushCurrent@4000",
+       "cuCtxPopCurrent@4000", "cuCtxGetDevice@2000,13000", "cuCtxGetApiVersion@3020",
+       "cuCtxGetFlags@7000",
+       "cuDevicePrimaryCtxRetain@7000", "cuDevicePrimaryCtxRelease@7000,11000",
+       "cuDevicePrimaryCtxReset@7000,11000", "cuDevicePrimaryCtxGetState@7000",
+       "cuDevicePrimaryCtxSetFlags@7000,11000",
+       "cuMemAllocHost@3020", "cuMemHostAlloc@2020", "cuMemFreeHost@2000",
+       "cuMemHostRegister@6050", "cuMemHostUnregister@4000", "cuMemHostGetFlags@2030")
+    # -- Python, answered locally from the session's snapshot or guest tables ------------------
+    + _e(PY, True,
+         "cuInit@2000", "cuDriverGetVersion@2020", "cuDeviceGet@2000", "cuDeviceGetCount@2000",
+         "cuDeviceGetName@2000", "cuDeviceTotalMem@3020", "cuDeviceGetAttribute@2000",
+         "cuDeviceGetUuid@9020,11040", "cuDeviceGetPCIBusId@4010",
+         "cuDeviceComputeCapability@2000", "cuDeviceGetByPCIBusId@4010",
+         "cuGetErrorString@6000", "cuGetErrorName@6000", "cuModuleGetLoadingMode@11070",
+         "cuCtxGetStreamPriorityRange@5050", "cuCtxGetLimit@3010", "cuCtxSetLimit@3010",
+         "cuCtxGetCacheConfig@3020", "cuCtxSetCacheConfig@3020",
+         "cuLibraryGetKernel@12000", "cuLibraryGetModule@12000", "cuLibraryGetGlobal@12000",
+         "cuModuleGetFunction@2000", "cuModuleGetGlobal@3020", "cuKernelGetFunction@12000",
+         "cuKernelGetAttribute@12000", "cuKernelSetAttribute@12000", "cuKernelGetName@12030",
+         "cuKernelGetParamInfo@12040", "cuKernelSetCacheConfig@12000",
+         "cuFuncGetAttribute@2020", "cuFuncSetAttribute@9000", "cuFuncGetParamInfo@12040",
+         "cuFuncSetCacheConfig@3000", "cuFuncGetName@12030",
+         "cuOccupancyMaxActiveBlocksPerMultiprocessor@6050",
+         "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags@7000",
+         "cuOccupancyAvailableDynamicSMemPerBlock@10020",
+         "cuPointerGetAttribute@4000", "cuPointerGetAttributes@7000",
+         "cuMemGetAddressRange@3020", "cuStreamGetFlags@5050", "cuStreamGetPriority@5050",
+         "cuStreamGetCtx@9020", "cuStreamGetId@12000")
+    # -- Python, through the session (batched unless the call must wait) -----------------------
+    + _e(PY, False,
+         "cuCtxCreate@3020,12050", "cuCtxDestroy@4000", "cuCtxSynchronize@2000,13000",
+         "cuMemAlloc@3020", "cuMemFree@3020", "cuMemGetInfo@3020", "cuMemAllocPitch@3020",
+         "cuMemAllocAsync@11020", "cuMemFreeAsync@11020",
+         "cuMemcpy@4000", "cuMemcpyAsync@4000", "cuMemcpyHtoD@3020", "cuMemcpyDtoH@3020",
+         "cuMemcpyDtoD@3020", "cuMemcpyHtoDAsync@3020", "cuMemcpyDtoHAsync@3020",
+         "cuMemcpyDtoDAsync@3020", "cuMemcpy2D@3020", "cuMemcpy2DAsync@3020",
+         "cuMemcpy2DUnaligned@3020",
+         "cuMemsetD8@3020", "cuMemsetD16@3020", "cuMemsetD32@3020", "cuMemsetD8Async@3020",
+         "cuMemsetD16Async@3020", "cuMemsetD32Async@3020",
+         "cuModuleLoad@2000", "cuModuleLoadData@2000", "cuModuleLoadDataEx@2010",
+         "cuModuleLoadFatBinary@2000", "cuModuleUnload@2000",
+         "cuLibraryLoadData@12000", "cuLibraryLoadFromFile@12000", "cuLibraryUnload@12000",
+         "cuLaunchKernel@4000", "cuLaunchKernelEx@11060",
+         "cuLaunchHostFunc@10000", "cuStreamAddCallback@5000",
+         "cuStreamCreate@2000", "cuStreamCreateWithPriority@5050", "cuStreamDestroy@4000",
+         "cuStreamSynchronize@2000", "cuStreamQuery@2000", "cuStreamWaitEvent@3020",
+         "cuEventCreate@2000", "cuEventDestroy@4000", "cuEventRecord@2000",
+         "cuEventRecordWithFlags@11010", "cuEventSynchronize@2000", "cuEventQuery@2000",
+         "cuEventElapsedTime@2000,12080")
+)
+# fmt: on

@@ -1,0 +1,122 @@
+"""Kernel launches and host functions.
+
+``cuLaunchKernel`` gets one pointer per argument and no sizes: the buffer is packed from the
+parameter layout the daemon returned with the module (or taken as is from ``extra``), checked
+locally against the device's limits (so an invalid configuration fails at the call) and
+enqueued without a round trip. Host functions run in the guest at their point in stream order:
+the stream is drained first and later work is enqueued only after the function returns."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.results import CudaError
+from crane.guest.session import Function
+from crane.interposer.h_module import max_dynamic_shared
+from crane.interposer.registry import handles
+from crane.interposer.runtime import RT
+
+_LAUNCH_CONFIG = struct.Struct("<7I4xQQI")  # CUlaunchConfig
+_ATTR_SIZE = 72  # CUlaunchAttribute: id, padding, 64-byte value union
+_COOPERATIVE, _CLUSTER_DIMENSION = 2, 4
+
+
+def pack_params(fn: Function, params: Any, extra: Any) -> bytes:
+    ffi, lay = RT.ffi, fn.layout
+    if params != ffi.NULL:
+        buf = bytearray(lay.param_bytes)
+        for i, (off, size) in enumerate(lay.params):
+            buf[off : off + size] = ffi.buffer(params[i], size)
+        return bytes(buf)
+    if extra == ffi.NULL:
+        if lay.param_bytes:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"{lay.name} needs parameters")
+        return b""
+    ptr, size, i = None, None, 0
+    while True:
+        key = int(ffi.cast("uintptr_t", extra[i]))
+        if key == 0:  # CU_LAUNCH_PARAM_END
+            break
+        if key == 1:  # CU_LAUNCH_PARAM_BUFFER_POINTER
+            ptr = extra[i + 1]
+        elif key == 2:  # CU_LAUNCH_PARAM_BUFFER_SIZE
+            size = ffi.cast("size_t *", extra[i + 1])[0]
+        else:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown launch extra key {key}")
+        i += 2
+    if ptr is None or size is None:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "extra lacks the buffer or its size")
+    return bytes(ffi.buffer(ptr, size))
+
+
+def launch(
+    f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, stream: int,
+    params: Any, extra: Any,
+) -> None:  # fmt: skip
+    fn = RT.function(f)
+    RT.session().launch(
+        fn, grid, block, pack_params(fn, params, extra), shared, stream,
+        max_dynamic_shared=max_dynamic_shared(fn),
+    )  # fmt: skip
+
+
+@handles("cuLaunchKernel@4000")
+def launch_kernel(
+    f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: Any,
+    params: Any, extra: Any,
+) -> None:  # fmt: skip
+    launch(f, (gx, gy, gz), (bx, by, bz), shared, RT.stream(stream), params, extra)
+
+
+@handles("cuLaunchKernelEx@11060")
+def launch_kernel_ex(config: Any, f: Any, params: Any, extra: Any) -> None:
+    ffi = RT.ffi
+    if config == ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL launch config")
+    gx, gy, gz, bx, by, bz, shared, stream, attrs, nattrs = _LAUNCH_CONFIG.unpack(
+        bytes(ffi.buffer(config, _LAUNCH_CONFIG.size))
+    )
+    for i in range(nattrs):
+        raw = bytes(ffi.buffer(ffi.cast("char *", attrs + i * _ATTR_SIZE), _ATTR_SIZE))
+        aid = struct.unpack_from("<I", raw)[0]
+        if aid == _COOPERATIVE and struct.unpack_from("<i", raw, 8)[0]:
+            raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "cooperative launches")
+        if aid == _CLUSTER_DIMENSION and struct.unpack_from("<3I", raw, 8) not in (
+            (1, 1, 1),
+            (0, 0, 0),
+        ):
+            raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "thread-block clusters")
+        # every other attribute is a scheduling or memory-ordering hint
+    s = RT.stream(ffi.cast("void *", stream))
+    launch(f, (gx, gy, gz), (bx, by, bz), shared, s, params, extra)
+
+
+def _drain(stream: int) -> int:
+    """Wait for the stream's earlier work; its error (if any) as a CUresult."""
+    try:
+        RT.session().stream_synchronize(stream)
+    except CudaError as e:
+        return int(e.code)
+    return 0
+
+
+@handles("cuLaunchHostFunc@10000")
+def launch_host_func(stream: Any, fn: Any, user_data: Any) -> None:
+    s = RT.stream(stream)
+    RT.session()._stream(s)
+    status = _drain(s)
+    if status:
+        raise CudaError(status, "stream failed before the host function")
+    RT.ffi.cast("void (*)(void *)", fn)(user_data)
+
+
+@handles("cuStreamAddCallback@5000")
+def stream_add_callback(stream: Any, callback: Any, user_data: Any, flags: int) -> None:
+    if flags != 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "flags must be 0")
+    s = RT.stream(stream)
+    RT.session()._stream(s)
+    status = _drain(s)
+    RT.ffi.cast("void (*)(void *, int, void *)", callback)(stream, status, user_data)

@@ -1,0 +1,238 @@
+"""Device memory: allocation, every linear and 2D copy, memsets, stream-ordered allocation.
+
+Device pointers are guest-chosen addresses inside the session's VA window, so "is this a device
+pointer" (for ``cuMemcpy`` and 2D copies with unified addressing) is a local range check. Host
+memory, pinned or not, is plain guest memory: copies read or fill it through the session. A
+device-to-host copy waits for its data (it must land before the call, or before the stream's
+next synchronization, returns: waiting early is never wrong)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.results import CudaError
+from crane.guest.session import Session
+from crane.interposer.registry import handles
+from crane.interposer.runtime import RT
+
+_MT_HOST, _MT_DEVICE, _MT_ARRAY, _MT_UNIFIED = 1, 2, 3, 4
+_MEMCPY2D = struct.Struct("<QQI4xQQQQQQI4xQQQQQQ")  # CUDA_MEMCPY2D, 128 bytes
+
+
+def is_device(s: Session, addr: int) -> bool:
+    base, size = s.va_window
+    return base <= addr < base + size
+
+
+def host_view(addr: int, n: int) -> Any:
+    if addr == 0 and n:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL host pointer")
+    return RT.ffi.buffer(RT.ffi.cast("char *", addr), n)
+
+
+def copy(dst: int, src: int, n: int, stream: int) -> None:
+    """Copy n bytes between any two guest-visible addresses, in stream order."""
+    if n == 0:
+        return
+    s = RT.session()
+    d_dev, s_dev = is_device(s, dst), is_device(s, src)
+    if d_dev and s_dev:
+        s.memcpy_dtod(dst, src, n, stream)
+    elif d_dev:
+        s.memcpy_htod(dst, host_view(src, n), stream)
+    elif s_dev:
+        s.memcpy_dtoh(src, n, stream, out=host_view(dst, n))
+    else:
+        RT.ffi.memmove(RT.ffi.cast("char *", dst), RT.ffi.cast("char *", src), n)
+
+
+@handles("cuMemAlloc@3020")
+def mem_alloc(out: Any, size: int) -> None:
+    if out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
+    out[0] = RT.session().mem_alloc(size, RT.ctx())
+
+
+@handles("cuMemFree@3020")
+def mem_free(dptr: int) -> None:
+    RT.session().mem_free(dptr)
+
+
+@handles("cuMemGetInfo@3020")
+def mem_get_info(free: Any, total: Any) -> None:
+    f, t = RT.session().mem_get_info()
+    RT.out(free, f)
+    RT.out(total, t)
+
+
+@handles("cuMemAllocPitch@3020")
+def mem_alloc_pitch(out: Any, pitch: Any, width: int, height: int, elem: int) -> None:
+    if elem not in (4, 8, 16) or width == 0 or height == 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "bad pitch allocation request")
+    p = (width + 511) // 512 * 512  # the driver's texture pitch alignment
+    out[0] = RT.session().mem_alloc(p * height, RT.ctx())
+    RT.out(pitch, p)
+
+
+@handles("cuMemAllocAsync@11020")
+def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
+    # Allocating at once satisfies stream order (the memory exists before the stream reaches
+    # this point); the pool is the session's allocator.
+    if out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
+    s = RT.session()
+    s._stream(RT.stream(stream))
+    out[0] = s.mem_alloc(size, RT.ctx())
+
+
+@handles("cuMemFreeAsync@11020")
+def mem_free_async(dptr: int, stream: Any) -> None:
+    # The worker applies calls in order, so the free follows the stream's earlier work.
+    s = RT.session()
+    s._stream(RT.stream(stream))
+    s.mem_free(dptr)
+
+
+@handles("cuMemGetAddressRange@3020")
+def mem_get_address_range(pbase: Any, psize: Any, dptr: int) -> None:
+    hit = RT.session().va.find(dptr)
+    if hit is None or dptr >= hit[0] + hit[1]:
+        raise CudaError(CUresult.CUDA_ERROR_NOT_FOUND, f"{dptr:#x} is not in an allocation")
+    if pbase != RT.ffi.NULL:
+        pbase[0] = hit[0]
+    if psize != RT.ffi.NULL:
+        psize[0] = hit[1]
+
+
+# ---- linear copies -------------------------------------------------------------------------
+@handles("cuMemcpy@4000")
+def memcpy(dst: int, src: int, n: int) -> None:
+    copy(dst, src, n, RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemcpyAsync@4000")
+def memcpy_async(dst: int, src: int, n: int, stream: Any) -> None:
+    copy(dst, src, n, RT.stream(stream))
+
+
+@handles("cuMemcpyHtoD@3020")
+def memcpy_htod(dst: int, src: Any, n: int) -> None:
+    if n:
+        RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemcpyHtoDAsync@3020")
+def memcpy_htod_async(dst: int, src: Any, n: int, stream: Any) -> None:
+    if n:
+        RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), RT.stream(stream))
+
+
+@handles("cuMemcpyDtoH@3020")
+def memcpy_dtoh(dst: Any, src: int, n: int) -> None:
+    if n:
+        RT.session().memcpy_dtoh(src, n, RT.stream(RT.ffi.NULL), out=RT.ffi.buffer(dst, n))
+
+
+@handles("cuMemcpyDtoHAsync@3020")
+def memcpy_dtoh_async(dst: Any, src: int, n: int, stream: Any) -> None:
+    if n:
+        RT.session().memcpy_dtoh(src, n, RT.stream(stream), out=RT.ffi.buffer(dst, n))
+
+
+@handles("cuMemcpyDtoD@3020")
+def memcpy_dtod(dst: int, src: int, n: int) -> None:
+    if n:
+        RT.session().memcpy_dtod(dst, src, n, RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemcpyDtoDAsync@3020")
+def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
+    if n:
+        RT.session().memcpy_dtod(dst, src, n, RT.stream(stream))
+
+
+# ---- 2D copies -----------------------------------------------------------------------------
+def _side(s: Session, mtype: int, host: int, dev: int, arr: int) -> int:
+    if mtype == _MT_HOST:
+        return host
+    if mtype == _MT_DEVICE:
+        return dev
+    if mtype == _MT_UNIFIED:
+        return dev
+    if mtype == _MT_ARRAY:
+        raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "CUDA arrays are not supported")
+    raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad memory type {mtype}")
+
+
+def copy_2d(p_copy: Any, stream: int) -> None:
+    if p_copy == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL copy descriptor")
+    (sx, sy, smt, shost, sdev, sarr, spitch, dx, dy, dmt, dhost, ddev, darr, dpitch, w, h) = (
+        _MEMCPY2D.unpack(bytes(RT.ffi.buffer(p_copy, _MEMCPY2D.size)))
+    )
+    s = RT.session()
+    src0 = _side(s, smt, shost, sdev, sarr) + sy * spitch + sx
+    dst0 = _side(s, dmt, dhost, ddev, darr) + dy * dpitch + dx
+    if w == 0 or h == 0:
+        return
+    if (h > 1 and (spitch < w or dpitch < w)) or w > (1 << 40):
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "pitch smaller than the row width")
+    if spitch == dpitch == w:
+        copy(dst0, src0, w * h, stream)
+        return
+    if is_device(s, src0) and not is_device(s, dst0):
+        # one read of the whole source span, then scatter the rows locally
+        span = (h - 1) * spitch + w
+        buf = bytearray(span)
+        s.memcpy_dtoh(src0, span, stream, out=buf)
+        view = memoryview(buf)
+        for r in range(h):
+            RT.ffi.memmove(
+                RT.ffi.cast("char *", dst0 + r * dpitch), view[r * spitch : r * spitch + w], w
+            )
+        return
+    for r in range(h):
+        copy(dst0 + r * dpitch, src0 + r * spitch, w, stream)
+
+
+@handles("cuMemcpy2D@3020", "cuMemcpy2DUnaligned@3020")
+def memcpy_2d(p_copy: Any) -> None:
+    copy_2d(p_copy, RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemcpy2DAsync@3020")
+def memcpy_2d_async(p_copy: Any, stream: Any) -> None:
+    copy_2d(p_copy, RT.stream(stream))
+
+
+# ---- memsets ---------------------------------------------------------------------------------
+@handles("cuMemsetD8@3020")
+def memset_d8(dst: int, value: int, n: int) -> None:
+    RT.session().memset_d8(dst, value, n, RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemsetD16@3020")
+def memset_d16(dst: int, value: int, n: int) -> None:
+    RT.session().memset_d16(dst, value, n, RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemsetD32@3020")
+def memset_d32(dst: int, value: int, n: int) -> None:
+    RT.session().memset_d32(dst, value, n, RT.stream(RT.ffi.NULL))
+
+
+@handles("cuMemsetD8Async@3020")
+def memset_d8_async(dst: int, value: int, n: int, stream: Any) -> None:
+    RT.session().memset_d8(dst, value, n, RT.stream(stream))
+
+
+@handles("cuMemsetD16Async@3020")
+def memset_d16_async(dst: int, value: int, n: int, stream: Any) -> None:
+    RT.session().memset_d16(dst, value, n, RT.stream(stream))
+
+
+@handles("cuMemsetD32Async@3020")
+def memset_d32_async(dst: int, value: int, n: int, stream: Any) -> None:
+    RT.session().memset_d32(dst, value, n, RT.stream(stream))

@@ -1,0 +1,254 @@
+"""Modules, libraries, kernels and functions, globals, function attributes and occupancy.
+
+A library and a module are the same session module here, and a CUkernel is the same session
+function as the CUfunction cuKernelGetFunction returns (cudart launches CUkernels directly).
+Everything except the load itself is answered locally from the layout the daemon returned
+when the module was loaded."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from crane.api.generated.cuda_enums import CUdevice_attribute as DA
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.launch_check import DEFAULT_SHARED_LIMIT
+from crane.api.results import CudaError
+from crane.guest.session import Function
+from crane.interposer.images import image_from_pointer
+from crane.interposer.registry import handles
+from crane.interposer.runtime import RT
+
+_MAX_DYN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_CARVEOUT = 9
+_names: dict[int, Any] = {}  # function handle -> C string kept alive for cuKernelGetName
+
+
+def _load(out: Any, image: bytes, library: bool = False) -> None:
+    """Load into the current context; a library is context-independent (cudart loads it before
+    any context is current), so it goes to the primary context the session serves."""
+    if out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL module pointer")
+    s = RT.session()
+    ctx = s.primary_context if library else RT.ctx()
+    mod = s.module_load(image, ctx)
+    RT.modules[mod.handle] = mod
+    out[0] = RT.ffi.cast("void *", mod.handle)
+
+
+def _read_file(path: Any) -> bytes:
+    name = RT.ffi.string(path).decode()
+    try:
+        with open(name, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise CudaError(CUresult.CUDA_ERROR_FILE_NOT_FOUND, f"{name}: {e.strerror}") from None
+
+
+@handles("cuModuleLoadData@2000", "cuModuleLoadFatBinary@2000")
+def module_load_data(out: Any, image: Any) -> None:
+    _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))
+
+
+@handles("cuModuleLoadDataEx@2010")
+def module_load_data_ex(out: Any, image: Any, n: int, opts: Any, vals: Any) -> None:
+    _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))  # JIT options are hints
+
+
+@handles("cuModuleLoad@2000")
+def module_load(out: Any, path: Any) -> None:
+    _load(out, _read_file(path))
+
+
+@handles("cuLibraryLoadData@12000")
+def library_load_data(out: Any, code: Any, *options: Any) -> None:
+    _load(out, image_from_pointer(RT.ffi, RT.ptr(code)), library=True)
+
+
+@handles("cuLibraryLoadFromFile@12000")
+def library_load_from_file(out: Any, path: Any, *options: Any) -> None:
+    _load(out, _read_file(path), library=True)
+
+
+@handles("cuModuleUnload@2000", "cuLibraryUnload@12000")
+def module_unload(handle: Any) -> None:
+    mod = RT.module(handle)
+    RT.session().module_unload(mod)
+    RT.forget_module(mod.handle)
+
+
+@handles("cuModuleGetLoadingMode@11070")
+def module_get_loading_mode(out: Any) -> None:
+    eager = os.environ.get("CUDA_MODULE_LOADING", "").upper() == "EAGER"
+    RT.out(out, 1 if eager else 2)  # CU_MODULE_EAGER_LOADING / CU_MODULE_LAZY_LOADING
+
+
+@handles("cuLibraryGetKernel@12000", "cuModuleGetFunction@2000")
+def library_get_kernel(out: Any, handle: Any, name: Any) -> None:
+    if out == RT.ffi.NULL or name == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL argument")
+    fn = RT.kernel(RT.module(handle), RT.ffi.string(name).decode())
+    out[0] = RT.ffi.cast("void *", fn.handle)
+
+
+@handles("cuLibraryGetModule@12000")
+def library_get_module(out: Any, handle: Any) -> None:
+    RT.out(out, RT.ffi.cast("void *", RT.module(handle).handle))
+
+
+@handles("cuKernelGetFunction@12000")
+def kernel_get_function(out: Any, kernel: Any) -> None:
+    RT.out(out, RT.ffi.cast("void *", RT.function(kernel).handle))
+
+
+@handles("cuLibraryGetGlobal@12000", "cuModuleGetGlobal@3020")
+def library_get_global(dptr: Any, size: Any, handle: Any, name: Any) -> None:
+    addr, n = RT.session().module_get_global(RT.module(handle), RT.ffi.string(name).decode())
+    if dptr != RT.ffi.NULL:
+        dptr[0] = addr
+    if size != RT.ffi.NULL:
+        size[0] = n
+
+
+# ---- attributes ----------------------------------------------------------------------------
+def max_dynamic_shared(fn: Function) -> int:
+    set_value = RT.func_attrs.get(fn.handle, {}).get(_MAX_DYN)
+    return (
+        set_value
+        if set_value is not None
+        else max(DEFAULT_SHARED_LIMIT - fn.layout.static_shared, 0)
+    )
+
+
+def function_attribute(fn: Function, attrib: int) -> int:
+    s = RT.session()
+    a = s.attributes
+    cc = s.device.cc[0] * 10 + s.device.cc[1]
+    lay = fn.layout
+    values = {
+        0: lay.max_threads or a[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK],
+        1: lay.static_shared,
+        2: 0,  # constant bytes: module constants are globals here
+        3: 0,  # local bytes: not reported by the daemon's layout
+        4: 0,  # registers: the simulated device has no register file limit
+        5: cc,
+        6: cc,
+        7: 0,
+        _MAX_DYN: max_dynamic_shared(fn),
+        _CARVEOUT: RT.func_attrs.get(fn.handle, {}).get(_CARVEOUT, -1),
+        10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0,
+    }  # fmt: skip
+    if attrib not in values:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown function attribute {attrib}")
+    return values[attrib]
+
+
+def set_function_attribute(fn: Function, attrib: int, value: int) -> None:
+    s = RT.session()
+    if attrib == _MAX_DYN:
+        optin = s.attributes[DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN]
+        if value < 0 or value + fn.layout.static_shared > optin:
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE,
+                f"{value} bytes of dynamic shared memory exceeds the device's opt-in limit",
+            )
+        s.function_set_max_dynamic_shared(fn, value)
+    elif attrib == _CARVEOUT:
+        if not -1 <= value <= 100:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad carveout {value}")
+    else:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"attribute {attrib} is read-only")
+    RT.func_attrs.setdefault(fn.handle, {})[attrib] = value
+
+
+@handles("cuFuncGetAttribute@2020")
+def func_get_attribute(out: Any, attrib: int, func: Any) -> None:
+    RT.out(out, function_attribute(RT.function(func), attrib))
+
+
+@handles("cuKernelGetAttribute@12000")
+def kernel_get_attribute(out: Any, attrib: int, kernel: Any, dev: int) -> None:
+    RT.out(out, function_attribute(RT.function(kernel), attrib))
+
+
+@handles("cuFuncSetAttribute@9000")
+def func_set_attribute(func: Any, attrib: int, value: int) -> None:
+    set_function_attribute(RT.function(func), attrib, value)
+
+
+@handles("cuKernelSetAttribute@12000")
+def kernel_set_attribute(attrib: int, value: int, kernel: Any, dev: int) -> None:
+    set_function_attribute(RT.function(kernel), attrib, value)
+
+
+@handles("cuFuncSetCacheConfig@3000")
+def func_set_cache_config(func: Any, config: int) -> None:
+    RT.function(func)  # a preference only
+
+
+@handles("cuKernelSetCacheConfig@12000")
+def kernel_set_cache_config(kernel: Any, config: int, dev: int) -> None:
+    RT.function(kernel)
+
+
+@handles("cuFuncGetParamInfo@12040", "cuKernelGetParamInfo@12040")
+def func_get_param_info(func: Any, index: int, offset: Any, size: Any) -> None:
+    params = RT.function(func).layout.params
+    if index >= len(params):
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"no parameter {index}")
+    if offset != RT.ffi.NULL:
+        offset[0] = params[index][0]
+    if size != RT.ffi.NULL:
+        size[0] = params[index][1]
+
+
+@handles("cuFuncGetName@12030", "cuKernelGetName@12030")
+def func_get_name(out: Any, func: Any) -> None:
+    fn = RT.function(func)
+    if fn.handle not in _names:
+        _names[fn.handle] = RT.ffi.new("char[]", fn.layout.name.encode())
+    RT.out(out, _names[fn.handle])
+
+
+# ---- occupancy -----------------------------------------------------------------------------
+def max_active_blocks(fn: Function, block: int, dyn_shared: int) -> int:
+    a = RT.session().attributes
+    if block <= 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "block size must be positive")
+    if block > function_attribute(fn, 0):
+        return 0
+    warp = a[DA.CU_DEVICE_ATTRIBUTE_WARP_SIZE]
+    threads = (block + warp - 1) // warp * warp
+    limit = min(
+        a[DA.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR],
+        a[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR] // threads,
+    )
+    shared = fn.layout.static_shared + dyn_shared
+    if shared:
+        per_block = shared + a.get(DA.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 0)
+        limit = min(
+            limit, a[DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR] // per_block
+        )
+    return max(limit, 0)
+
+
+@handles("cuOccupancyMaxActiveBlocksPerMultiprocessor@6050")
+def occupancy(out: Any, func: Any, block: int, dyn: int) -> None:
+    RT.out(out, max_active_blocks(RT.function(func), block, dyn))
+
+
+@handles("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags@7000")
+def occupancy_flags(out: Any, func: Any, block: int, dyn: int, flags: int) -> None:
+    RT.out(out, max_active_blocks(RT.function(func), block, dyn))
+
+
+@handles("cuOccupancyAvailableDynamicSMemPerBlock@10020")
+def occupancy_dyn_smem(out: Any, func: Any, blocks: int, block: int) -> None:
+    fn = RT.function(func)
+    a = RT.session().attributes
+    if blocks <= 0 or block <= 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "bad occupancy query")
+    per_sm = a[DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR] // blocks
+    per_sm -= a.get(DA.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 0)
+    optin = a[DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN]
+    RT.out(out, max(min(per_sm, optin) - fn.layout.static_shared, 0))
