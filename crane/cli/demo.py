@@ -3,7 +3,9 @@
 Starts a craned on the simulated GPU in a temporary directory, then drives it as a guest would:
 device identity, memory round trips, streams and events, a CUDA module compiled with nvcc and
 loaded (its kernels' parameter layouts come back from the daemon), a kernel launch, and
-``crane ps`` while the session is open. Everything it prints is computed, nothing is canned.
+``crane ps`` while the session is open; then an unmodified nvcc-built CUDA program run
+through the interposer (``crane run``) against the same daemon. Everything it prints is
+computed, nothing is canned.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def _run(address: str, tmpdir: Path) -> int:
                 )
 
         code = _demo_kernel(s, tmpdir, n, dx, dy, y)
+    code = code or _demo_interposer(address, tmpdir)
     _say(f"demo finished in {time.perf_counter() - t0:.2f} s")
     return code
 
@@ -158,6 +161,60 @@ def _demo_kernel(s: Session, tmpdir: Path, n: int, dx: int, dy: int, y: np.ndarr
     want = np.float32(2.0) * np.ones_like(y) + y
     ok = np.array_equal(out, want)
     _say(f"saxpy on the simulated GPU: {'matches NumPy' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
+
+
+GUEST_PROGRAM = r"""
+#include <cstdio>
+#include <cuda_runtime.h>
+__global__ void square(const int *in, int *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * in[i];
+}
+int main() {
+    const int n = 4096;
+    static int h[n], r[n];
+    for (int i = 0; i < n; i++) h[i] = i;
+    int *din, *dout;
+    cudaMalloc(&din, sizeof h); cudaMalloc(&dout, sizeof r);
+    cudaMemcpy(din, h, sizeof h, cudaMemcpyHostToDevice);
+    square<<<(n + 255) / 256, 256>>>(din, dout, n);
+    cudaError_t e = cudaDeviceSynchronize();
+    cudaMemcpy(r, dout, sizeof r, cudaMemcpyDeviceToHost);
+    long long sum = 0; for (int i = 0; i < n; i++) sum += r[i];
+    cudaDeviceProp p; cudaGetDeviceProperties(&p, 0);
+    printf("  [guest] %s, sm_%d%d: sum of squares 0..%d = %lld (%s)\n", p.name, p.major,
+           p.minor, n - 1, sum, cudaGetErrorString(e));
+    cudaFree(din); cudaFree(dout);
+    return e != cudaSuccess;
+}
+"""
+
+
+def _demo_interposer(address: str, tmpdir: Path) -> int:
+    """An unmodified program built by nvcc (default flags: static cudart) run with
+    ``crane run``: its CUDA calls go through the guest libcuda.so.1 to the daemon."""
+    from crane.interposer import library_path
+
+    nvcc = find_nvcc()
+    if nvcc is None or not library_path().exists():
+        _say("interposer part skipped: needs nvcc and the built guest library (scripts/setup.sh)")
+        return 0
+    src = tmpdir / "square.cu"
+    src.write_text(GUEST_PROGRAM)
+    exe = tmpdir / "square"
+    subprocess.run([nvcc, "-o", str(exe), str(src)], check=True, capture_output=True)
+    _say(f"running an nvcc-built CUDA program through the interposer: crane run -- {exe.name}")
+    p = subprocess.run(
+        [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _say(p.stdout.rstrip())
+    want = sum(i * i for i in range(4096))
+    ok = p.returncode == 0 and f"= {want} " in p.stdout
+    _say(f"guest program: {'correct' if ok else 'WRONG: ' + p.stderr[-500:]}")
     return 0 if ok else 1
 
 

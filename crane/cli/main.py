@@ -3,6 +3,8 @@
     crane devices [--json]      devices the daemon serves
     crane ps [--json]           sessions: id, peer, device, memory, calls, state
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
+    crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
+    crane guest-lib [--dir]     path of the interposer libcuda.so.1 (for LD_PRELOAD / ld.so)
 
 ``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. Subcommands only parse arguments and
 call the library; their output is a human table by default and JSON with ``--json``.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from crane.cli import demo, inventory
+from crane.cli import demo, inventory, run
 
 __all__ = ["main"]
 
@@ -31,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="run the built-in demo on an embedded simulated-GPU daemon")
     m.add_argument("--profile", default="h100-80gb", help="simulated device profile")
     m.set_defaults(func=demo.cmd_demo)
+    r = sub.add_parser("run", help="run a CUDA program with the interposer as its libcuda")
+    r.add_argument("--daemon", dest="run_daemon", help="daemon address (as crane --daemon)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
+    r.set_defaults(func=run.cmd_run)
+    g = sub.add_parser("guest-lib", help="print the interposer library's path")
+    g.add_argument("--dir", action="store_true", help="print its folder instead")
+    g.set_defaults(func=run.cmd_guest_lib)
     return p
 
 
