@@ -1,0 +1,98 @@
+"""Interposer fixtures: the built guest library, one craned per module, and a runner that
+executes a CUDA program under ``crane run`` and returns its output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from crane.daemon.launcher import DaemonProcess
+from crane.interposer import library_path
+
+PROGRAMS = Path(__file__).parent / "programs"
+ROOT = Path(__file__).resolve().parents[2]
+CUDA_LIB64 = Path("/usr/local/cuda/lib64")
+
+
+def _sources() -> list[Path]:
+    inter = ROOT / "interposer"
+    return [*inter.glob("src/*"), *inter.glob("generated/*"), inter / "build_interposer.py"]
+
+
+@pytest.fixture(scope="session")
+def guest_lib() -> Path:
+    """The interposer, rebuilt when any of its sources is newer than the built library."""
+    lib = library_path()
+    newest = max(p.stat().st_mtime for p in _sources())
+    if not lib.exists() or lib.stat().st_mtime < newest:
+        subprocess.run(
+            [sys.executable, str(ROOT / "interposer" / "build_interposer.py")],
+            check=True,
+            capture_output=True,
+        )
+    return lib
+
+
+@pytest.fixture(scope="module")
+def idaemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path_factory.mktemp("idaemon") / "run", ["sim:h100-80gb"])
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[..., Result]
+
+
+@pytest.fixture
+def run_guest(guest_lib: Path, idaemon: DaemonProcess) -> Runner:
+    """Run ``argv`` under ``crane run --daemon ADDR --``; extra env entries may be given."""
+
+    def run(*argv: str | Path, env: dict[str, str] | None = None, timeout: float = 180) -> Result:
+        full_env = dict(os.environ)
+        full_env.pop("CRANE_TRACE", None)
+        full_env.update(env or {})
+        cmd = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", idaemon.address, "--"]
+        p = subprocess.run(
+            [*cmd, *map(str, argv)],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def link_flags(guest_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+    """nvcc flags to link a driver-API program against the interposer (there is no libcuda.so
+    stub on a GPU-less machine: the guest library stands in for it at link time too)."""
+    d = tmp_path_factory.mktemp("link")
+    (d / "libcuda.so").symlink_to(guest_lib)
+    return (f"-L{d}", "-lcuda")
+
+
+@pytest.fixture
+def program(cuda_build: Callable[..., Path]) -> Callable[..., Path]:
+    """Compile ``programs/<name>`` with nvcc and extra flags (cached for the whole run)."""
+
+    def build(name: str, *flags: str) -> Path:
+        return cuda_build((PROGRAMS / name).read_text(), *flags, suffix=".exe")
+
+    return build
