@@ -4,9 +4,10 @@
 
 Everything runs against one craned on the simulated GPU, over unix sockets, once per path: a
 session whose call stream goes straight to its worker ("direct", guests on the daemon's host)
-and one relayed by the daemon ("relay", VMs and remote guests). Baselines use the daemon's
-Diagnostics service (crane.v1.Diagnostics), so a ratio is Crane's own overhead: batching,
-the relay (if any), decoding and executing the call.
+and one relayed by the daemon ("relay", VMs and remote guests). Baselines use the
+Diagnostics service (crane.v1.Diagnostics) on the socket that carries the session's calls
+(the worker's for "direct", the daemon's for "relay"), so a ratio is Crane's own overhead:
+batching, the relay (if any), decoding and executing the call.
 
 * ``sync_rtt``: ``cuStreamSynchronize`` of an idle stream vs one Echo ping-pong (median).
   Target: ratio <= 1.15.
@@ -41,7 +42,7 @@ MiB = 1 << 20
 
 
 class Bare:
-    """Bare gRPC calls on the daemon's Diagnostics service."""
+    """Bare gRPC calls on a Diagnostics service (daemon's or a worker's socket)."""
 
     def __init__(self, address: str) -> None:
         self.ch = grpc.insecure_channel(to_grpc_target(address), options=CHANNEL_OPTIONS)
@@ -172,11 +173,12 @@ def run(quick: bool) -> dict:
         tempfile.TemporaryDirectory(prefix="crane-bench-") as tmp,
         DaemonProcess(Path(tmp) / "run") as daemon,
     ):
-        bare = Bare(daemon.address)
         for path in ("direct", "relay"):
             with Session(daemon.address, client="bench_core", direct=path == "direct") as s:
+                # the baseline runs on the socket that carries this session's calls
+                bare = Bare(s._t.opened.direct_address if path == "direct" else daemon.address)
                 results[path] = measure_path(s, bare, quick)
-        bare.ch.close()
+                bare.ch.close()
     return results
 
 

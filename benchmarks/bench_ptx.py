@@ -188,6 +188,11 @@ def main() -> int:
         )
     )
 
+    # baselines measured in the same run: the same computation done directly by NumPy
+    hx, hy = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    metrics["saxpy_numpy_s"] = best(lambda: _timed(lambda: np.float32(2.0) * hx + hy))
+    metrics["saxpy_vs_numpy"] = metrics["saxpy_1m_s"] / metrics["saxpy_numpy_s"]
+
     m = 512 if not args.quick else 64
     A = rng.standard_normal((m, m)).astype(np.float32)
     B = rng.standard_normal((m, m)).astype(np.float32)
@@ -196,6 +201,8 @@ def main() -> int:
         lambda: b.run("matmul", (m // 16, m // 16, 1), (16, 16, 1), pa, pb, pc, np.int32(m))
     )
     got = b.read(pc, m * m, np.float32).reshape(m, m)
+    metrics["matmul_numpy_s"] = best(lambda: _timed(lambda: A @ B))
+    metrics["matmul_vs_numpy"] = metrics["matmul_512_s"] / metrics["matmul_numpy_s"]
     metrics["matmul_max_rel_err"] = float(
         np.max(np.abs(got - A.astype(np.float64) @ B)) / np.max(np.abs(A.astype(np.float64) @ B))
     )
@@ -210,6 +217,8 @@ def main() -> int:
         return b.run("reduce", (1024, 1, 1), (256, 1, 1), pin, pout, np.int32(r))
 
     metrics["reduce_16m_s"] = best(red)
+    metrics["reduce_numpy_s"] = best(lambda: _timed(lambda: data.sum()))
+    metrics["reduce_vs_numpy"] = metrics["reduce_16m_s"] / metrics["reduce_numpy_s"]
     total = float(b.read(pout, 1, np.float32)[0])
     metrics["reduce_rel_err"] = abs(total - float(data.astype(np.float64).sum())) / float(
         data.astype(np.float64).sum()
@@ -222,7 +231,8 @@ def main() -> int:
         tgt = TARGETS.get(key)
         mark = "" if tgt is None else ("  ok" if val <= tgt else "  MISSED")
         tv = f"<= {tgt}" if tgt is not None else ""
-        fmt = f"{val:14.3e}" if ("per_s" in key or "err" in key) else f"{val:14.4f}"
+        sci = "per_s" in key or "err" in key or "numpy_s" in key
+        fmt = f"{val:14.3e}" if sci else f"{val:14.4f}"
         print(f"{key:32} {fmt} {tv:>10}{mark}")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +253,12 @@ def main() -> int:
     )
     print(f"wrote {path}")
     return 0
+
+
+def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def _loop_body_instructions(ptx: str, kernel: str) -> int:

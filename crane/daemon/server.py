@@ -9,16 +9,10 @@ from pathlib import Path
 
 import grpc
 
-from crane.daemon.servicers import (
-    ControlServicer,
-    DiagnosticsServicer,
-    GuestServicer,
-    control_handler,
-    diagnostics_handler,
-    guest_handler,
-)
+from crane.daemon.servicers import ControlServicer, GuestServicer, control_handler, guest_handler
 from crane.daemon.sessions import SessionManager
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.diagnostics import DiagnosticsServicer, diagnostics_handler
 
 __all__ = ["build_server"]
 

@@ -17,7 +17,7 @@ import grpc
 from crane import __version__
 from crane.daemon.errors import DaemonError
 from crane.daemon.sessions import WINDOW_SIZE, SessionManager
-from crane.v1 import common_pb2, control_pb2, diag_pb2, guest_pb2
+from crane.v1 import common_pb2, control_pb2, guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.fingerprint import fingerprint
 from crane.wire.status import DRIVER_VERSION, MAX_CHUNK
@@ -109,26 +109,6 @@ class GuestServicer:
             self.sessions.close(session, "stream ended")
 
 
-class DiagnosticsServicer:
-    """The transport floor, measured on the same server and socket as guests' streams."""
-
-    def Echo(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        yield from requests
-
-    def Drain(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        total = count = 0
-        for raw in requests:
-            total += len(raw)
-            count += 1
-        return diag_pb2.DrainReply(bytes=total, messages=count)
-
-    def Source(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        size = min(request.size, MAX_CHUNK * 4)
-        blob = diag_pb2.Blob(payload=bytes(size)).SerializeToString()
-        for _ in range(min(request.count, 1 << 20)):
-            yield blob
-
-
 class ControlServicer:
     def __init__(self, sessions: SessionManager, backend_note: str) -> None:
         self.sessions = sessions
@@ -174,22 +154,6 @@ def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
                 response_serializer=guest_pb2.OpenSessionReply.SerializeToString,
             ),
             "Calls": grpc.stream_stream_rpc_method_handler(servicer.Calls),
-        },
-    )
-
-
-def diagnostics_handler(servicer: DiagnosticsServicer) -> grpc.GenericRpcHandler:
-    """Raw bytes in and out, like ``Calls``: the baseline pays what the relay pays, no more."""
-    return grpc.method_handlers_generic_handler(
-        "crane.v1.Diagnostics",
-        {
-            "Echo": grpc.stream_stream_rpc_method_handler(servicer.Echo),
-            "Drain": grpc.stream_unary_rpc_method_handler(
-                servicer.Drain, response_serializer=diag_pb2.DrainReply.SerializeToString
-            ),
-            "Source": grpc.unary_stream_rpc_method_handler(
-                servicer.Source, request_deserializer=diag_pb2.SourceRequest.FromString
-            ),
         },
     )
 

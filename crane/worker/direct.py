@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from crane.wire.address import CHANNEL_OPTIONS
+from crane.wire.diagnostics import DiagnosticsServicer, diagnostics_handler
 from crane.worker.session_state import WorkerSession
 from crane.worker.stats import MODE_DIRECT
 
@@ -58,6 +59,7 @@ def start_direct_server(
             grpc.method_handlers_generic_handler(
                 "crane.v1.Guest", {"Calls": grpc.stream_stream_rpc_method_handler(calls)}
             ),
+            diagnostics_handler(DiagnosticsServicer()),
         )
     )
     server.add_insecure_port(f"unix:{path}")

@@ -1,0 +1,51 @@
+"""Transport diagnostics (``crane.v1.Diagnostics``): the bare gRPC floor, served next to real
+call streams by the daemon and by every session worker, so that an operator or a benchmark can
+compare Crane's call path with plain gRPC on the very same server and socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from crane.v1 import diag_pb2
+from crane.wire.status import MAX_CHUNK
+
+__all__ = ["DiagnosticsServicer", "diagnostics_handler"]
+
+
+class DiagnosticsServicer:
+    """The transport floor, measured on the same server and socket as guests' streams."""
+
+    def Echo(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield from requests
+
+    def Drain(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        total = count = 0
+        for raw in requests:
+            total += len(raw)
+            count += 1
+        return diag_pb2.DrainReply(bytes=total, messages=count)
+
+    def Source(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        size = min(request.size, MAX_CHUNK * 4)
+        blob = diag_pb2.Blob(payload=bytes(size)).SerializeToString()
+        for _ in range(min(request.count, 1 << 20)):
+            yield blob
+
+
+def diagnostics_handler(servicer: DiagnosticsServicer) -> grpc.GenericRpcHandler:
+    """Raw bytes in and out, like ``Calls``: the baseline pays what the relay pays, no more."""
+    return grpc.method_handlers_generic_handler(
+        "crane.v1.Diagnostics",
+        {
+            "Echo": grpc.stream_stream_rpc_method_handler(servicer.Echo),
+            "Drain": grpc.stream_unary_rpc_method_handler(
+                servicer.Drain, response_serializer=diag_pb2.DrainReply.SerializeToString
+            ),
+            "Source": grpc.unary_stream_rpc_method_handler(
+                servicer.Source, request_deserializer=diag_pb2.SourceRequest.FromString
+            ),
+        },
+    )
