@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from crane.api.generated.cuda_enums import RESULT_DESCRIPTIONS, CUresult
 
-__all__ = ["CUresult", "CudaError", "check", "error_name", "error_string", "to_result"]
+__all__ = [
+    "STICKY",
+    "CUresult",
+    "CudaError",
+    "check",
+    "error_name",
+    "error_string",
+    "to_result",
+]
 
 
 def to_result(code: int) -> CUresult:
@@ -36,6 +44,22 @@ def error_name(code: int) -> str:
 def error_string(code: int) -> str:
     """The description of ``code`` from cuda.h; ``ValueError`` for unknown codes."""
     return RESULT_DESCRIPTIONS[to_result(code)]
+
+
+#: Hardware exceptions after which a context is unusable until it is destroyed or reset, as on a
+#: GPU: the worker fails every later call with them, the guest library knows them locally.
+STICKY = frozenset(
+    {
+        CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,
+        CUresult.CUDA_ERROR_MISALIGNED_ADDRESS,
+        CUresult.CUDA_ERROR_ILLEGAL_INSTRUCTION,
+        CUresult.CUDA_ERROR_LAUNCH_FAILED,
+        CUresult.CUDA_ERROR_ASSERT,
+        CUresult.CUDA_ERROR_HARDWARE_STACK_ERROR,
+        CUresult.CUDA_ERROR_INVALID_PC,
+        CUresult.CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    }
+)
 
 
 class CudaError(Exception):

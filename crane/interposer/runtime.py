@@ -22,26 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
-from crane.api.results import CudaError
+from crane.api.results import STICKY, CudaError
 from crane.guest.session import Function, Module, Session
 
-__all__ = ["RT", "STICKY", "Runtime", "StreamInfo"]
+__all__ = ["RT", "Runtime", "StreamInfo"]
 
 _STREAM_PER_THREAD = 2
-#: Hardware faults that leave the context unusable until reset (the worker's
-#: ``crane.worker.executor.STICKY``; a unit test keeps the two equal).
-STICKY = frozenset(
-    {
-        CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,
-        CUresult.CUDA_ERROR_MISALIGNED_ADDRESS,
-        CUresult.CUDA_ERROR_ILLEGAL_INSTRUCTION,
-        CUresult.CUDA_ERROR_LAUNCH_FAILED,
-        CUresult.CUDA_ERROR_ASSERT,
-        CUresult.CUDA_ERROR_HARDWARE_STACK_ERROR,
-        CUresult.CUDA_ERROR_INVALID_PC,
-        CUresult.CUDA_ERROR_INVALID_ADDRESS_SPACE,
-    }
-)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
 from crane.api.launch_check import check_launch
 from crane.api.ops import OPS, Op
-from crane.api.results import CudaError
+from crane.api.results import STICKY, CudaError
 from crane.backends.base import Backend, LoadedModule
 from crane.backends.sim.memory import CHUNK_GRANULARITY
 from crane.modules.errors import ImageError, NoCompatibleCode
@@ -46,19 +46,6 @@ log = logging.getLogger("crane.worker")
 #: Top of the session window reserved for module variables (placed by the worker, not the guest).
 MODULE_AREA = 64 << 30
 
-#: Results after which the context is unusable until destroyed (hardware exceptions).
-STICKY = frozenset(
-    {
-        CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,
-        CUresult.CUDA_ERROR_MISALIGNED_ADDRESS,
-        CUresult.CUDA_ERROR_ILLEGAL_INSTRUCTION,
-        CUresult.CUDA_ERROR_LAUNCH_FAILED,
-        CUresult.CUDA_ERROR_ASSERT,
-        CUresult.CUDA_ERROR_HARDWARE_STACK_ERROR,
-        CUresult.CUDA_ERROR_INVALID_PC,
-        CUresult.CUDA_ERROR_INVALID_ADDRESS_SPACE,
-    }
-)
 
 #: Ops that still run after a sticky error (tearing down is always allowed).
 _TEARDOWN = frozenset({"SESSION_CLOSE", "CTX_DESTROY", "MEM_FREE", "MEM_UNMAP_CHUNK"})

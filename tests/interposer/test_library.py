@@ -217,8 +217,10 @@ def test_spec_entries_are_unique() -> None:
     assert len(keys) == len(set(keys))
 
 
-def test_guest_sticky_set_matches_worker() -> None:
-    from crane.interposer.runtime import STICKY
-    from crane.worker.executor import STICKY as WORKER
+def test_guest_and_worker_share_one_sticky_set() -> None:
+    from crane.api.results import STICKY
+    from crane.interposer import runtime
+    from crane.worker import executor
 
-    assert STICKY == WORKER
+    assert runtime.STICKY is STICKY and executor.STICKY is STICKY
+    assert {int(c) for c in STICKY} >= {700, 710, 716, 719}
