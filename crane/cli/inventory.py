@@ -33,81 +33,77 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _call(args: argparse.Namespace, what: str):  # type: ignore[no-untyped-def]
+def _show(args: argparse.Namespace, what: str, headers: list[str], rows) -> int:  # type: ignore[no-untyped-def]
+    """Fetch ``what`` from the daemon and print it as JSON or as a table of ``rows(reply)``."""
     with ControlClient(args.daemon) as c:
         try:
-            return c.devices() if what == "devices" else c.sessions()
+            reply = c.devices() if what == "devices" else c.sessions()
         except grpc.RpcError as e:
             print(f"crane: cannot reach the daemon at {c.address}: {e.details()}", file=sys.stderr)
-            return None
+            return 1
+    if args.json:
+        print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
+    else:
+        print(_table(headers, rows(reply)))
+    return 0
+
+
+_DEVICE_COLUMNS = [
+    "IDX",
+    "NAME",
+    "CC",
+    "BACKEND",
+    "PROFILE",
+    "MEMORY",
+    "USED",
+    "SESSIONS",
+    "UTIL",
+    "MIG",
+    "DRIVER",
+    "UUID",
+]
+_SESSION_COLUMNS = ["SESSION", "STATE", "DEV", "MEMORY", "CALLS", "AGE", "PEER", "CLIENT"]
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    reply = _call(args, "devices")
-    if reply is None:
-        return 1
-    if args.json:
-        print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
-        return 0
-    rows = [
-        [
-            str(d.index),
-            d.name,
-            f"{d.cc_major}.{d.cc_minor}",
-            d.backend,
-            d.profile,
-            format_bytes(d.total_mem),
-            format_bytes(d.used_mem),
-            str(d.sessions),
-            "-" if d.utilization_pct < 0 else f"{d.utilization_pct}%",
-            d.mig_mode,
-            d.driver_version,
-            d.uuid,
-        ]
-        for d in reply.devices
-    ]
-    print(
-        _table(
+    def rows(reply):  # type: ignore[no-untyped-def]
+        return [
             [
-                "IDX",
-                "NAME",
-                "CC",
-                "BACKEND",
-                "PROFILE",
-                "MEMORY",
-                "USED",
-                "SESSIONS",
-                "UTIL",
-                "MIG",
-                "DRIVER",
-                "UUID",
-            ],
-            rows,
-        )
-    )
-    return 0
+                str(d.index),
+                d.name,
+                f"{d.cc_major}.{d.cc_minor}",
+                d.backend,
+                d.profile,
+                format_bytes(d.total_mem),
+                format_bytes(d.used_mem),
+                str(d.sessions),
+                "-" if d.utilization_pct < 0 else f"{d.utilization_pct}%",
+                d.mig_mode,
+                d.driver_version,
+                d.uuid,
+            ]
+            for d in reply.devices
+        ]
+
+    return _show(args, "devices", _DEVICE_COLUMNS, rows)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    reply = _call(args, "sessions")
-    if reply is None:
-        return 1
-    if args.json:
-        print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
-        return 0
     now = time.time()
-    rows = [
-        [
-            s.id,
-            s.state,
-            str(s.device),
-            format_bytes(s.mem_used),
-            str(s.calls),
-            f"{now - s.opened_at:.0f}s",
-            s.peer,
-            s.client,
+
+    def rows(reply):  # type: ignore[no-untyped-def]
+        return [
+            [
+                s.id,
+                s.state,
+                str(s.device),
+                format_bytes(s.mem_used),
+                str(s.calls),
+                f"{now - s.opened_at:.0f}s",
+                s.peer,
+                s.client,
+            ]
+            for s in reply.sessions
         ]
-        for s in reply.sessions
-    ]
-    print(_table(["SESSION", "STATE", "DEV", "MEMORY", "CALLS", "AGE", "PEER", "CLIENT"], rows))
-    return 0
+
+    return _show(args, "sessions", _SESSION_COLUMNS, rows)
