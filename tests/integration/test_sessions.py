@@ -158,3 +158,31 @@ def test_relay_is_used_when_the_worker_socket_is_unreachable(
         p = s.mem_alloc(8)
         s.memcpy_htod(p, b"relayed!")
         assert s.memcpy_dtoh(p, 8) == b"relayed!"
+
+
+def test_crashed_worker_is_reaped_and_the_daemon_carries_on(daemon: DaemonProcess) -> None:
+    from crane.api.results import CudaError
+
+    with ControlClient(daemon.address) as ctl:
+        for direct in (True, False):
+            s = Session(daemon.address, direct=direct)
+            s.mem_alloc(64 << 20)
+            s.synchronize()
+            worker_pid = int(
+                daemon.log_text()
+                .split(f"session {s.session_id} opened")[1]
+                .split("worker pid ")[1]
+                .split()[0]
+            )
+            os.kill(worker_pid, signal.SIGKILL)
+            try:
+                s.synchronize()
+                raise AssertionError("a call on a dead worker succeeded")
+            except CudaError as e:
+                assert e.code != 0
+            assert wait_for(lambda: not ctl.sessions().sessions)
+            assert ctl.devices().devices[0].used_mem == 0
+            s._t.close()
+        with Session(daemon.address) as fresh:  # the daemon still serves
+            fresh.synchronize()
+    assert "worker exited with status" in daemon.log_text()
