@@ -174,6 +174,9 @@ def _set_access(ctx, space: str, addr, ty: PtxType, nvec: int, load: bool) -> No
 
 
 def _h_st(st, ins, idx) -> None:
+    """Store; a uniform address (``[sym]``, ``[imm]`` in global memory resolves to one scalar
+    offset for every lane) with per-lane values keeps the highest lane's value: PTX lets any
+    one writer win, and this is the choice the per-lane path makes for lanes that collide."""
     space, dtype, esize, shift = ins.x
     srcs = ins.b
     nvec = len(srcs)
@@ -182,9 +185,14 @@ def _h_st(st, ins, idx) -> None:
     for sel, buf, off in resolve(st, space, addr, esize * nvec, idx):
         view = st.view(buf, dtype)
         ei = off >> shift if shift else off
+        uniform = not np.ndim(ei)
         for k, v in enumerate(vals):
             if sel is not None and np.ndim(v):
                 v = v[sel]
+            if uniform and np.ndim(v):
+                if not np.size(v):
+                    continue
+                v = np.ravel(v)[-1]
             view[ei + k if k else ei] = v
 
 
