@@ -111,5 +111,27 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuEventCreate@2000", "cuEventDestroy@4000", "cuEventRecord@2000",
          "cuEventRecordWithFlags@11010", "cuEventSynchronize@2000", "cuEventQuery@2000",
          "cuEventElapsedTime@2000,12080")
+    # -- Python, stream capture and graphs: recorded and replayed in the guest (h_graph) -------
+    + _e(PY, False,
+         "cuStreamBeginCapture@10000,10010", "cuStreamBeginCaptureToGraph@12030",
+         "cuStreamEndCapture@10000", "cuStreamIsCapturing@10000",
+         "cuStreamGetCaptureInfo@10010,11030,12030",
+         "cuStreamUpdateCaptureDependencies@11030,12030",
+         "cuThreadExchangeStreamCaptureMode@10010",
+         "cuGraphCreate@10000", "cuGraphDestroy@10000", "cuGraphAddKernelNode@10000,12000",
+         "cuGraphAddMemcpyNode@10000", "cuGraphAddMemsetNode@10000", "cuGraphAddHostNode@10000",
+         "cuGraphAddEmptyNode@10000", "cuGraphAddEventRecordNode@11010",
+         "cuGraphAddEventWaitNode@11010", "cuGraphAddDependencies@10000,12030",
+         "cuGraphRemoveDependencies@10000,12030", "cuGraphGetNodes@10000",
+         "cuGraphGetRootNodes@10000", "cuGraphGetEdges@10000,12030", "cuGraphNodeGetType@10000",
+         "cuGraphNodeGetDependencies@10000", "cuGraphNodeGetDependentNodes@10000",
+         "cuGraphDestroyNode@10000", "cuGraphKernelNodeGetParams@10000,12000",
+         "cuGraphKernelNodeSetParams@10000,12000", "cuGraphMemsetNodeSetParams@10000",
+         "cuGraphMemcpyNodeSetParams@10000", "cuGraphHostNodeGetParams@10000",
+         "cuGraphHostNodeSetParams@10000", "cuGraphInstantiate@10000,11000",
+         "cuGraphInstantiateWithFlags@11040", "cuGraphInstantiateWithParams@12000",
+         "cuGraphExecDestroy@10000", "cuGraphExecGetFlags@12000", "cuGraphUpload@11010",
+         "cuGraphLaunch@10000", "cuGraphExecKernelNodeSetParams@10010,12000",
+         "cuGraphExecUpdate@10020,12000")
 )
 # fmt: on

@@ -19,6 +19,7 @@ from crane.api.results import CudaError
 from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_context,
     h_device,
+    h_graph,
     h_launch,
     h_memory,
     h_misc,
@@ -33,7 +34,7 @@ __all__ = ["install", "wrap"]
 _UNKNOWN = 999
 #: Calls that still run after a sticky fault: tearing down is always allowed.
 _TEARDOWN = frozenset({"cuCtxDestroy", "cuModuleUnload", "cuLibraryUnload", "cuStreamDestroy",
-                       "cuEventDestroy"})  # fmt: skip
+                       "cuEventDestroy", "cuGraphDestroy", "cuGraphExecDestroy"})  # fmt: skip
 
 
 def wrap(name: str, fn: Callable[..., object], local: bool = False) -> Callable[..., int]:

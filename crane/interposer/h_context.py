@@ -10,6 +10,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
+from crane.interposer import graphs
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -58,11 +59,13 @@ def ctx_destroy(ctx: Any) -> None:
 
 @handles("cuCtxSynchronize@2000")
 def ctx_synchronize() -> None:
+    graphs.check_device_sync("cuCtxSynchronize")
     RT.session().ctx_synchronize(RT.ctx())
 
 
 @handles("cuCtxSynchronize@13000")
 def ctx_synchronize_v2(ctx: Any) -> None:
+    graphs.check_device_sync("cuCtxSynchronize")
     RT.session().ctx_synchronize(RT.ctx(ctx))
 
 

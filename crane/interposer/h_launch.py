@@ -14,6 +14,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import Function
+from crane.interposer import graphs
 from crane.interposer.h_module import max_dynamic_shared
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
@@ -56,10 +57,12 @@ def launch(
     params: Any, extra: Any,
 ) -> None:  # fmt: skip
     fn = RT.function(f)
+    buf = pack_params(fn, params, extra)  # a copy: a captured node keeps the values
+    if graphs.record(stream, graphs.KERNEL, graphs.KernelParams(fn, grid, block, shared, buf)):
+        return
     RT.session().launch(
-        fn, grid, block, pack_params(fn, params, extra), shared, stream,
-        max_dynamic_shared=max_dynamic_shared(fn),
-    )  # fmt: skip
+        fn, grid, block, buf, shared, stream, max_dynamic_shared=max_dynamic_shared(fn)
+    )
 
 
 @handles("cuLaunchKernel@4000")
@@ -102,9 +105,8 @@ def _drain(stream: int) -> int:
     return 0
 
 
-@handles("cuLaunchHostFunc@10000")
-def launch_host_func(stream: Any, fn: Any, user_data: Any) -> None:
-    s = RT.stream(stream)
+def run_host_func(s: int, fn: Any, user_data: Any) -> None:
+    """Run a host function at its point in the order of stream ``s``."""
     RT.session()._stream(s)
     status = _drain(s)
     if status:
@@ -112,11 +114,23 @@ def launch_host_func(stream: Any, fn: Any, user_data: Any) -> None:
     RT.ffi.cast("void (*)(void *)", fn)(user_data)
 
 
+@handles("cuLaunchHostFunc@10000")
+def launch_host_func(stream: Any, fn: Any, user_data: Any) -> None:
+    s = RT.stream(stream)
+    if fn == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL host function")
+    if graphs.record(s, graphs.HOST, graphs.HostParams(RT.ptr(fn), RT.ptr(user_data))):
+        return
+    run_host_func(s, fn, user_data)
+
+
 @handles("cuStreamAddCallback@5000")
 def stream_add_callback(stream: Any, callback: Any, user_data: Any, flags: int) -> None:
     if flags != 0:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "flags must be 0")
     s = RT.stream(stream)
+    # stream callbacks cannot be captured (cuLaunchHostFunc can)
+    graphs.refuse(s, "cuStreamAddCallback", CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     RT.session()._stream(s)
     status = _drain(s)
     RT.ffi.cast("void (*)(void *, int, void *)", callback)(stream, status, user_data)

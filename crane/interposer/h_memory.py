@@ -14,6 +14,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import Session
+from crane.interposer import graphs
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -48,8 +49,30 @@ def copy(dst: int, src: int, n: int, stream: int) -> None:
         RT.ffi.memmove(RT.ffi.cast("char *", dst), RT.ffi.cast("char *", src), n)
 
 
+def sync_call(what: str) -> int:
+    """A synchronous call on the default stream: refused during capture where CUDA refuses
+    it (a potentially unsafe call, or an implicit wait on a capturing stream). Returns the
+    default stream."""
+    stream = RT.stream(RT.ffi.NULL)
+    graphs.check_unsafe(what)
+    graphs.check_sync(stream, what)
+    return stream
+
+
+def captured_copy(dst: int, src: int, n: int, stream: int) -> bool:
+    """Record a linear copy if ``stream`` is capturing (True)."""
+    return graphs.record(stream, graphs.MEMCPY, graphs.CopyParams(dst, src, n))
+
+
+def captured_memset(dst: int, value: int, elem: int, n: int, stream: int) -> bool:
+    return graphs.record(
+        stream, graphs.MEMSET, graphs.MemsetParams(dst, elem * n, value, elem, n, 1)
+    )
+
+
 @handles("cuMemAlloc@3020")
 def mem_alloc(out: Any, size: int) -> None:
+    graphs.check_unsafe("cuMemAlloc")
     if out == RT.ffi.NULL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
     out[0] = RT.session().mem_alloc(size, RT.ctx())
@@ -57,6 +80,7 @@ def mem_alloc(out: Any, size: int) -> None:
 
 @handles("cuMemFree@3020")
 def mem_free(dptr: int) -> None:
+    graphs.check_unsafe("cuMemFree")
     RT.session().mem_free(dptr)
 
 
@@ -69,6 +93,7 @@ def mem_get_info(free: Any, total: Any) -> None:
 
 @handles("cuMemAllocPitch@3020")
 def mem_alloc_pitch(out: Any, pitch: Any, width: int, height: int, elem: int) -> None:
+    graphs.check_unsafe("cuMemAllocPitch")
     if elem not in (4, 8, 16) or width == 0 or height == 0:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "bad pitch allocation request")
     p = (width + 511) // 512 * 512  # the driver's texture pitch alignment
@@ -84,6 +109,7 @@ def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
     s = RT.session()
     s._stream(RT.stream(stream))
+    graphs.refuse(RT.stream(stream), "cuMemAllocAsync (memory allocation nodes)")
     out[0] = s.mem_alloc(size, RT.ctx())
 
 
@@ -92,6 +118,7 @@ def mem_free_async(dptr: int, stream: Any) -> None:
     # The worker applies calls in order, so the free follows the stream's earlier work.
     s = RT.session()
     s._stream(RT.stream(stream))
+    graphs.refuse(RT.stream(stream), "cuMemFreeAsync (memory free nodes)")
     s.mem_free(dptr)
 
 
@@ -109,52 +136,64 @@ def mem_get_address_range(pbase: Any, psize: Any, dptr: int) -> None:
 # ---- linear copies -------------------------------------------------------------------------
 @handles("cuMemcpy@4000")
 def memcpy(dst: int, src: int, n: int) -> None:
-    copy(dst, src, n, RT.stream(RT.ffi.NULL))
+    copy(dst, src, n, sync_call("cuMemcpy"))
 
 
 @handles("cuMemcpyAsync@4000")
 def memcpy_async(dst: int, src: int, n: int, stream: Any) -> None:
-    copy(dst, src, n, RT.stream(stream))
+    s = RT.stream(stream)
+    if not captured_copy(dst, src, n, s):
+        copy(dst, src, n, s)
 
 
 @handles("cuMemcpyHtoD@3020")
 def memcpy_htod(dst: int, src: Any, n: int) -> None:
+    stream = sync_call("cuMemcpyHtoD")
     if n:
-        RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), RT.stream(RT.ffi.NULL))
+        RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), stream)
 
 
 @handles("cuMemcpyHtoDAsync@3020")
 def memcpy_htod_async(dst: int, src: Any, n: int, stream: Any) -> None:
+    if captured_copy(dst, RT.ptr(src), n, RT.stream(stream)):
+        return
     if n:
         RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), RT.stream(stream))
 
 
 @handles("cuMemcpyDtoH@3020")
 def memcpy_dtoh(dst: Any, src: int, n: int) -> None:
+    stream = sync_call("cuMemcpyDtoH")
     if n:
-        RT.session().memcpy_dtoh(src, n, RT.stream(RT.ffi.NULL), out=RT.ffi.buffer(dst, n))
+        RT.session().memcpy_dtoh(src, n, stream, out=RT.ffi.buffer(dst, n))
 
 
 @handles("cuMemcpyDtoHAsync@3020")
 def memcpy_dtoh_async(dst: Any, src: int, n: int, stream: Any) -> None:
+    if captured_copy(RT.ptr(dst), src, n, RT.stream(stream)):
+        return
     if n:
         RT.session().memcpy_dtoh(src, n, RT.stream(stream), out=RT.ffi.buffer(dst, n))
 
 
 @handles("cuMemcpyDtoD@3020")
 def memcpy_dtod(dst: int, src: int, n: int) -> None:
+    stream = sync_call("cuMemcpyDtoD")
     if n:
-        RT.session().memcpy_dtod(dst, src, n, RT.stream(RT.ffi.NULL))
+        RT.session().memcpy_dtod(dst, src, n, stream)
 
 
 @handles("cuMemcpyDtoDAsync@3020")
 def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
+    if captured_copy(dst, src, n, RT.stream(stream)):
+        return
     if n:
         RT.session().memcpy_dtod(dst, src, n, RT.stream(stream))
 
 
 # ---- 2D copies -----------------------------------------------------------------------------
-def _side(s: Session, mtype: int, host: int, dev: int, arr: int) -> int:
+def endpoint(mtype: int, host: int, dev: int, arr: int) -> int:
+    """The address a copy descriptor's side names (CUmemorytype)."""
     if mtype == _MT_HOST:
         return host
     if mtype == _MT_DEVICE:
@@ -173,12 +212,15 @@ def copy_2d(p_copy: Any, stream: int) -> None:
         _MEMCPY2D.unpack(bytes(RT.ffi.buffer(p_copy, _MEMCPY2D.size)))
     )
     s = RT.session()
-    src0 = _side(s, smt, shost, sdev, sarr) + sy * spitch + sx
-    dst0 = _side(s, dmt, dhost, ddev, darr) + dy * dpitch + dx
+    src0 = endpoint(smt, shost, sdev, sarr) + sy * spitch + sx
+    dst0 = endpoint(dmt, dhost, ddev, darr) + dy * dpitch + dx
     if w == 0 or h == 0:
         return
     if (h > 1 and (spitch < w or dpitch < w)) or w > (1 << 40):
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "pitch smaller than the row width")
+    cp = graphs.CopyParams(dst0, src0, w, h, 1, dpitch, spitch)
+    if graphs.record(stream, graphs.MEMCPY, cp):
+        return
     if spitch == dpitch == w:
         copy(dst0, src0, w * h, stream)
         return
@@ -199,7 +241,7 @@ def copy_2d(p_copy: Any, stream: int) -> None:
 
 @handles("cuMemcpy2D@3020", "cuMemcpy2DUnaligned@3020")
 def memcpy_2d(p_copy: Any) -> None:
-    copy_2d(p_copy, RT.stream(RT.ffi.NULL))
+    copy_2d(p_copy, sync_call("cuMemcpy2D"))
 
 
 @handles("cuMemcpy2DAsync@3020")
@@ -210,29 +252,41 @@ def memcpy_2d_async(p_copy: Any, stream: Any) -> None:
 # ---- memsets ---------------------------------------------------------------------------------
 @handles("cuMemsetD8@3020")
 def memset_d8(dst: int, value: int, n: int) -> None:
-    RT.session().memset_d8(dst, value, n, RT.stream(RT.ffi.NULL))
+    stream = RT.stream(RT.ffi.NULL)
+    if not captured_memset(dst, value, 1, n, stream):
+        RT.session().memset_d8(dst, value, n, stream)
 
 
 @handles("cuMemsetD16@3020")
 def memset_d16(dst: int, value: int, n: int) -> None:
-    RT.session().memset_d16(dst, value, n, RT.stream(RT.ffi.NULL))
+    stream = RT.stream(RT.ffi.NULL)
+    if not captured_memset(dst, value, 2, n, stream):
+        RT.session().memset_d16(dst, value, n, stream)
 
 
 @handles("cuMemsetD32@3020")
 def memset_d32(dst: int, value: int, n: int) -> None:
-    RT.session().memset_d32(dst, value, n, RT.stream(RT.ffi.NULL))
+    stream = RT.stream(RT.ffi.NULL)
+    if not captured_memset(dst, value, 4, n, stream):
+        RT.session().memset_d32(dst, value, n, stream)
 
 
 @handles("cuMemsetD8Async@3020")
 def memset_d8_async(dst: int, value: int, n: int, stream: Any) -> None:
-    RT.session().memset_d8(dst, value, n, RT.stream(stream))
+    s = RT.stream(stream)
+    if not captured_memset(dst, value, 1, n, s):
+        RT.session().memset_d8(dst, value, n, s)
 
 
 @handles("cuMemsetD16Async@3020")
 def memset_d16_async(dst: int, value: int, n: int, stream: Any) -> None:
-    RT.session().memset_d16(dst, value, n, RT.stream(stream))
+    s = RT.stream(stream)
+    if not captured_memset(dst, value, 2, n, s):
+        RT.session().memset_d16(dst, value, n, s)
 
 
 @handles("cuMemsetD32Async@3020")
 def memset_d32_async(dst: int, value: int, n: int, stream: Any) -> None:
-    RT.session().memset_d32(dst, value, n, RT.stream(stream))
+    s = RT.stream(stream)
+    if not captured_memset(dst, value, 4, n, s):
+        RT.session().memset_d32(dst, value, n, s)

@@ -7,8 +7,12 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
+from crane.interposer import graphs
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT, StreamInfo
+
+_EVENT_WAIT_EXTERNAL = 1  # CU_EVENT_WAIT_EXTERNAL: an event wait node during capture
+_EVENT_RECORD_EXTERNAL = 1  # CU_EVENT_RECORD_EXTERNAL: an event record node during capture
 
 
 def _create(out: Any, flags: int, priority: int) -> None:
@@ -42,18 +46,31 @@ def stream_destroy(stream: Any) -> None:
 
 @handles("cuStreamSynchronize@2000")
 def stream_synchronize(stream: Any) -> None:
-    RT.session().stream_synchronize(RT.stream(stream))
+    s = RT.stream(stream)
+    graphs.check_sync(s, "cuStreamSynchronize")
+    RT.session().stream_synchronize(s)
 
 
 @handles("cuStreamQuery@2000")
 def stream_query(stream: Any) -> None:
-    if not RT.session().stream_query(RT.stream(stream)):
+    s = RT.stream(stream)
+    graphs.check_sync(s, "cuStreamQuery")
+    if not RT.session().stream_query(s):
         raise CudaError(CUresult.CUDA_ERROR_NOT_READY, "stream busy")
 
 
 @handles("cuStreamWaitEvent@3020")
 def stream_wait_event(stream: Any, event: Any, flags: int) -> None:
-    RT.session().stream_wait_event(RT.stream(stream), RT.ptr(event), flags)
+    s, e = RT.stream(stream), RT.ptr(event)
+    if flags & ~_EVENT_WAIT_EXTERNAL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad wait flags {flags:#x}")
+    RT.session()._event(e)
+    if flags & _EVENT_WAIT_EXTERNAL:
+        if graphs.record(s, graphs.WAIT_EVENT, graphs.EventParams(e)):
+            return
+    elif graphs.wait_event(s, e):
+        return
+    RT.session().stream_wait_event(s, e, 0)
 
 
 def _info(stream: Any) -> StreamInfo | None:
@@ -110,21 +127,35 @@ def event_destroy(event: Any) -> None:
 
 @handles("cuEventRecord@2000")
 def event_record(event: Any, stream: Any) -> None:
-    RT.session().event_record(RT.ptr(event), RT.stream(stream))
+    e, s = RT.ptr(event), RT.stream(stream)
+    RT.session()._event(e)
+    if not graphs.event_recorded(e, s):
+        RT.session().event_record(e, s)
 
 
 @handles("cuEventRecordWithFlags@11010")
 def event_record_with_flags(event: Any, stream: Any, flags: int) -> None:
-    RT.session().event_record(RT.ptr(event), RT.stream(stream))
+    e, s = RT.ptr(event), RT.stream(stream)
+    if flags & ~_EVENT_RECORD_EXTERNAL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad record flags {flags:#x}")
+    RT.session()._event(e)
+    if flags & _EVENT_RECORD_EXTERNAL:
+        if graphs.record(s, graphs.EVENT_RECORD, graphs.EventParams(e)):
+            return
+    elif graphs.event_recorded(e, s):
+        return
+    RT.session().event_record(e, s)
 
 
 @handles("cuEventSynchronize@2000")
 def event_synchronize(event: Any) -> None:
+    graphs.check_event(RT.ptr(event), "cuEventSynchronize")
     RT.session().event_synchronize(RT.ptr(event))
 
 
 @handles("cuEventQuery@2000")
 def event_query(event: Any) -> None:
+    graphs.check_event(RT.ptr(event), "cuEventQuery")
     if not RT.session().event_query(RT.ptr(event)):
         raise CudaError(CUresult.CUDA_ERROR_NOT_READY, "event not reached")
 

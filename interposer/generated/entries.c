@@ -550,33 +550,73 @@ CUresult cuGraphAddBatchMemOpNode(void) { return crane_unsupported("cuGraphAddBa
 
 CUresult cuGraphAddChildGraphNode(void) { return crane_unsupported("cuGraphAddChildGraphNode"); }
 
-CUresult cuGraphAddDependencies(void) { return crane_unsupported("cuGraphAddDependencies"); }
+CUresult cuGraphAddDependencies(void * hGraph, void ** from, void ** to, size_t numDependencies) {
+    CUresult r = crane_py_cuGraphAddDependencies_10000(hGraph, from, to, numDependencies);
+    if (crane_trace_on) crane_trace("cuGraphAddDependencies", r, "hGraph=%p from=%p to=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (size_t)numDependencies);
+    return r;
+}
 
-CUresult cuGraphAddDependencies_v2(void) { return crane_unsupported("cuGraphAddDependencies_v2"); }
+CUresult cuGraphAddDependencies_v2(void * hGraph, void ** from, void ** to, void * edgeData, size_t numDependencies) {
+    CUresult r = crane_py_cuGraphAddDependencies_12030(hGraph, from, to, edgeData, numDependencies);
+    if (crane_trace_on) crane_trace("cuGraphAddDependencies_v2", r, "hGraph=%p from=%p to=%p edgeData=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)edgeData, (size_t)numDependencies);
+    return r;
+}
 
-CUresult cuGraphAddEmptyNode(void) { return crane_unsupported("cuGraphAddEmptyNode"); }
+CUresult cuGraphAddEmptyNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies) {
+    CUresult r = crane_py_cuGraphAddEmptyNode_10000(phGraphNode, hGraph, dependencies, numDependencies);
+    if (crane_trace_on) crane_trace("cuGraphAddEmptyNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies);
+    return r;
+}
 
-CUresult cuGraphAddEventRecordNode(void) { return crane_unsupported("cuGraphAddEventRecordNode"); }
+CUresult cuGraphAddEventRecordNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * event) {
+    CUresult r = crane_py_cuGraphAddEventRecordNode_11010(phGraphNode, hGraph, dependencies, numDependencies, event);
+    if (crane_trace_on) crane_trace("cuGraphAddEventRecordNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu event=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)event);
+    return r;
+}
 
-CUresult cuGraphAddEventWaitNode(void) { return crane_unsupported("cuGraphAddEventWaitNode"); }
+CUresult cuGraphAddEventWaitNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * event) {
+    CUresult r = crane_py_cuGraphAddEventWaitNode_11010(phGraphNode, hGraph, dependencies, numDependencies, event);
+    if (crane_trace_on) crane_trace("cuGraphAddEventWaitNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu event=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)event);
+    return r;
+}
 
 CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return crane_unsupported("cuGraphAddExternalSemaphoresSignalNode"); }
 
 CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return crane_unsupported("cuGraphAddExternalSemaphoresWaitNode"); }
 
-CUresult cuGraphAddHostNode(void) { return crane_unsupported("cuGraphAddHostNode"); }
+CUresult cuGraphAddHostNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    CUresult r = crane_py_cuGraphAddHostNode_10000(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphAddHostNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphAddKernelNode(void) { return crane_unsupported("cuGraphAddKernelNode"); }
+CUresult cuGraphAddKernelNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    CUresult r = crane_py_cuGraphAddKernelNode_10000(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphAddKernelNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphAddKernelNode_v2(void) { return crane_unsupported("cuGraphAddKernelNode_v2"); }
+CUresult cuGraphAddKernelNode_v2(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    CUresult r = crane_py_cuGraphAddKernelNode_12000(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphAddKernelNode_v2", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphAddMemAllocNode(void) { return crane_unsupported("cuGraphAddMemAllocNode"); }
 
 CUresult cuGraphAddMemFreeNode(void) { return crane_unsupported("cuGraphAddMemFreeNode"); }
 
-CUresult cuGraphAddMemcpyNode(void) { return crane_unsupported("cuGraphAddMemcpyNode"); }
+CUresult cuGraphAddMemcpyNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * copyParams, void * ctx) {
+    CUresult r = crane_py_cuGraphAddMemcpyNode_10000(phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx);
+    if (crane_trace_on) crane_trace("cuGraphAddMemcpyNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu copyParams=%p ctx=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)copyParams, (const void *)ctx);
+    return r;
+}
 
-CUresult cuGraphAddMemsetNode(void) { return crane_unsupported("cuGraphAddMemsetNode"); }
+CUresult cuGraphAddMemsetNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * memsetParams, void * ctx) {
+    CUresult r = crane_py_cuGraphAddMemsetNode_10000(phGraphNode, hGraph, dependencies, numDependencies, memsetParams, ctx);
+    if (crane_trace_on) crane_trace("cuGraphAddMemsetNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu memsetParams=%p ctx=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)memsetParams, (const void *)ctx);
+    return r;
+}
 
 CUresult cuGraphAddNode(void) { return crane_unsupported("cuGraphAddNode"); }
 
@@ -592,13 +632,25 @@ CUresult cuGraphClone(void) { return crane_unsupported("cuGraphClone"); }
 
 CUresult cuGraphConditionalHandleCreate(void) { return crane_unsupported("cuGraphConditionalHandleCreate"); }
 
-CUresult cuGraphCreate(void) { return crane_unsupported("cuGraphCreate"); }
+CUresult cuGraphCreate(void ** phGraph, unsigned int flags) {
+    CUresult r = crane_py_cuGraphCreate_10000(phGraph, flags);
+    if (crane_trace_on) crane_trace("cuGraphCreate", r, "phGraph=%p flags=%u", (const void *)phGraph, (unsigned int)flags);
+    return r;
+}
 
 CUresult cuGraphDebugDotPrint(void) { return crane_unsupported("cuGraphDebugDotPrint"); }
 
-CUresult cuGraphDestroy(void) { return crane_unsupported("cuGraphDestroy"); }
+CUresult cuGraphDestroy(void * hGraph) {
+    CUresult r = crane_py_cuGraphDestroy_10000(hGraph);
+    if (crane_trace_on) crane_trace("cuGraphDestroy", r, "hGraph=%p", (const void *)hGraph);
+    return r;
+}
 
-CUresult cuGraphDestroyNode(void) { return crane_unsupported("cuGraphDestroyNode"); }
+CUresult cuGraphDestroyNode(void * hNode) {
+    CUresult r = crane_py_cuGraphDestroyNode_10000(hNode);
+    if (crane_trace_on) crane_trace("cuGraphDestroyNode", r, "hNode=%p", (const void *)hNode);
+    return r;
+}
 
 CUresult cuGraphEventRecordNodeGetEvent(void) { return crane_unsupported("cuGraphEventRecordNodeGetEvent"); }
 
@@ -612,7 +664,11 @@ CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return crane_unsupported("cu
 
 CUresult cuGraphExecChildGraphNodeSetParams(void) { return crane_unsupported("cuGraphExecChildGraphNodeSetParams"); }
 
-CUresult cuGraphExecDestroy(void) { return crane_unsupported("cuGraphExecDestroy"); }
+CUresult cuGraphExecDestroy(void * hGraphExec) {
+    CUresult r = crane_py_cuGraphExecDestroy_10000(hGraphExec);
+    if (crane_trace_on) crane_trace("cuGraphExecDestroy", r, "hGraphExec=%p", (const void *)hGraphExec);
+    return r;
+}
 
 CUresult cuGraphExecEventRecordNodeSetEvent(void) { return crane_unsupported("cuGraphExecEventRecordNodeSetEvent"); }
 
@@ -622,13 +678,25 @@ CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return crane_u
 
 CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return crane_unsupported("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
 
-CUresult cuGraphExecGetFlags(void) { return crane_unsupported("cuGraphExecGetFlags"); }
+CUresult cuGraphExecGetFlags(void * hGraphExec, unsigned long long * flags) {
+    CUresult r = crane_py_cuGraphExecGetFlags_12000(hGraphExec, flags);
+    if (crane_trace_on) crane_trace("cuGraphExecGetFlags", r, "hGraphExec=%p flags=%p", (const void *)hGraphExec, (const void *)flags);
+    return r;
+}
 
 CUresult cuGraphExecHostNodeSetParams(void) { return crane_unsupported("cuGraphExecHostNodeSetParams"); }
 
-CUresult cuGraphExecKernelNodeSetParams(void) { return crane_unsupported("cuGraphExecKernelNodeSetParams"); }
+CUresult cuGraphExecKernelNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphExecKernelNodeSetParams_10010(hGraphExec, hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphExecKernelNodeSetParams", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphExecKernelNodeSetParams_v2(void) { return crane_unsupported("cuGraphExecKernelNodeSetParams_v2"); }
+CUresult cuGraphExecKernelNodeSetParams_v2(void * hGraphExec, void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphExecKernelNodeSetParams_12000(hGraphExec, hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphExecKernelNodeSetParams_v2", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphExecMemcpyNodeSetParams(void) { return crane_unsupported("cuGraphExecMemcpyNodeSetParams"); }
 
@@ -636,9 +704,17 @@ CUresult cuGraphExecMemsetNodeSetParams(void) { return crane_unsupported("cuGrap
 
 CUresult cuGraphExecNodeSetParams(void) { return crane_unsupported("cuGraphExecNodeSetParams"); }
 
-CUresult cuGraphExecUpdate(void) { return crane_unsupported("cuGraphExecUpdate"); }
+CUresult cuGraphExecUpdate(void * hGraphExec, void * hGraph, void ** hErrorNode_out, int * updateResult_out) {
+    CUresult r = crane_py_cuGraphExecUpdate_10020(hGraphExec, hGraph, hErrorNode_out, updateResult_out);
+    if (crane_trace_on) crane_trace("cuGraphExecUpdate", r, "hGraphExec=%p hGraph=%p hErrorNode_out=%p updateResult_out=%p", (const void *)hGraphExec, (const void *)hGraph, (const void *)hErrorNode_out, (const void *)updateResult_out);
+    return r;
+}
 
-CUresult cuGraphExecUpdate_v2(void) { return crane_unsupported("cuGraphExecUpdate_v2"); }
+CUresult cuGraphExecUpdate_v2(void * hGraphExec, void * hGraph, void * resultInfo) {
+    CUresult r = crane_py_cuGraphExecUpdate_12000(hGraphExec, hGraph, resultInfo);
+    if (crane_trace_on) crane_trace("cuGraphExecUpdate_v2", r, "hGraphExec=%p hGraph=%p resultInfo=%p", (const void *)hGraphExec, (const void *)hGraph, (const void *)resultInfo);
+    return r;
+}
 
 CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return crane_unsupported("cuGraphExternalSemaphoresSignalNodeGetParams"); }
 
@@ -648,43 +724,107 @@ CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return crane_unsuppo
 
 CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return crane_unsupported("cuGraphExternalSemaphoresWaitNodeSetParams"); }
 
-CUresult cuGraphGetEdges(void) { return crane_unsupported("cuGraphGetEdges"); }
+CUresult cuGraphGetEdges(void * hGraph, void ** from, void ** to, size_t * numEdges) {
+    CUresult r = crane_py_cuGraphGetEdges_10000(hGraph, from, to, numEdges);
+    if (crane_trace_on) crane_trace("cuGraphGetEdges", r, "hGraph=%p from=%p to=%p numEdges=%p", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)numEdges);
+    return r;
+}
 
-CUresult cuGraphGetEdges_v2(void) { return crane_unsupported("cuGraphGetEdges_v2"); }
+CUresult cuGraphGetEdges_v2(void * hGraph, void ** from, void ** to, void * edgeData, size_t * numEdges) {
+    CUresult r = crane_py_cuGraphGetEdges_12030(hGraph, from, to, edgeData, numEdges);
+    if (crane_trace_on) crane_trace("cuGraphGetEdges_v2", r, "hGraph=%p from=%p to=%p edgeData=%p numEdges=%p", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)edgeData, (const void *)numEdges);
+    return r;
+}
 
-CUresult cuGraphGetNodes(void) { return crane_unsupported("cuGraphGetNodes"); }
+CUresult cuGraphGetNodes(void * hGraph, void ** nodes, size_t * numNodes) {
+    CUresult r = crane_py_cuGraphGetNodes_10000(hGraph, nodes, numNodes);
+    if (crane_trace_on) crane_trace("cuGraphGetNodes", r, "hGraph=%p nodes=%p numNodes=%p", (const void *)hGraph, (const void *)nodes, (const void *)numNodes);
+    return r;
+}
 
-CUresult cuGraphGetRootNodes(void) { return crane_unsupported("cuGraphGetRootNodes"); }
+CUresult cuGraphGetRootNodes(void * hGraph, void ** rootNodes, size_t * numRootNodes) {
+    CUresult r = crane_py_cuGraphGetRootNodes_10000(hGraph, rootNodes, numRootNodes);
+    if (crane_trace_on) crane_trace("cuGraphGetRootNodes", r, "hGraph=%p rootNodes=%p numRootNodes=%p", (const void *)hGraph, (const void *)rootNodes, (const void *)numRootNodes);
+    return r;
+}
 
-CUresult cuGraphHostNodeGetParams(void) { return crane_unsupported("cuGraphHostNodeGetParams"); }
+CUresult cuGraphHostNodeGetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphHostNodeGetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphHostNodeGetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphHostNodeSetParams(void) { return crane_unsupported("cuGraphHostNodeSetParams"); }
+CUresult cuGraphHostNodeSetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphHostNodeSetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphHostNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphInstantiate(void) { return crane_unsupported("cuGraphInstantiate"); }
+CUresult cuGraphInstantiate(void ** phGraphExec, void * hGraph, void ** phErrorNode, char * logBuffer, size_t bufferSize) {
+    CUresult r = crane_py_cuGraphInstantiate_10000(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    if (crane_trace_on) crane_trace("cuGraphInstantiate", r, "phGraphExec=%p hGraph=%p phErrorNode=%p logBuffer=%p bufferSize=%zu", (const void *)phGraphExec, (const void *)hGraph, (const void *)phErrorNode, (const void *)logBuffer, (size_t)bufferSize);
+    return r;
+}
 
-CUresult cuGraphInstantiate_v2(void) { return crane_unsupported("cuGraphInstantiate_v2"); }
+CUresult cuGraphInstantiate_v2(void ** phGraphExec, void * hGraph, void ** phErrorNode, char * logBuffer, size_t bufferSize) {
+    CUresult r = crane_py_cuGraphInstantiate_11000(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    if (crane_trace_on) crane_trace("cuGraphInstantiate_v2", r, "phGraphExec=%p hGraph=%p phErrorNode=%p logBuffer=%p bufferSize=%zu", (const void *)phGraphExec, (const void *)hGraph, (const void *)phErrorNode, (const void *)logBuffer, (size_t)bufferSize);
+    return r;
+}
 
-CUresult cuGraphInstantiateWithFlags(void) { return crane_unsupported("cuGraphInstantiateWithFlags"); }
+CUresult cuGraphInstantiateWithFlags(void ** phGraphExec, void * hGraph, unsigned long long flags) {
+    CUresult r = crane_py_cuGraphInstantiateWithFlags_11040(phGraphExec, hGraph, flags);
+    if (crane_trace_on) crane_trace("cuGraphInstantiateWithFlags", r, "phGraphExec=%p hGraph=%p flags=%#llx", (const void *)phGraphExec, (const void *)hGraph, (unsigned long long)flags);
+    return r;
+}
 
-CUresult cuGraphInstantiateWithParams(void) { return crane_unsupported("cuGraphInstantiateWithParams"); }
+CUresult cuGraphInstantiateWithParams(void ** phGraphExec, void * hGraph, void * instantiateParams) {
+    CUresult r = crane_py_cuGraphInstantiateWithParams_12000(phGraphExec, hGraph, instantiateParams);
+    if (crane_trace_on) crane_trace("cuGraphInstantiateWithParams", r, "phGraphExec=%p hGraph=%p instantiateParams=%p", (const void *)phGraphExec, (const void *)hGraph, (const void *)instantiateParams);
+    return r;
+}
 
-CUresult cuGraphInstantiateWithParams_ptsz(void) { return crane_unsupported("cuGraphInstantiateWithParams_ptsz"); }
+CUresult cuGraphInstantiateWithParams_ptsz(void ** phGraphExec, void * hGraph, void * instantiateParams) {
+    crane_ptds_enter(); CUresult r = crane_py_cuGraphInstantiateWithParams_12000(phGraphExec, hGraph, instantiateParams); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuGraphInstantiateWithParams_ptsz", r, "phGraphExec=%p hGraph=%p instantiateParams=%p", (const void *)phGraphExec, (const void *)hGraph, (const void *)instantiateParams);
+    return r;
+}
 
 CUresult cuGraphKernelNodeCopyAttributes(void) { return crane_unsupported("cuGraphKernelNodeCopyAttributes"); }
 
 CUresult cuGraphKernelNodeGetAttribute(void) { return crane_unsupported("cuGraphKernelNodeGetAttribute"); }
 
-CUresult cuGraphKernelNodeGetParams(void) { return crane_unsupported("cuGraphKernelNodeGetParams"); }
+CUresult cuGraphKernelNodeGetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphKernelNodeGetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeGetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphKernelNodeGetParams_v2(void) { return crane_unsupported("cuGraphKernelNodeGetParams_v2"); }
+CUresult cuGraphKernelNodeGetParams_v2(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphKernelNodeGetParams_12000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeGetParams_v2", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphKernelNodeSetAttribute(void) { return crane_unsupported("cuGraphKernelNodeSetAttribute"); }
 
-CUresult cuGraphKernelNodeSetParams(void) { return crane_unsupported("cuGraphKernelNodeSetParams"); }
+CUresult cuGraphKernelNodeSetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphKernelNodeSetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphKernelNodeSetParams_v2(void) { return crane_unsupported("cuGraphKernelNodeSetParams_v2"); }
+CUresult cuGraphKernelNodeSetParams_v2(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphKernelNodeSetParams_12000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeSetParams_v2", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphLaunch(void) { return crane_unsupported("cuGraphLaunch"); }
+CUresult cuGraphLaunch(void * hGraph, void * hStream) {
+    CUresult r = crane_py_cuGraphLaunch_10000(hGraph, hStream);
+    if (crane_trace_on) crane_trace("cuGraphLaunch", r, "hGraph=%p hStream=%p", (const void *)hGraph, (const void *)hStream);
+    return r;
+}
 
 CUresult cuGraphLaunch_ptsz(void) { return crane_unsupported("cuGraphLaunch_ptsz"); }
 
@@ -694,25 +834,45 @@ CUresult cuGraphMemFreeNodeGetParams(void) { return crane_unsupported("cuGraphMe
 
 CUresult cuGraphMemcpyNodeGetParams(void) { return crane_unsupported("cuGraphMemcpyNodeGetParams"); }
 
-CUresult cuGraphMemcpyNodeSetParams(void) { return crane_unsupported("cuGraphMemcpyNodeSetParams"); }
+CUresult cuGraphMemcpyNodeSetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphMemcpyNodeSetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphMemcpyNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphMemsetNodeGetParams(void) { return crane_unsupported("cuGraphMemsetNodeGetParams"); }
 
-CUresult cuGraphMemsetNodeSetParams(void) { return crane_unsupported("cuGraphMemsetNodeSetParams"); }
+CUresult cuGraphMemsetNodeSetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphMemsetNodeSetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphMemsetNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphNodeFindInClone(void) { return crane_unsupported("cuGraphNodeFindInClone"); }
 
-CUresult cuGraphNodeGetDependencies(void) { return crane_unsupported("cuGraphNodeGetDependencies"); }
+CUresult cuGraphNodeGetDependencies(void * hNode, void ** dependencies, size_t * numDependencies) {
+    CUresult r = crane_py_cuGraphNodeGetDependencies_10000(hNode, dependencies, numDependencies);
+    if (crane_trace_on) crane_trace("cuGraphNodeGetDependencies", r, "hNode=%p dependencies=%p numDependencies=%p", (const void *)hNode, (const void *)dependencies, (const void *)numDependencies);
+    return r;
+}
 
 CUresult cuGraphNodeGetDependencies_v2(void) { return crane_unsupported("cuGraphNodeGetDependencies_v2"); }
 
-CUresult cuGraphNodeGetDependentNodes(void) { return crane_unsupported("cuGraphNodeGetDependentNodes"); }
+CUresult cuGraphNodeGetDependentNodes(void * hNode, void ** dependentNodes, size_t * numDependentNodes) {
+    CUresult r = crane_py_cuGraphNodeGetDependentNodes_10000(hNode, dependentNodes, numDependentNodes);
+    if (crane_trace_on) crane_trace("cuGraphNodeGetDependentNodes", r, "hNode=%p dependentNodes=%p numDependentNodes=%p", (const void *)hNode, (const void *)dependentNodes, (const void *)numDependentNodes);
+    return r;
+}
 
 CUresult cuGraphNodeGetDependentNodes_v2(void) { return crane_unsupported("cuGraphNodeGetDependentNodes_v2"); }
 
 CUresult cuGraphNodeGetEnabled(void) { return crane_unsupported("cuGraphNodeGetEnabled"); }
 
-CUresult cuGraphNodeGetType(void) { return crane_unsupported("cuGraphNodeGetType"); }
+CUresult cuGraphNodeGetType(void * hNode, int * type) {
+    CUresult r = crane_py_cuGraphNodeGetType_10000(hNode, type);
+    if (crane_trace_on) crane_trace("cuGraphNodeGetType", r, "hNode=%p type=%p", (const void *)hNode, (const void *)type);
+    return r;
+}
 
 CUresult cuGraphNodeSetEnabled(void) { return crane_unsupported("cuGraphNodeSetEnabled"); }
 
@@ -720,13 +880,25 @@ CUresult cuGraphNodeSetParams(void) { return crane_unsupported("cuGraphNodeSetPa
 
 CUresult cuGraphReleaseUserObject(void) { return crane_unsupported("cuGraphReleaseUserObject"); }
 
-CUresult cuGraphRemoveDependencies(void) { return crane_unsupported("cuGraphRemoveDependencies"); }
+CUresult cuGraphRemoveDependencies(void * hGraph, void ** from, void ** to, size_t numDependencies) {
+    CUresult r = crane_py_cuGraphRemoveDependencies_10000(hGraph, from, to, numDependencies);
+    if (crane_trace_on) crane_trace("cuGraphRemoveDependencies", r, "hGraph=%p from=%p to=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (size_t)numDependencies);
+    return r;
+}
 
-CUresult cuGraphRemoveDependencies_v2(void) { return crane_unsupported("cuGraphRemoveDependencies_v2"); }
+CUresult cuGraphRemoveDependencies_v2(void * hGraph, void ** from, void ** to, void * edgeData, size_t numDependencies) {
+    CUresult r = crane_py_cuGraphRemoveDependencies_12030(hGraph, from, to, edgeData, numDependencies);
+    if (crane_trace_on) crane_trace("cuGraphRemoveDependencies_v2", r, "hGraph=%p from=%p to=%p edgeData=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)edgeData, (size_t)numDependencies);
+    return r;
+}
 
 CUresult cuGraphRetainUserObject(void) { return crane_unsupported("cuGraphRetainUserObject"); }
 
-CUresult cuGraphUpload(void) { return crane_unsupported("cuGraphUpload"); }
+CUresult cuGraphUpload(void * hGraph, void * hStream) {
+    CUresult r = crane_py_cuGraphUpload_11010(hGraph, hStream);
+    if (crane_trace_on) crane_trace("cuGraphUpload", r, "hGraph=%p hStream=%p", (const void *)hGraph, (const void *)hStream);
+    return r;
+}
 
 CUresult cuGraphUpload_ptsz(void) { return crane_unsupported("cuGraphUpload_ptsz"); }
 
@@ -1670,17 +1842,41 @@ CUresult cuStreamBatchMemOp_v2(void) { return crane_unsupported("cuStreamBatchMe
 
 CUresult cuStreamBatchMemOp_v2_ptsz(void) { return crane_unsupported("cuStreamBatchMemOp_v2_ptsz"); }
 
-CUresult cuStreamBeginCapture(void) { return crane_unsupported("cuStreamBeginCapture"); }
+CUresult cuStreamBeginCapture(void * hStream) {
+    CUresult r = crane_py_cuStreamBeginCapture_10000(hStream);
+    if (crane_trace_on) crane_trace("cuStreamBeginCapture", r, "hStream=%p", (const void *)hStream);
+    return r;
+}
 
-CUresult cuStreamBeginCapture_ptsz(void) { return crane_unsupported("cuStreamBeginCapture_ptsz"); }
+CUresult cuStreamBeginCapture_ptsz(void * hStream) {
+    CUresult r = crane_py_cuStreamBeginCapture_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuStreamBeginCapture_ptsz", r, "hStream=%p", (const void *)hStream);
+    return r;
+}
 
-CUresult cuStreamBeginCapture_v2(void) { return crane_unsupported("cuStreamBeginCapture_v2"); }
+CUresult cuStreamBeginCapture_v2(void * hStream, int mode) {
+    CUresult r = crane_py_cuStreamBeginCapture_10010(hStream, mode);
+    if (crane_trace_on) crane_trace("cuStreamBeginCapture_v2", r, "hStream=%p mode=%d", (const void *)hStream, (int)mode);
+    return r;
+}
 
-CUresult cuStreamBeginCapture_v2_ptsz(void) { return crane_unsupported("cuStreamBeginCapture_v2_ptsz"); }
+CUresult cuStreamBeginCapture_v2_ptsz(void * hStream, int mode) {
+    CUresult r = crane_py_cuStreamBeginCapture_10010((hStream ? hStream : CRANE_STREAM_PER_THREAD), mode);
+    if (crane_trace_on) crane_trace("cuStreamBeginCapture_v2_ptsz", r, "hStream=%p mode=%d", (const void *)hStream, (int)mode);
+    return r;
+}
 
-CUresult cuStreamBeginCaptureToGraph(void) { return crane_unsupported("cuStreamBeginCaptureToGraph"); }
+CUresult cuStreamBeginCaptureToGraph(void * hStream, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, int mode) {
+    CUresult r = crane_py_cuStreamBeginCaptureToGraph_12030(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+    if (crane_trace_on) crane_trace("cuStreamBeginCaptureToGraph", r, "hStream=%p hGraph=%p dependencies=%p dependencyData=%p numDependencies=%zu mode=%d", (const void *)hStream, (const void *)hGraph, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (int)mode);
+    return r;
+}
 
-CUresult cuStreamBeginCaptureToGraph_ptsz(void) { return crane_unsupported("cuStreamBeginCaptureToGraph_ptsz"); }
+CUresult cuStreamBeginCaptureToGraph_ptsz(void * hStream, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, int mode) {
+    CUresult r = crane_py_cuStreamBeginCaptureToGraph_12030((hStream ? hStream : CRANE_STREAM_PER_THREAD), hGraph, dependencies, dependencyData, numDependencies, mode);
+    if (crane_trace_on) crane_trace("cuStreamBeginCaptureToGraph_ptsz", r, "hStream=%p hGraph=%p dependencies=%p dependencyData=%p numDependencies=%zu mode=%d", (const void *)hStream, (const void *)hGraph, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (int)mode);
+    return r;
+}
 
 CUresult cuStreamCopyAttributes(void) { return crane_unsupported("cuStreamCopyAttributes"); }
 
@@ -1706,25 +1902,57 @@ CUresult cuStreamDestroy_v2(void * hStream) {
     return r;
 }
 
-CUresult cuStreamEndCapture(void) { return crane_unsupported("cuStreamEndCapture"); }
+CUresult cuStreamEndCapture(void * hStream, void ** phGraph) {
+    CUresult r = crane_py_cuStreamEndCapture_10000(hStream, phGraph);
+    if (crane_trace_on) crane_trace("cuStreamEndCapture", r, "hStream=%p phGraph=%p", (const void *)hStream, (const void *)phGraph);
+    return r;
+}
 
-CUresult cuStreamEndCapture_ptsz(void) { return crane_unsupported("cuStreamEndCapture_ptsz"); }
+CUresult cuStreamEndCapture_ptsz(void * hStream, void ** phGraph) {
+    CUresult r = crane_py_cuStreamEndCapture_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD), phGraph);
+    if (crane_trace_on) crane_trace("cuStreamEndCapture_ptsz", r, "hStream=%p phGraph=%p", (const void *)hStream, (const void *)phGraph);
+    return r;
+}
 
 CUresult cuStreamGetAttribute(void) { return crane_unsupported("cuStreamGetAttribute"); }
 
 CUresult cuStreamGetAttribute_ptsz(void) { return crane_unsupported("cuStreamGetAttribute_ptsz"); }
 
-CUresult cuStreamGetCaptureInfo(void) { return crane_unsupported("cuStreamGetCaptureInfo"); }
+CUresult cuStreamGetCaptureInfo(void * hStream, int * captureStatus_out, unsigned long long * id_out) {
+    CUresult r = crane_py_cuStreamGetCaptureInfo_10010(hStream, captureStatus_out, id_out);
+    if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo", r, "hStream=%p captureStatus_out=%p id_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out);
+    return r;
+}
 
-CUresult cuStreamGetCaptureInfo_ptsz(void) { return crane_unsupported("cuStreamGetCaptureInfo_ptsz"); }
+CUresult cuStreamGetCaptureInfo_ptsz(void * hStream, int * captureStatus_out, unsigned long long * id_out) {
+    CUresult r = crane_py_cuStreamGetCaptureInfo_10010((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus_out, id_out);
+    if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_ptsz", r, "hStream=%p captureStatus_out=%p id_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out);
+    return r;
+}
 
-CUresult cuStreamGetCaptureInfo_v2(void) { return crane_unsupported("cuStreamGetCaptureInfo_v2"); }
+CUresult cuStreamGetCaptureInfo_v2(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, size_t * numDependencies_out) {
+    CUresult r = crane_py_cuStreamGetCaptureInfo_11030(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out);
+    if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v2", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)numDependencies_out);
+    return r;
+}
 
-CUresult cuStreamGetCaptureInfo_v2_ptsz(void) { return crane_unsupported("cuStreamGetCaptureInfo_v2_ptsz"); }
+CUresult cuStreamGetCaptureInfo_v2_ptsz(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, size_t * numDependencies_out) {
+    CUresult r = crane_py_cuStreamGetCaptureInfo_11030((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out);
+    if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v2_ptsz", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)numDependencies_out);
+    return r;
+}
 
-CUresult cuStreamGetCaptureInfo_v3(void) { return crane_unsupported("cuStreamGetCaptureInfo_v3"); }
+CUresult cuStreamGetCaptureInfo_v3(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, void ** edgeData_out, size_t * numDependencies_out) {
+    CUresult r = crane_py_cuStreamGetCaptureInfo_12030(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out);
+    if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v3", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p edgeData_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)edgeData_out, (const void *)numDependencies_out);
+    return r;
+}
 
-CUresult cuStreamGetCaptureInfo_v3_ptsz(void) { return crane_unsupported("cuStreamGetCaptureInfo_v3_ptsz"); }
+CUresult cuStreamGetCaptureInfo_v3_ptsz(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, void ** edgeData_out, size_t * numDependencies_out) {
+    CUresult r = crane_py_cuStreamGetCaptureInfo_12030((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out);
+    if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v3_ptsz", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p edgeData_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)edgeData_out, (const void *)numDependencies_out);
+    return r;
+}
 
 CUresult cuStreamGetCtx(void * hStream, void ** pctx) {
     CUresult r = crane_py_cuStreamGetCtx_9020(hStream, pctx);
@@ -1784,9 +2012,17 @@ CUresult cuStreamGetPriority_ptsz(void * hStream, int * priority) {
     return r;
 }
 
-CUresult cuStreamIsCapturing(void) { return crane_unsupported("cuStreamIsCapturing"); }
+CUresult cuStreamIsCapturing(void * hStream, int * captureStatus) {
+    CUresult r = crane_py_cuStreamIsCapturing_10000(hStream, captureStatus);
+    if (crane_trace_on) crane_trace("cuStreamIsCapturing", r, "hStream=%p captureStatus=%p", (const void *)hStream, (const void *)captureStatus);
+    return r;
+}
 
-CUresult cuStreamIsCapturing_ptsz(void) { return crane_unsupported("cuStreamIsCapturing_ptsz"); }
+CUresult cuStreamIsCapturing_ptsz(void * hStream, int * captureStatus) {
+    CUresult r = crane_py_cuStreamIsCapturing_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus);
+    if (crane_trace_on) crane_trace("cuStreamIsCapturing_ptsz", r, "hStream=%p captureStatus=%p", (const void *)hStream, (const void *)captureStatus);
+    return r;
+}
 
 CUresult cuStreamQuery(void * hStream) {
     CUresult r = crane_py_cuStreamQuery_2000(hStream);
@@ -1816,13 +2052,29 @@ CUresult cuStreamSynchronize_ptsz(void * hStream) {
     return r;
 }
 
-CUresult cuStreamUpdateCaptureDependencies(void) { return crane_unsupported("cuStreamUpdateCaptureDependencies"); }
+CUresult cuStreamUpdateCaptureDependencies(void * hStream, void ** dependencies, size_t numDependencies, unsigned int flags) {
+    CUresult r = crane_py_cuStreamUpdateCaptureDependencies_11030(hStream, dependencies, numDependencies, flags);
+    if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies", r, "hStream=%p dependencies=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (size_t)numDependencies, (unsigned int)flags);
+    return r;
+}
 
-CUresult cuStreamUpdateCaptureDependencies_ptsz(void) { return crane_unsupported("cuStreamUpdateCaptureDependencies_ptsz"); }
+CUresult cuStreamUpdateCaptureDependencies_ptsz(void * hStream, void ** dependencies, size_t numDependencies, unsigned int flags) {
+    CUresult r = crane_py_cuStreamUpdateCaptureDependencies_11030((hStream ? hStream : CRANE_STREAM_PER_THREAD), dependencies, numDependencies, flags);
+    if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies_ptsz", r, "hStream=%p dependencies=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (size_t)numDependencies, (unsigned int)flags);
+    return r;
+}
 
-CUresult cuStreamUpdateCaptureDependencies_v2(void) { return crane_unsupported("cuStreamUpdateCaptureDependencies_v2"); }
+CUresult cuStreamUpdateCaptureDependencies_v2(void * hStream, void ** dependencies, void * dependencyData, size_t numDependencies, unsigned int flags) {
+    CUresult r = crane_py_cuStreamUpdateCaptureDependencies_12030(hStream, dependencies, dependencyData, numDependencies, flags);
+    if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies_v2", r, "hStream=%p dependencies=%p dependencyData=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (unsigned int)flags);
+    return r;
+}
 
-CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(void) { return crane_unsupported("cuStreamUpdateCaptureDependencies_v2_ptsz"); }
+CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(void * hStream, void ** dependencies, void * dependencyData, size_t numDependencies, unsigned int flags) {
+    CUresult r = crane_py_cuStreamUpdateCaptureDependencies_12030((hStream ? hStream : CRANE_STREAM_PER_THREAD), dependencies, dependencyData, numDependencies, flags);
+    if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies_v2_ptsz", r, "hStream=%p dependencies=%p dependencyData=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (unsigned int)flags);
+    return r;
+}
 
 CUresult cuStreamWaitEvent(void * hStream, void * hEvent, unsigned int Flags) {
     CUresult r = crane_py_cuStreamWaitEvent_3020(hStream, hEvent, Flags);
@@ -1958,7 +2210,11 @@ CUresult cuTexRefSetMipmapLevelClamp(void) { return crane_unsupported("cuTexRefS
 
 CUresult cuTexRefSetMipmappedArray(void) { return crane_unsupported("cuTexRefSetMipmappedArray"); }
 
-CUresult cuThreadExchangeStreamCaptureMode(void) { return crane_unsupported("cuThreadExchangeStreamCaptureMode"); }
+CUresult cuThreadExchangeStreamCaptureMode(int * mode) {
+    CUresult r = crane_py_cuThreadExchangeStreamCaptureMode_10010(mode);
+    if (crane_trace_on) crane_trace("cuThreadExchangeStreamCaptureMode", r, "mode=%p", (const void *)mode);
+    return r;
+}
 
 CUresult cuUserObjectCreate(void) { return crane_unsupported("cuUserObjectCreate"); }
 
