@@ -11,7 +11,7 @@ __all__ = ["ControlClient"]
 
 
 class ControlClient:
-    def __init__(self, address: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, address: str | None = None, timeout: float | None = 10.0) -> None:
         self.address = address or default_address()
         self.timeout = timeout
         self._channel = grpc.insecure_channel(to_grpc_target(self.address), options=CHANNEL_OPTIONS)
@@ -22,6 +22,14 @@ class ControlClient:
 
     def sessions(self) -> control_pb2.ListSessionsReply:
         return self._stub.ListSessions(control_pb2.ListSessionsRequest(), timeout=self.timeout)
+
+    def checkpoint(self, session: str, path: str, release: bool) -> control_pb2.CheckpointReply:
+        req = control_pb2.CheckpointRequest(session_id=session, path=path, release=release)
+        return self._stub.Checkpoint(req, timeout=self.timeout)
+
+    def restore(self, path: str, device: int = -1) -> control_pb2.RestoreReply:
+        req = control_pb2.RestoreRequest(path=path, device=device)
+        return self._stub.Restore(req, timeout=self.timeout)
 
     def close(self) -> None:
         self._channel.close()

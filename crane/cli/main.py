@@ -5,6 +5,8 @@
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
     crane guest-lib [--dir]     path of the interposer libcuda.so.1 (for LD_PRELOAD / ld.so)
+    crane checkpoint --session ID -o FILE [--release]   write a session to a file (and park it)
+    crane restore FILE [--daemon ADDR] [--device N]      recreate a checkpointed session
 
 ``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. Subcommands only parse arguments and
 call the library; their output is a human table by default and JSON with ``--json``.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from crane.cli import demo, inventory, run
+from crane.cli import demo, inventory, park, run
 
 __all__ = ["main"]
 
@@ -40,6 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("guest-lib", help="print the interposer library's path")
     g.add_argument("--dir", action="store_true", help="print its folder instead")
     g.set_defaults(func=run.cmd_guest_lib)
+    c = sub.add_parser("checkpoint", help="write a session's state to a file on the daemon host")
+    c.add_argument("--session", required=True, help="session id (see crane ps)")
+    c.add_argument("-o", "--output", required=True, help="checkpoint file to write")
+    c.add_argument(
+        "--release", action="store_true", help="free its GPU state: the session is parked"
+    )
+    c.set_defaults(func=park.cmd_checkpoint)
+    t = sub.add_parser("restore", help="recreate a checkpointed session on a daemon")
+    t.add_argument("file", help="checkpoint file (on the daemon's host)")
+    t.add_argument("--daemon", dest="restore_daemon", help="daemon address (as crane --daemon)")
+    t.add_argument("--device", type=int, default=-1, help="device index on that daemon")
+    t.set_defaults(func=park.cmd_restore)
     return p
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import grpc
 
 from crane import __version__
 from crane.daemon.errors import DaemonError
-from crane.daemon.sessions import WINDOW_SIZE, SessionManager
+from crane.daemon.sessions import WINDOW_SIZE, Session, SessionManager
 from crane.v1 import common_pb2, control_pb2, guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.fingerprint import fingerprint
@@ -56,19 +57,20 @@ class GuestServicer:
                 f"{fingerprint()!r}; the guest library and craned come from different Crane "
                 "builds",
             )
-        s = self.sessions.open(request.device, request.client)
-        return guest_pb2.OpenSessionReply(
-            session_id=s.id,
-            resume_token=s.token,
-            va_base=s.va_base,
-            va_size=WINDOW_SIZE - MODULE_AREA,
-            device=s.identity,
-            driver_version=DRIVER_VERSION,
-            chunk_granularity=2 << 20,
-            max_batch_bytes=MAX_CHUNK,
-            daemon_version=__version__,
-            direct_address=f"unix://{s.direct_socket}" if s.direct_socket else "",
-        )
+        return _opened(self.sessions.open(request.device, request.client))
+
+    @_status_on_error
+    def Resume(
+        self, request: guest_pb2.ResumeRequest, context: grpc.ServicerContext
+    ) -> guest_pb2.OpenSessionReply:
+        if request.fingerprint != fingerprint():
+            raise DaemonError("FAILED_PRECONDITION", "protocol fingerprint mismatch")
+        try:
+            return _opened(self.sessions.resume(request.session_id, request.resume_token))
+        except DaemonError as e:
+            if e.status == "UNAVAILABLE":  # parked here: tell it apart from "daemon down"
+                context.set_trailing_metadata((("crane-parked", "1"),))
+            raise
 
     def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         md = dict(context.invocation_metadata())
@@ -82,24 +84,31 @@ class GuestServicer:
         ch = session.worker.channel
         try:
             for raw in requests:
-                ch.send(Tag.BATCH, raw)
-                if peek_flags(raw) & EXPECTS_REPLY:
-                    # the guest waits: forward answers up to this batch's last one
-                    while True:
-                        tag, frame = ch.recv()
-                        if tag == Tag.CLOSE:
-                            return
-                        yield frame
-                        if tag == Tag.REPLY_LAST:
-                            break
-                else:
-                    # asynchronous batch: forward only what is already there (failures, printf)
-                    while ch.readable():
-                        tag, frame = ch.recv()
-                        if tag == Tag.CLOSE:
-                            return
-                        yield frame
+                with session.channel_lock:  # a checkpoint waits for the batch to be answered
+                    if session.state == "parked":
+                        context.abort(grpc.StatusCode.UNAVAILABLE, f"{session.id} is parked")
+                    while session.pending:
+                        yield session.pending.pop(0)
+                    ch.send(Tag.BATCH, raw)
+                    if peek_flags(raw) & EXPECTS_REPLY:
+                        # the guest waits: forward answers up to this batch's last one
+                        while True:
+                            tag, frame = ch.recv()
+                            if tag == Tag.CLOSE:
+                                return
+                            yield frame
+                            if tag == Tag.REPLY_LAST:
+                                break
+                    else:
+                        # asynchronous batch: forward only what is already there (failures)
+                        while ch.readable():
+                            tag, frame = ch.recv()
+                            if tag == Tag.CLOSE:
+                                return
+                            yield frame
         except ChannelClosed:
+            if session.state in ("parked", "checkpointing"):
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"session {session.id} is parked")
             if session.state == "running":
                 log.error("session %s: worker exited unexpectedly", session.id)
                 context.abort(
@@ -107,6 +116,21 @@ class GuestServicer:
                 )
         finally:
             self.sessions.close(session, "stream ended")
+
+
+def _opened(s: Session) -> guest_pb2.OpenSessionReply:
+    return guest_pb2.OpenSessionReply(
+        session_id=s.id,
+        resume_token=s.token,
+        va_base=s.va_base,
+        va_size=WINDOW_SIZE - MODULE_AREA,
+        device=s.identity,
+        driver_version=DRIVER_VERSION,
+        chunk_granularity=2 << 20,
+        max_batch_bytes=MAX_CHUNK,
+        daemon_version=__version__,
+        direct_address=f"unix://{s.direct_socket}" if s.direct_socket else "",
+    )
 
 
 class ControlServicer:
@@ -142,6 +166,37 @@ class ControlServicer:
             sessions=[self.sessions.info(s) for s in self.sessions.list()]
         )
 
+    @_status_on_error
+    def Checkpoint(
+        self, request: control_pb2.CheckpointRequest, context: grpc.ServicerContext
+    ) -> control_pb2.CheckpointReply:
+        t0 = time.monotonic()
+        counts, state = self.sessions.checkpoint(request.session_id, request.path, request.release)
+        return control_pb2.CheckpointReply(
+            bytes=counts["bytes"],
+            memory_bytes=counts["memory_bytes"],
+            seconds=time.monotonic() - t0,
+            state=state,
+        )
+
+    @_status_on_error
+    def Restore(
+        self, request: control_pb2.RestoreRequest, context: grpc.ServicerContext
+    ) -> control_pb2.RestoreReply:
+        t0 = time.monotonic()
+        session, answer = self.sessions.restore(request.path, request.device)
+        return control_pb2.RestoreReply(
+            session_id=session.id,
+            seconds=time.monotonic() - t0,
+            done_seq=answer.get("done_seq", 0),
+        )
+
+
+def _unary(fn: Callable[..., Any], req: Any, rep: Any) -> grpc.RpcMethodHandler:
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=req.FromString, response_serializer=rep.SerializeToString
+    )
+
 
 def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
     """The Guest service; ``Calls`` carries raw bytes (the daemon never parses a batch)."""
@@ -154,6 +209,7 @@ def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
                 response_serializer=guest_pb2.OpenSessionReply.SerializeToString,
             ),
             "Calls": grpc.stream_stream_rpc_method_handler(servicer.Calls),
+            "Resume": _unary(servicer.Resume, guest_pb2.ResumeRequest, guest_pb2.OpenSessionReply),
         },
     )
 
@@ -171,6 +227,12 @@ def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
                 servicer.ListSessions,
                 request_deserializer=control_pb2.ListSessionsRequest.FromString,
                 response_serializer=control_pb2.ListSessionsReply.SerializeToString,
+            ),
+            "Checkpoint": _unary(
+                servicer.Checkpoint, control_pb2.CheckpointRequest, control_pb2.CheckpointReply
+            ),
+            "Restore": _unary(
+                servicer.Restore, control_pb2.RestoreRequest, control_pb2.RestoreReply
             ),
         },
     )

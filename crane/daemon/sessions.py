@@ -6,12 +6,23 @@ clear error rather than a race):
 
     opening ──► ready ──► running ──► closing ──► closed
                   └───────────────────────┘ (guest never attached / disconnected)
+
+    ready/running ──► checkpointing ──► ready/running      (Checkpoint)
+                                   └──► parked             (Checkpoint with release: the worker
+                                                            and its device memory are gone; the
+                                                            entry keeps the id, token and window)
+    parked ──► restoring ──► ready                         (Restore on this daemon)
+    (none) ──► restoring ──► ready                         (Restore of another daemon's session)
+
+A parked session's guest finds its stream broken, asks ``Resume`` (answered UNAVAILABLE while
+parked) and reconnects once the session is ready again, here or on another daemon.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import secrets
 import threading
@@ -24,6 +35,7 @@ from crane.backends.factory import WorkerConfig
 from crane.daemon.devices import Device
 from crane.daemon.errors import DaemonError
 from crane.daemon.workers import WorkerPool, WorkerProcess
+from crane.state.checkpoint import CheckpointError, read_meta
 from crane.v1 import common_pb2
 from crane.worker.channel import ChannelClosed, Tag
 from crane.worker.stats import MODE_DIRECT, SessionStats
@@ -56,6 +68,12 @@ class Session:
     peer: str = ""
     direct_socket: Path | None = None
     opened_at: float = field(default_factory=time.time)
+    uuid_seed: str = ""
+    #: Held by whoever talks on the worker channel (the relay, per batch; a checkpoint).
+    channel_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Worker frames a checkpoint read while the relay waited (async failures); relayed next.
+    pending: list[bytes] = field(default_factory=list)
+    parked_at: str = ""  # the checkpoint file of a parked session
 
     @property
     def va_base(self) -> int:
@@ -113,6 +131,7 @@ class SessionManager:
             session = self._start(uuid.uuid4().hex[:12], slot, device, client)
             with self._lock:
                 self._sessions[session.id] = session
+            self._watch(session)
         finally:
             with self._lock:
                 self._starting.discard(slot)
@@ -127,20 +146,29 @@ class SessionManager:
         )
         return session
 
-    def _start(self, sid: str, slot: int, device: Device, client: str) -> Session:
+    def _start(
+        self,
+        sid: str,
+        slot: int,
+        device: Device,
+        client: str,
+        token: bytes | None = None,
+        uuid_seed: str | None = None,
+    ) -> Session:
         stats_path = self.run_dir / "sessions" / f"{sid}.stats"
         direct = self.run_dir / "sessions" / f"{sid}.sock"
         if len(str(direct)) > 100:  # AF_UNIX paths are limited to 108 bytes
             log.warning("session %s: run dir too deep for a direct socket; relay only", sid)
             direct = None
-        token = secrets.token_bytes(16)
+        token = token or secrets.token_bytes(16)
+        uuid_seed = uuid_seed or secrets.token_hex(16)
         cfg = WorkerConfig(
             session_id=sid,
             backend=device.backend,
             profile=device.profile,
             va_base=WINDOW_BASE + slot * WINDOW_SIZE,
             va_size=WINDOW_SIZE,
-            uuid_seed=secrets.token_hex(16),
+            uuid_seed=uuid_seed,
             ledger_path=device.ledger_path,
             ledger_slot=slot,
             module_cache=str(self.module_cache),
@@ -172,16 +200,25 @@ class SessionManager:
             stats_path=stats_path,
             state="ready",
             direct_socket=direct,
+            uuid_seed=uuid_seed,
         )
-        threading.Thread(
-            target=self._reap, args=(session,), name=f"reap-{sid}", daemon=True
-        ).start()
         return session
+
+    def _watch(self, session: Session) -> None:
+        threading.Thread(
+            target=self._reap, args=(session,), name=f"reap-{session.id}", daemon=True
+        ).start()
 
     def _reap(self, session: Session) -> None:
         """A worker ends its session by exiting (guest gone, attach timeout, crash)."""
         code = session.worker.proc.wait()
-        if session.state not in ("closing", "closed"):
+        if session.state not in (
+            "closing",
+            "closed",
+            "checkpointing",
+            "parked",
+            "restoring",
+        ):
             if code:
                 log.error("session %s: worker exited with status %s", session.id, code)
             self.close(session, "worker exited")
@@ -204,21 +241,186 @@ class SessionManager:
         return session
 
     def close(self, session: Session, why: str) -> None:
-        """Tear a session down: stop its worker (freeing its device memory), forget it."""
+        """Tear a session down: stop its worker (freeing its device memory), forget it.
+
+        A parked (or restoring) session has no stream and no worker to lose: a stream ending
+        is what parking causes, so it does not close it.
+        """
         with self._lock:
-            if session.state in ("closing", "closed"):
+            if session.state in ("closing", "closed", "parked", "restoring"):
                 return
             session.state = "closing"
+        code = self._release(session)
+        with self._lock:
+            session.state = "closed"
+            if self._sessions.get(session.id) is session:
+                self._sessions.pop(session.id, None)
+        log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
+
+    def _release(self, session: Session) -> int | None:
+        """Stop the worker and free what the session held on this host (not its entry)."""
         code = session.worker.stop()
         session.device.ledger.clear(session.slot)
         session.stats.close()
         for path in (session.stats_path, session.direct_socket):
             if path is not None:
                 Path(path).unlink(missing_ok=True)
+        return code
+
+    # ---- checkpoint, park, restore ---------------------------------------------------------
+    def get(self, sid: str) -> Session:
         with self._lock:
-            session.state = "closed"
-            self._sessions.pop(session.id, None)
-        log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
+            session = self._sessions.get(sid)
+        if session is None:
+            raise DaemonError("NOT_FOUND", f"no session {sid!r} on this daemon")
+        return session
+
+    def _control(self, session: Session, tag: int, request: dict) -> dict:
+        """Send a CHECKPOINT/RESTORE to the worker and wait for its answer (channel held)."""
+        ch = session.worker.channel
+        ch.send(tag, json.dumps(request).encode())
+        while True:
+            t, raw = ch.recv()
+            if t == Tag.CONTROL_REPLY:
+                return json.loads(raw)
+            if t == Tag.CLOSE:
+                raise ChannelClosed("the guest closed the session")
+            session.pending.append(raw)  # an asynchronous failure for the relay to forward
+
+    def checkpoint(self, sid: str, path: str, release: bool) -> tuple[dict, str]:
+        """Write the session's state to ``path``; with ``release`` park it. Returns the
+        worker's counts and the session's state afterwards."""
+        session = self.get(sid)
+        if not os.path.isabs(path):
+            raise DaemonError("INVALID_ARGUMENT", f"checkpoint path {path!r} is not absolute")
+        with self._lock:
+            session.require("ready", "running")
+            before = session.state
+            session.state = "checkpointing"
+        identity = {
+            "id": session.id,
+            "token": session.token.hex(),
+            "slot": session.slot,
+            "va_base": session.va_base,
+            "uuid_seed": session.uuid_seed,
+            "client": session.client,
+        }
+        try:
+            with session.channel_lock:
+                request = {"path": path, "release": release, "identity": identity}
+                answer = self._control(session, Tag.CHECKPOINT, request)
+        except ChannelClosed as e:
+            with self._lock:
+                session.state = before
+            self.close(session, "worker exited during a checkpoint")
+            raise DaemonError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
+        if "error" in answer:
+            with self._lock:
+                session.state = before
+            raise DaemonError(
+                "FAILED_PRECONDITION", f"checkpoint of {sid} failed: {answer['error']}"
+            )
+        if not release:
+            with self._lock:
+                session.state = before
+            return answer, before
+        with self._lock:
+            session.state = "parked"
+            session.parked_at = path
+            session.peer = ""
+        self._release(session)
+        log.info("session %s parked to %s; its device memory is released", sid, path)
+        return answer, "parked"
+
+    def restore(self, path: str, device_index: int) -> tuple[Session, dict]:
+        """Recreate a checkpointed session here; refuses precisely, leaves nothing behind."""
+        try:
+            with open(path, "rb") as f:
+                meta = read_meta(f, os.path.basename(path))
+            ident = meta["session"]
+            sid, token, slot = ident["id"], bytes.fromhex(ident["token"]), int(ident["slot"])
+        except OSError as e:
+            raise DaemonError("NOT_FOUND", f"cannot read {path}: {e.strerror or e}") from None
+        except CheckpointError as e:
+            raise DaemonError("INVALID_ARGUMENT", str(e)) from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise DaemonError("INVALID_ARGUMENT", f"{path}: META lacks the session: {e}") from None
+        if not 0 <= slot < WINDOW_SLOTS:
+            raise DaemonError("INVALID_ARGUMENT", f"{path}: window slot {slot} out of range")
+        device_index = max(device_index, 0)
+        if device_index >= len(self.devices):
+            raise DaemonError("INVALID_ARGUMENT", f"no device {device_index} on this daemon")
+        device = self.devices[device_index]
+        with self._lock:
+            old = self._sessions.get(sid)
+            if old is not None and old.state != "parked":
+                raise DaemonError(
+                    "ALREADY_EXISTS", f"session {sid} is already {old.state} on this daemon"
+                )
+            for other in self._sessions.values():
+                if other.slot == slot and other is not old:
+                    raise DaemonError(
+                        "FAILED_PRECONDITION",
+                        f"VA window slot {slot} ({WINDOW_BASE + slot * WINDOW_SIZE:#x}) that "
+                        f"session {sid} needs is taken by session {other.id} on this daemon",
+                    )
+            if slot in self._starting:
+                raise DaemonError(
+                    "FAILED_PRECONDITION", f"VA window slot {slot} is being opened on this daemon"
+                )
+            if old is None and len(self._sessions) + len(self._starting) >= self.max_sessions:
+                raise DaemonError(
+                    "RESOURCE_EXHAUSTED", f"daemon is at its limit of {self.max_sessions} sessions"
+                )
+            self._starting.add(slot)
+            if old is not None:
+                old.state = "restoring"
+        try:
+            session = self._start(
+                sid, slot, device, ident.get("client", ""), token, ident.get("uuid_seed")
+            )
+            session.state = "restoring"
+            try:
+                with session.channel_lock:
+                    answer = self._control(session, Tag.RESTORE, {"path": path})
+            except ChannelClosed as e:
+                answer = {"error": f"the worker exited: {e}"}
+            if "error" in answer:
+                self._release(session)
+                raise DaemonError(
+                    "FAILED_PRECONDITION", f"restore of {sid} refused: {answer['error']}"
+                )
+            with self._lock:
+                session.state = "ready"
+                self._sessions[sid] = session
+            self._watch(session)
+        except BaseException:
+            if old is not None:
+                with self._lock:
+                    old.state = "parked"
+            raise
+        finally:
+            with self._lock:
+                self._starting.discard(slot)
+        log.info(
+            "session %s restored from %s on device %d (%s), window %#x",
+            sid,
+            path,
+            device.index,
+            device.name,
+            session.va_base,
+        )
+        return session, answer
+
+    def resume(self, sid: str, token: bytes) -> Session:
+        """Where a guest whose stream broke stands: ready to attach, or parked (retry)."""
+        session = self.get(sid)
+        if not token or not secrets.compare_digest(token, session.token):
+            raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+        if session.state in ("parked", "restoring", "checkpointing"):
+            raise DaemonError("UNAVAILABLE", f"session {sid} is {session.state}; retry")
+        session.require("ready", "running")
+        return session
 
     def close_all(self, why: str) -> None:
         for s in self.list():

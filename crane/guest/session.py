@@ -83,8 +83,10 @@ class Session:
         device: int = -1,
         client: str = "",
         direct: bool | None = None,
+        alternates: Sequence[str] = (),
     ) -> None:
-        self._t = Transport(address, device, client, direct)
+        """``alternates``: other daemons where this session may be restored after a park."""
+        self._t = Transport(address, device, client, direct, alternates)
         o = self._t.opened
         self.session_id: str = o.session_id
         self.device: DeviceSnapshot = snapshot_from_proto(o.device)

@@ -17,12 +17,13 @@ at the next synchronizing call, as CUDA reports asynchronous errors.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -47,6 +48,12 @@ MAX_INFLIGHT_BYTES = 64 << 20
 BULK_BATCH = 256 << 10
 #: Small batches queued for sending before a caller waits for the stream to drain.
 MAX_QUEUED_BATCHES = 4096
+#: Bytes of sent batches kept for a resend before the sender waits for an acknowledgement.
+MAX_UNACKED_BYTES = 256 << 20
+#: gRPC codes after which the session may still exist elsewhere (parked, moved): try Resume.
+_RESUMABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
+)
 
 
 class TransportError(CudaError):
@@ -70,11 +77,16 @@ class Transport:
         device: int = -1,
         client: str = "",
         direct: bool | None = None,
+        alternates: Sequence[str] = (),
     ) -> None:
         """Open a session. ``direct``: carry calls straight to the session's worker (True),
         through the daemon (False), or directly when reachable (None; ``CRANE_DIRECT=0``
-        forces the relay)."""
+        forces the relay). ``alternates``: daemons where the session may be restored."""
         self.address = address or default_address()
+        env_alt = [a for a in os.environ.get("CRANE_DAEMON_ALTERNATES", "").split(",") if a]
+        self.addresses = list(dict.fromkeys([self.address, *alternates, *env_alt]))
+        self.resume_timeout = float(os.environ.get("CRANE_RESUME_TIMEOUT_S", "600"))
+        self._direct_pref = direct
         self._channel = grpc.insecure_channel(to_grpc_target(self.address), options=CHANNEL_OPTIONS)
         stub = guest_pb2_grpc.GuestStub(self._channel)
         try:
@@ -104,15 +116,14 @@ class Transport:
         self._reading = False
         self._broken: CudaError | None = None
         self.done_seq = 0
+        self._unacked: collections.deque[tuple[int, int, guest_pb2.CallBatch]] = collections.deque()
+        self._unacked_bytes = 0
+        self._ack_wanted = 0
+        self._resume_deadline: float | None = None
+        self.resumes = 0
         self._direct_channel: grpc.Channel | None = None
         self.path = "relay"
-        self._responses = self._calls_stub(stub, direct).Calls(
-            self._request_iter(),
-            metadata=(
-                ("crane-session", self.opened.session_id),
-                ("crane-token-bin", self.opened.resume_token),
-            ),
-        )
+        self._responses = self._open_calls(stub, self._requests)
         self._closed = False
         self._timer = threading.Thread(target=self._timer_loop, name="crane-flush", daemon=True)
         self._timer_wake = threading.Event()
@@ -140,9 +151,101 @@ class Transport:
                 return guest_pb2_grpc.GuestStub(ch)
         return daemon_stub
 
+    def _open_calls(
+        self, stub: guest_pb2_grpc.GuestStub, requests: queue.SimpleQueue
+    ) -> Iterator[guest_pb2.ReplyBatch]:
+        return self._calls_stub(stub, self._direct_pref).Calls(
+            self._request_iter(requests),
+            metadata=(
+                ("crane-session", self.opened.session_id),
+                ("crane-token-bin", self.opened.resume_token),
+            ),
+        )
+
+    # ---- resume -------------------------------------------------------------------------------
+    def _resume(self, cause: TransportError) -> TransportError | None:
+        """Find the session again and carry on with a new stream; an error if it is gone."""
+        sid = self.opened.session_id
+        if self._resume_deadline is None:
+            self._resume_deadline = time.monotonic() + self.resume_timeout
+            log.info("session %s: call stream broke (%s); resuming", sid, cause.message)
+        delay = 0.05
+        parked_seen = False
+        while not self._closed:
+            waiting = False
+            for addr in self.addresses:
+                ch = grpc.insecure_channel(to_grpc_target(addr), options=CHANNEL_OPTIONS)
+                stub = guest_pb2_grpc.GuestStub(ch)
+                try:
+                    opened = stub.Resume(
+                        guest_pb2.ResumeRequest(
+                            session_id=sid,
+                            resume_token=self.opened.resume_token,
+                            fingerprint=fingerprint(),
+                        ),
+                        timeout=10,
+                    )
+                except grpc.RpcError as e:
+                    ch.close()
+                    if e.code() in (grpc.StatusCode.NOT_FOUND,):
+                        continue
+                    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        # parked there (retry), or that daemon is down: only worth waiting for
+                        # if some daemon said the session is parked
+                        md = dict(e.trailing_metadata() or ())
+                        parked_seen = parked_seen or md.get("crane-parked") == "1"
+                        waiting = parked_seen
+                        continue
+                    return _transport_error(e, f"session {sid} cannot resume on {addr}")
+                self._switch(addr, ch, stub, opened)
+                return None
+            if not waiting:
+                return TransportError(
+                    cause.code, f"{cause.message}; no daemon knows session {sid} any more"
+                )
+            if time.monotonic() > self._resume_deadline:
+                return TransportError(
+                    cause.code, f"{cause.message}; session {sid} was not restored in time"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        return cause
+
+    def _switch(
+        self,
+        addr: str,
+        ch: grpc.Channel,
+        stub: guest_pb2_grpc.GuestStub,
+        opened: guest_pb2.OpenSessionReply,
+    ) -> None:
+        """New stream on ``addr``; resend every kept batch with calls after ``done_seq``."""
+        old_direct, old_channel = self._direct_channel, self._channel
+        self._direct_channel = None
+        self.path = "relay"
+        self.address, self._channel = addr, ch
+        self.opened = opened
+        with self._inflight_cv:
+            self._inflight = 0  # frees a sender blocked on the dead stream's backpressure
+            self._inflight_cv.notify_all()
+        with self._lock:
+            old, self._requests = self._requests, queue.SimpleQueue()
+            for last, _, batch in list(self._unacked):
+                if last > self.done_seq:
+                    self._requests.put((batch, 0))
+            old.put(None)
+            self._responses = self._open_calls(stub, self._requests)
+        with self._inflight_cv:
+            self._inflight = 0  # bulk batches of the old stream will never be sent there
+            self._inflight_cv.notify_all()
+        self.resumes += 1
+        for c in (old_direct, old_channel):
+            if c is not None:
+                c.close()
+        log.info("session %s resumed on %s (%s)", opened.session_id, addr, self.path)
+
     # ---- sending ------------------------------------------------------------------------------
-    def _request_iter(self) -> Iterator[guest_pb2.CallBatch]:
-        for batch, size in iter(self._requests.get, None):
+    def _request_iter(self, requests: queue.SimpleQueue) -> Iterator[guest_pb2.CallBatch]:
+        for batch, size in iter(requests.get, None):
             if size >= BULK_BATCH:
                 with self._inflight_cv:
                     self._inflight -= size
@@ -178,6 +281,9 @@ class Transport:
                 # that synchronizing calls never wake the timer thread)
                 self._batch_started = time.monotonic()
                 self._timer_wake.set()
+            want, self._ack_wanted = self._ack_wanted, 0
+        if want:
+            self._wait_until(lambda: self.done_seq >= want)
         return seq
 
     def flush(self) -> None:
@@ -190,6 +296,12 @@ class Transport:
         batch, self._batch = self._batch, guest_pb2.CallBatch()
         size = self._batch_bytes
         self._batch_bytes = 0
+        last = batch.calls[-1].seq
+        self._unacked.append((last, size, batch))
+        self._unacked_bytes += size
+        if self._unacked_bytes > MAX_UNACKED_BYTES and not batch.flags & EXPECTS_REPLY:
+            batch.flags |= EXPECTS_REPLY  # the worker answers it with its done_seq
+            self._ack_wanted = last
         # Backpressure, kept off the small-call path: bulk batches are bounded in bytes, small
         # ones in number (a C-level qsize, no lock hand-off per call).
         if size >= BULK_BATCH:
@@ -219,10 +331,16 @@ class Transport:
     # ---- receiving ----------------------------------------------------------------------------
     def wait(self, seq: int) -> CallReply:
         """Block until the reply for ``seq`` arrives."""
+        self._wait_until(lambda: seq in self._replies)
+        with self._cv:
+            return self._replies.pop(seq)
+
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Read replies (one thread at a time) until ``ready()`` holds; resume on a break."""
         while True:
             with self._cv:
-                if seq in self._replies:
-                    return self._replies.pop(seq)
+                if ready():
+                    return
                 if self._broken is not None:
                     raise self._broken
                 if self._reading:
@@ -233,8 +351,11 @@ class Transport:
             broken = None
             try:
                 batch = next(self._responses)
+                self._resume_deadline = None
             except grpc.RpcError as e:
                 broken = _transport_error(e, "the session's call stream broke")
+                if e.code() in _RESUMABLE and not self._closed:
+                    broken = self._resume(broken)
             except StopIteration:
                 broken = TransportError(
                     CUresult.CUDA_ERROR_DEINITIALIZED, "the daemon ended the session"
@@ -243,21 +364,27 @@ class Transport:
                 self._reading = False
                 if broken is not None:
                     self._broken = broken
-                else:
+                elif batch is not None:
                     self._absorb(batch)
                 self._cv.notify_all()
 
     def _absorb(self, batch: guest_pb2.ReplyBatch) -> None:
         if batch.stdout:
             os.write(1, batch.stdout)
+        before = self.done_seq
         self.done_seq = max(self.done_seq, batch.done_seq)
         for r in batch.replies:
             reply = CallReply(r.result, r.out, r.data, r.detail)
             if r.seq in self._expect:
                 self._expect.discard(r.seq)
                 self._replies[r.seq] = reply
-            else:
+            elif r.seq > before or r.seq == 0:
                 self._async_errors.append((r.seq, reply))
+            # else: a repeated answer after a resume, already delivered
+        if self.done_seq > before:
+            with self._lock:
+                while self._unacked and self._unacked[0][0] <= self.done_seq:
+                    self._unacked_bytes -= self._unacked.popleft()[1]
 
     def take_async_error(self, before: int) -> CallReply | None:
         """The earliest failed asynchronous call with a sequence number below ``before``."""

@@ -9,9 +9,11 @@ the channel only moves opaque byte strings, as fast as the kernel lets it: a 9-b
 Tags: ``CONFIG`` (daemon→worker, JSON, once), ``BATCH`` (daemon→worker, a CallBatch),
 ``REPLY`` (worker→daemon, a ReplyBatch to forward), ``REPLY_LAST`` (the last reply to a batch
 that expects one: the daemon may read the next batch), ``CLOSE`` (worker→daemon: the guest closed
-the session). Batches of purely asynchronous calls flow one way, pipelined: the worker answers
-them only if a call failed or a kernel printed, and the daemon forwards such answers whenever it
-next looks (they matter at the guest's next synchronizing call, which always waits).
+the session), ``CHECKPOINT``/``RESTORE`` (daemon→worker, JSON) answered by ``CONTROL_REPLY``
+(JSON: the result or the error). Batches of purely asynchronous calls flow one way, pipelined:
+the worker answers them only if a call failed or a kernel printed, and the daemon forwards such
+answers whenever it next looks (they matter at the guest's next synchronizing call, which
+always waits).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Tag:
     REPLY = 3
     REPLY_LAST = 4
     CLOSE = 5
+    CHECKPOINT = 6  # daemon→worker, JSON {path, release, identity}
+    RESTORE = 7  # daemon→worker, JSON {path}
+    CONTROL_REPLY = 8  # worker→daemon, JSON answer to CHECKPOINT / RESTORE
 
 
 class ChannelClosed(Exception):

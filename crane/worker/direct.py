@@ -18,7 +18,7 @@ import grpc
 
 from crane.wire.address import CHANNEL_OPTIONS
 from crane.wire.diagnostics import DiagnosticsServicer, diagnostics_handler
-from crane.worker.session_state import WorkerSession
+from crane.worker.session_state import SessionParked, WorkerSession
 from crane.worker.stats import MODE_DIRECT
 
 __all__ = ["start_direct_server"]
@@ -45,7 +45,11 @@ def start_direct_server(
         log.info("guest attached directly (%s)", context.peer())
         try:
             for raw in requests:
-                yield from ws.run(raw)
+                try:
+                    msgs = ws.run(raw)
+                except SessionParked:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"session {session_id} is parked")
+                yield from msgs
                 if ws.executor.closed:
                     return
         finally:

@@ -33,6 +33,7 @@ from crane.backends.base import Backend, LoadedModule
 from crane.backends.sim.memory import CHUNK_GRANULARITY
 from crane.modules.errors import ImageError, NoCompatibleCode
 from crane.modules.image import ModuleImage, inspect_image
+from crane.state.dirty import DirtyTracker
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.replies import encode_data_reply
@@ -88,7 +89,12 @@ class Executor:
         self.closed = False
         self.calls = 0
         self.done_seq = 0
+        #: The messages answering the last batch that expected a reply: a guest that reconnects
+        #: after a park resends that batch if the answer never reached it (see run_batch).
+        self.last_replies: list[bytes] = []
+        self.dirty = DirtyTracker()
         self._handlers: dict[int, tuple[Op, Callable[..., Any]]] = {}
+        self._writes: dict[int, tuple[int, ...]] = {}
         for o in OPS:
             if o.retired:
                 continue
@@ -96,6 +102,9 @@ class Executor:
             if fn is None:
                 raise RuntimeError(f"worker has no handler for op {o.name}")
             self._handlers[o.id] = (o, fn)
+            names = [p.name for p in o.args]
+            self._writes[o.id] = tuple(names.index(w) for w in o.writes)
+        self._launch_op = next(o.id for o in OPS if o.name == "LAUNCH")
 
     # ---- batches ------------------------------------------------------------------------------
     def run_batch(self, raw: bytes) -> list[bytes]:
@@ -118,7 +127,14 @@ class Executor:
             )
             replies.done_seq = self.done_seq
             return [replies.SerializeToString()]
-        for call in batch.calls:
+        expects = bool(peek_flags(raw) & EXPECTS_REPLY)
+        fresh = [c for c in batch.calls if c.seq > self.done_seq]
+        if not fresh and len(batch.calls) and expects:
+            # a resent batch (the guest reconnected): everything in it ran before, its answer
+            # may never have arrived; answer again (the guest drops what it already has)
+            replies.done_seq = self.done_seq
+            return [*self.last_replies, replies.SerializeToString()]
+        for call in fresh:
             reply = self._run_call(call)
             self.calls += 1
             self.done_seq = call.seq
@@ -137,7 +153,7 @@ class Executor:
                     pending = 0
             if self.closed:
                 break
-        if len(replies.replies) or (not out and peek_flags(raw) & EXPECTS_REPLY):
+        if len(replies.replies) or (not out and expects):
             out.append(self._finish(replies))
         else:
             text = self.backend.take_stdout()
@@ -145,6 +161,8 @@ class Executor:
                 out.append(
                     guest_pb2.ReplyBatch(done_seq=self.done_seq, stdout=text).SerializeToString()
                 )
+        if expects:
+            self.last_replies = out
         return out
 
     def _finish(self, replies: guest_pb2.ReplyBatch) -> bytes:
@@ -178,6 +196,10 @@ class Executor:
         except Exception as e:  # a bug in a backend: report, log, keep serving
             log.exception("session %s: %s failed unexpectedly", self.session_id, o.name)
             return self._error(call, o, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
+        for i in self._writes[o.id]:
+            self.dirty.write(args[i])
+        if o.id == self._launch_op:
+            self.dirty.launch(call.data)
         if not (o.sync or o.data_out):
             return None
         if isinstance(result, memoryview) and result.nbytes >= _BULK:
@@ -276,6 +298,7 @@ class Executor:
         self._check_in_window(addr, size)
         self.backend.mem_alloc(addr, size)
         self.allocations[addr] = (ctx, size)
+        self.dirty.add(addr, size)
 
     def mem_free(self, addr: int) -> None:
         if addr not in self.allocations:
@@ -284,6 +307,7 @@ class Executor:
             )
         self.backend.mem_free(addr)
         del self.allocations[addr]
+        self.dirty.remove(addr)
 
     def mem_get_info(self) -> tuple[int, int]:
         return self.backend.mem_info()
@@ -312,7 +336,8 @@ class Executor:
         self._ctx(ctx)
         if stream in _DEFAULT_STREAMS:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"stream handle {stream} reserved")
-        self.streams.add(stream, ctx, self.backend.stream_create(flags, priority))
+        native = self.backend.stream_create(flags, priority)
+        self.streams.add(stream, ctx, native, (flags, priority))
 
     def stream_destroy(self, stream: int) -> None:
         self.backend.stream_destroy(self.streams.pop(stream).obj)
@@ -329,7 +354,7 @@ class Executor:
 
     def event_create(self, ctx: int, event: int, flags: int) -> None:
         self._ctx(ctx)
-        self.events.add(event, ctx, self.backend.event_create(flags))
+        self.events.add(event, ctx, self.backend.event_create(flags), flags)
 
     def event_destroy(self, event: int) -> None:
         self.backend.event_destroy(self.events.pop(event).obj)
@@ -383,14 +408,7 @@ class Executor:
         data = self._image_bytes(digest, image)
         if data is None:
             return CRANE_NEED_IMAGE
-        try:
-            info: ModuleImage = inspect_image(data, self.backend.snapshot.cc)
-        except NoCompatibleCode as e:
-            raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, str(e)) from None
-        except ImageError as e:
-            raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, str(e)) from None
-        loaded = self.backend.module_load(info, self._place_global)
-        self.modules.add(module, ctx, loaded)
+        info, loaded = self.load_module(ctx, module, digest, data, self._place_global)
         desc = {
             "kind": info.kind,
             "description": info.description,
@@ -406,6 +424,26 @@ class Executor:
             "globals": {n: [g.addr, g.size] for n, g in loaded.globals.items()},
         }
         return json.dumps(desc).encode()
+
+    def load_module(
+        self,
+        ctx: int,
+        module: int,
+        digest: bytes,
+        data: bytes,
+        place: Callable[[int], int],
+    ) -> tuple[ModuleImage, LoadedModule]:
+        """Load an image for this device and record it; a restore passes its own ``place``
+        (the recorded addresses of the module variables) so that they land where they were."""
+        try:
+            info: ModuleImage = inspect_image(data, self.backend.snapshot.cc)
+        except NoCompatibleCode as e:
+            raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, str(e)) from None
+        except ImageError as e:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, str(e)) from None
+        loaded = self.backend.module_load(info, place)
+        self.modules.add(module, ctx, loaded, digest)
+        return info, loaded
 
     def module_unload(self, module: int) -> None:
         owned = self.modules.pop(module)

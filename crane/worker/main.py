@@ -69,8 +69,22 @@ def serve(ch: Channel) -> int:
     try:
         while True:
             tag, raw = ch.recv()
+            if tag in (Tag.CHECKPOINT, Tag.RESTORE):
+                answer = _control(ws, tag, json.loads(raw))
+                ch.send(Tag.CONTROL_REPLY, json.dumps(answer).encode())
+                if tag == Tag.RESTORE and "error" not in answer:
+                    abandon.cancel()  # the guest reconnects now: give it the full time again
+                    abandon = threading.Timer(
+                        cfg.attach_timeout_s, _abandon_if_unattached, (ws, end_session)
+                    )
+                    abandon.daemon = True
+                    abandon.start()
+                continue
             if tag != Tag.BATCH:
                 log.error("unexpected frame tag %d from the daemon", tag)
+                continue
+            if ws.parked:
+                log.error("relayed batch refused: the session is parked")
                 continue
             if not ws.relay and not ws.attach(MODE_RELAY, "relay"):
                 log.error("relayed batch refused: the guest is attached directly")
@@ -91,6 +105,46 @@ def serve(ch: Channel) -> int:
         backend.close()
         ws.stats.close()
     return 0
+
+
+def _control(ws: WorkerSession, tag: int, req: dict) -> dict:
+    """Checkpoint or restore under the batch lock (so at a call boundary); errors as text."""
+    from crane.api.results import CudaError
+    from crane.state.checkpoint import CheckpointError
+    from crane.state.park import restore_checkpoint, write_checkpoint
+
+    path = Path(req["path"])
+    with ws.lock:
+        try:
+            if tag == Tag.CHECKPOINT:
+                if ws.parked:
+                    return {"error": "the session is already parked"}
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+                try:
+                    with open(tmp, "wb", buffering=1 << 20) as f:
+                        counts = write_checkpoint(ws.executor, f, req["identity"])
+                        f.flush()
+                        os.fsync(f.fileno())
+                    tmp.replace(path)  # a checkpoint file is complete or absent
+                finally:
+                    tmp.unlink(missing_ok=True)
+                if req.get("release"):
+                    ws.parked = True
+                log.info("checkpoint written to %s (%d bytes)", path, counts["bytes"])
+                return counts
+            with open(path, "rb", buffering=1 << 20) as f:
+                meta = restore_checkpoint(ws.executor, f, path.name)
+            log.info("restored from %s", path)
+            return {"meta": meta, "done_seq": ws.executor.done_seq}
+        except CheckpointError as e:
+            return {"error": str(e)}
+        except CudaError as e:
+            return {"error": f"{e.code.name if hasattr(e.code, 'name') else e.code}: {e.message}"}
+        except OSError as e:
+            return {"error": f"{path}: {e.strerror or e}"}
+        except Exception as e:  # a bug: report it to the operator rather than kill the session
+            log.exception("%s failed", "checkpoint" if tag == Tag.CHECKPOINT else "restore")
+            return {"error": f"internal error: {e!r}"}
 
 
 def _abandon_if_unattached(ws: WorkerSession, end: Callable[[], None]) -> None:

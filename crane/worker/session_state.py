@@ -12,7 +12,11 @@ import threading
 from crane.worker.executor import Executor
 from crane.worker.stats import MODE_RELAY, SessionStats
 
-__all__ = ["WorkerSession"]
+__all__ = ["SessionParked", "WorkerSession"]
+
+
+class SessionParked(Exception):
+    """The session was checkpointed and released: no call may run here any more."""
 
 
 class WorkerSession:
@@ -23,6 +27,7 @@ class WorkerSession:
         self.mode = 0
         self.attached = threading.Event()
         self.ended = threading.Event()
+        self.parked = False  # set under the lock by a releasing checkpoint
 
     def attach(self, mode: int, peer: str = "") -> bool:
         """Claim the session for a stream; False if another stream (or mode) holds it."""
@@ -36,6 +41,8 @@ class WorkerSession:
 
     def run(self, raw: bytes) -> list[bytes]:
         with self.lock:
+            if self.parked:
+                raise SessionParked(self.executor.session_id)
             msgs = self.executor.run_batch(raw)
             ex = self.executor
             self.stats.write(ex.calls, ex.mem_used(), ex.done_seq)

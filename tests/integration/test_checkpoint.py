@@ -1,0 +1,273 @@
+"""Checkpoint, park and restore through real daemons on different simulated GPU models.
+
+The workload keeps device pointers inside device memory (a table the kernel follows), uses
+streams, events and a module variable, and every step depends on the last, so any lost,
+repeated or misplaced state shows up as a different final result.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from crane.cli.control_client import ControlClient
+from crane.cli.main import main as crane_main
+from crane.daemon.launcher import DaemonProcess
+from crane.guest.session import Session
+
+N = 4096
+STEPS = 6
+
+SRC = r"""
+__device__ unsigned int steps_done;
+extern "C" __global__ void step(float **table, int n)
+{
+    float *x = table[0], *y = table[1];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] * 0.5f + x[i] * 1.25f + (float)(i & 7);
+    if (i == 0) atomicAdd(&steps_done, 1u);
+}
+extern "C" __global__ void mix(float *x, const float *y, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] - y[(i * 7) % n] * 0.125f;
+}
+"""
+
+
+@pytest.fixture
+def image(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
+    # PTX for compute_80: runs on the A100 (sm_80) and, JIT-compiled, on the H100 (sm_90)
+    return cuda_build(
+        SRC, "-fatbin", "-gencode", "arch=compute_80,code=compute_80", suffix=".fatbin"
+    ).read_bytes()
+
+
+@pytest.fixture
+def image_sm90_only(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
+    return cuda_build(
+        SRC, "-fatbin", "-gencode", "arch=compute_90,code=compute_90", suffix=".fatbin"
+    ).read_bytes()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"])
+    try:
+        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"])
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+class Workload:
+    """The guest side: state built once, then steps that each depend on the last."""
+
+    def __init__(self, s: Session, image: bytes) -> None:
+        self.s = s
+        rng = np.random.default_rng(7)
+        self.x = s.mem_alloc(N * 4)
+        self.y = s.mem_alloc(N * 4)
+        self.table = s.mem_alloc(16)
+        s.memcpy_htod(self.x, rng.standard_normal(N).astype(np.float32).tobytes())
+        s.memcpy_htod(self.y, rng.standard_normal(N).astype(np.float32).tobytes())
+        s.memcpy_htod(self.table, np.array([self.x, self.y], dtype=np.uint64).tobytes())
+        self.stream = s.stream_create()
+        self.ev0, self.ev1 = s.event_create(), s.event_create()
+        self.mod = s.module_load(image)
+        self.step_fn = s.module_get_function(self.mod, "step")
+        self.mix_fn = s.module_get_function(self.mod, "mix")
+
+    def run(self, steps: int) -> None:
+        s = self.s
+        for _ in range(steps):
+            s.event_record(self.ev0, self.stream)
+            s.launch(
+                self.step_fn,
+                grid=(N // 256,),
+                block=(256,),
+                params=[self.table, N],
+                stream=self.stream,
+            )
+            s.launch(
+                self.mix_fn,
+                grid=(N // 256,),
+                block=(256,),
+                params=[self.x, self.y, N],
+                stream=self.stream,
+            )
+            s.event_record(self.ev1, self.stream)
+            s.event_synchronize(self.ev1)
+
+    def result(self) -> tuple[bytes, bytes, int]:
+        s = self.s
+        s.synchronize()
+        addr, _ = self.mod.globals["steps_done"]
+        count = int.from_bytes(s.memcpy_dtoh(addr, 4), "little")
+        return s.memcpy_dtoh(self.x, N * 4), s.memcpy_dtoh(self.y, N * 4), count
+
+
+def reference(address: str, image: bytes) -> tuple[bytes, bytes, int]:
+    with Session(address, client="reference") as s:
+        w = Workload(s, image)
+        w.run(STEPS)
+        return w.result()
+
+
+def test_checkpoint_restore_on_another_model_is_bit_identical(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
+) -> None:
+    a, b = daemons
+    want = reference(a.address, image)
+    ckpt = tmp_path / "s.ckpt"
+    with Session(a.address, client="moved", alternates=[b.address]) as s:
+        w = Workload(s, image)
+        w.run(STEPS // 2)
+        window = s.va_window
+        rc = crane_main(
+            [
+                "--daemon",
+                a.address,
+                "checkpoint",
+                "--session",
+                s.session_id,
+                "-o",
+                str(ckpt),
+                "--release",
+            ]
+        )
+        assert rc == 0
+        with ControlClient(a.address) as c:
+            (info,) = c.sessions().sessions
+            assert info.state == "parked"
+        assert crane_main(["restore", str(ckpt), "--daemon", b.address]) == 0
+        w.run(STEPS - STEPS // 2)  # the guest resumes on b transparently
+        got = w.result()
+        assert s.va_window == window
+        assert s._t.address == b.address and s._t.resumes == 1
+        with ControlClient(b.address) as c:
+            (info,) = c.sessions().sessions
+            assert info.id == s.session_id and info.va_base == window[0]
+    assert got[2] == want[2] == STEPS
+    assert got[0] == want[0] and got[1] == want[1]
+
+
+def test_park_while_guest_keeps_calling_then_restore(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
+) -> None:
+    a, _ = daemons
+    want = reference(a.address, image)
+    ckpt = tmp_path / "p.ckpt"
+    with Session(a.address, client="parked", direct=False) as s:
+        w = Workload(s, image)
+        w.run(2)
+        with ControlClient(a.address, timeout=None) as c:
+            r = c.checkpoint(s.session_id, str(ckpt), release=True)
+            assert r.state == "parked" and r.memory_bytes >= 2 * N * 4
+        done = threading.Event()
+
+        def guest() -> None:
+            w.run(STEPS - 2)  # waits while parked, then resumes
+            done.set()
+
+        t = threading.Thread(target=guest)
+        t.start()
+        time.sleep(1.0)
+        assert not done.is_set()  # parked: the guest is waiting, not failing
+        with ControlClient(a.address, timeout=None) as c:
+            c.restore(str(ckpt))  # back on the same daemon (its window was kept)
+        t.join(60)
+        assert done.is_set()
+        assert w.result() == want
+
+
+def test_checkpoint_without_release_keeps_running(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
+) -> None:
+    a, b = daemons
+    want = reference(a.address, image)
+    ckpt = tmp_path / "k.ckpt"
+    with Session(a.address, client="kept") as s:
+        w = Workload(s, image)
+        w.run(3)
+        with ControlClient(a.address, timeout=None) as c:
+            r = c.checkpoint(s.session_id, str(ckpt), release=False)
+            assert r.state in ("ready", "running")
+        w.run(STEPS - 3)
+        assert w.result() == want
+    # the copy restores elsewhere as its own session (same id: different daemon)
+    with ControlClient(b.address, timeout=None) as c:
+        c.restore(str(ckpt))
+        assert [x.id for x in c.sessions().sessions] == [s.session_id]
+
+
+def _refused(address: str, path: Path) -> grpc.RpcError:
+    with ControlClient(address, timeout=None) as c, pytest.raises(grpc.RpcError) as e:
+        c.restore(str(path))
+    with ControlClient(address) as c:
+        assert list(c.sessions().sessions) == []  # nothing leaked
+        assert all(d.used_mem == 0 for d in c.devices().devices)
+    return e.value
+
+
+def test_corrupted_and_truncated_files_are_refused(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
+) -> None:
+    a, b = daemons
+    ckpt = tmp_path / "c.ckpt"
+    with Session(a.address) as s:
+        Workload(s, image).run(1)
+        with ControlClient(a.address, timeout=None) as c:
+            c.checkpoint(s.session_id, str(ckpt), release=False)
+    data = ckpt.read_bytes()
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(data[: len(data) - 100])
+    e = _refused(b.address, bad)
+    assert "truncated" in e.details()
+    flipped = bytearray(data)
+    flipped[len(data) - 200] ^= 0xFF
+    bad.write_bytes(bytes(flipped))
+    e = _refused(b.address, bad)
+    assert "checksum mismatch" in e.details()
+    bad.write_bytes(b"not a checkpoint at all")
+    assert "not a Crane checkpoint" in _refused(b.address, bad).details()
+
+
+def test_restore_on_a_model_that_cannot_run_the_module_is_refused(
+    daemons: tuple[DaemonProcess, DaemonProcess], image_sm90_only: bytes, tmp_path: Path
+) -> None:
+    a, b = daemons
+    ckpt = tmp_path / "m.ckpt"
+    with Session(a.address) as s:
+        s.module_load(image_sm90_only)
+        with ControlClient(a.address, timeout=None) as c:
+            c.checkpoint(s.session_id, str(ckpt), release=False)
+    e = _refused(b.address, ckpt)  # b is an A100: sm_80
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "CUDA_ERROR_NO_BINARY_FOR_GPU" in e.details() and "sm_80" in e.details()
+
+
+def test_restore_refuses_a_taken_window_and_a_live_session(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
+) -> None:
+    a, _ = daemons
+    ckpt = tmp_path / "w.ckpt"
+    with Session(a.address) as s:
+        s.mem_alloc(1 << 20)
+        with ControlClient(a.address, timeout=None) as c:
+            c.checkpoint(s.session_id, str(ckpt), release=False)
+            with pytest.raises(grpc.RpcError) as e:
+                c.restore(str(ckpt))
+            assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert f"session {s.session_id} is already" in e.value.details()
