@@ -104,7 +104,7 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuModuleLoad@2000", "cuModuleLoadData@2000", "cuModuleLoadDataEx@2010",
          "cuModuleLoadFatBinary@2000", "cuModuleUnload@2000",
          "cuLibraryLoadData@12000", "cuLibraryLoadFromFile@12000", "cuLibraryUnload@12000",
-         "cuLaunchKernel@4000", "cuLaunchKernelEx@11060",
+         "cuLaunchKernel@4000", "cuLaunchKernelEx@11060", "cuLaunchCooperativeKernel@9000",
          "cuLaunchHostFunc@10000", "cuStreamAddCallback@5000",
          "cuStreamCreate@2000", "cuStreamCreateWithPriority@5050", "cuStreamDestroy@4000",
          "cuStreamSynchronize@2000", "cuStreamQuery@2000", "cuStreamWaitEvent@3020",

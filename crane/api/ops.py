@@ -176,6 +176,12 @@ OPS: tuple[Op, ...] = (
     op(29, "FUNCTION_SET_MAX_DYNAMIC_SHARED", "function:HANDLE size:U32",
        doc="cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES): later launches "
            "of the function may use up to this much dynamic shared memory."),
+    op(30, "LAUNCH_COOPERATIVE",
+       "function:HANDLE gx:U32 gy:U32 gz:U32 bx:U32 by:U32 bz:U32 shared:U32 stream:HANDLE",
+       data_in="params",
+       doc="cuLaunchCooperativeKernel: as LAUNCH, but every block is resident at once and the "
+           "kernel gets the grid-sync workspace (cooperative_groups grid.sync()); a grid above "
+           "the device's co-residency limit fails with COOPERATIVE_LAUNCH_TOO_LARGE."),
 )
 # fmt: on
 

@@ -149,9 +149,14 @@ class Backend(ABC):
         params: bytes,
         *,
         max_dynamic_shared: int | None = None,
+        cooperative: bool = False,
     ) -> None:
         """Run a kernel in stream order; ``max_dynamic_shared`` is the limit raised by
-        cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) (None: the default 48 KiB rule)."""
+        cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) (None: the default 48 KiB rule).
+
+        ``cooperative`` is cuLaunchCooperativeKernel: all blocks resident at once and the
+        grid-sync workspace provided (the backend's own memory, as the driver's); a grid the
+        device cannot keep resident raises CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE."""
 
     def take_stdout(self) -> bytes:
         """Device printf output produced since the last call (delivered to the guest)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crane.api.generated.cuda_enums import CUresult
-from crane.api.launch_check import check_launch
+from crane.api.launch_check import check_cooperative, check_launch
 from crane.api.ops import OPS_BY_NAME, Op
 from crane.api.results import CudaError
 from crane.backends.base import DeviceSnapshot
@@ -491,6 +491,52 @@ class Session:
             pass
         finally:
             self._t.close()
+
+    def launch_cooperative(
+        self,
+        function: Function,
+        grid: Sequence[int],
+        block: Sequence[int],
+        params: bytes | Sequence[object] = b"",
+        shared: int = 0,
+        stream: int = 0,
+        max_dynamic_shared: int | None = None,
+    ) -> None:
+        """cuLaunchCooperativeKernel: every block resident at once, so the kernel may sync the
+        whole grid (cooperative_groups grid.sync()). The device's limits, co-residency
+        included, are checked here so a refused launch fails at the call as with the driver;
+        a limit only the device side knows (the simulated GPU's batch memory) is reported,
+        like a fault, by the next synchronizing call."""
+        if function.handle not in self._objs.functions:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
+        g = ((*tuple(grid), 1, 1))[:3]
+        b = ((*tuple(block), 1, 1))[:3]
+        lay = function.layout
+        static = lay.static_shared or 0
+        check_launch(
+            self.attributes,
+            g,
+            b,
+            shared,
+            static_shared=static,
+            max_threads=lay.max_threads,
+            max_dynamic_shared=max_dynamic_shared,
+        )
+        check_cooperative(
+            self.attributes, g, b, shared, static_shared=static, max_threads=lay.max_threads
+        )
+        buf = params if isinstance(params, bytes | bytearray) else pack_params(lay, params)
+        if len(buf) != lay.param_bytes:
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE,
+                f"{lay.name} takes {lay.param_bytes} parameter bytes, got {len(buf)}",
+            )
+        if stream not in _DEFAULT_STREAMS:
+            self._stream(stream)
+        op = _O["LAUNCH_COOPERATIVE"]
+        self._t.enqueue(
+            op, op.pack(function.handle, *g, *b, shared, stream), bytes(buf), expect=False
+        )
 
 
 def pack_params(layout: KernelLayout, values: Sequence[object]) -> bytes:

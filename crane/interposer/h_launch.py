@@ -54,10 +54,18 @@ def pack_params(fn: Function, params: Any, extra: Any) -> bytes:
 
 def launch(
     f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, stream: int,
-    params: Any, extra: Any,
+    params: Any, extra: Any, cooperative: bool = False,
 ) -> None:  # fmt: skip
     fn = RT.function(f)
     buf = pack_params(fn, params, extra)  # a copy: a captured node keeps the values
+    if cooperative:
+        # graph kernel nodes carry no cooperative flag here: refuse rather than record a
+        # node that would replay as an ordinary launch (its grid.sync() would then trap)
+        graphs.refuse(stream, "a cooperative launch")
+        RT.session().launch_cooperative(
+            fn, grid, block, buf, shared, stream, max_dynamic_shared=max_dynamic_shared(fn)
+        )
+        return
     if graphs.record(stream, graphs.KERNEL, graphs.KernelParams(fn, grid, block, shared, buf)):
         return
     RT.session().launch(
@@ -81,11 +89,12 @@ def launch_kernel_ex(config: Any, f: Any, params: Any, extra: Any) -> None:
     gx, gy, gz, bx, by, bz, shared, stream, attrs, nattrs = _LAUNCH_CONFIG.unpack(
         bytes(ffi.buffer(config, _LAUNCH_CONFIG.size))
     )
+    cooperative = False
     for i in range(nattrs):
         raw = bytes(ffi.buffer(ffi.cast("char *", attrs + i * _ATTR_SIZE), _ATTR_SIZE))
         aid = struct.unpack_from("<I", raw)[0]
-        if aid == _COOPERATIVE and struct.unpack_from("<i", raw, 8)[0]:
-            raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "cooperative launches")
+        if aid == _COOPERATIVE:
+            cooperative = bool(struct.unpack_from("<i", raw, 8)[0])
         if aid == _CLUSTER_DIMENSION and struct.unpack_from("<3I", raw, 8) not in (
             (1, 1, 1),
             (0, 0, 0),
@@ -93,7 +102,16 @@ def launch_kernel_ex(config: Any, f: Any, params: Any, extra: Any) -> None:
             raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "thread-block clusters")
         # every other attribute is a scheduling or memory-ordering hint
     s = RT.stream(ffi.cast("void *", stream))
-    launch(f, (gx, gy, gz), (bx, by, bz), shared, s, params, extra)
+    launch(f, (gx, gy, gz), (bx, by, bz), shared, s, params, extra, cooperative)
+
+
+@handles("cuLaunchCooperativeKernel@9000")
+def launch_cooperative_kernel(
+    f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: Any,
+    params: Any,
+) -> None:  # fmt: skip
+    """Also what cudart 13's cudaLaunchCooperativeKernel calls."""
+    launch(f, (gx, gy, gz), (bx, by, bz), shared, RT.stream(stream), params, RT.ffi.NULL, True)
 
 
 def _drain(stream: int) -> int:

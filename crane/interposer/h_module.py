@@ -12,7 +12,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as DA
 from crane.api.generated.cuda_enums import CUresult
-from crane.api.launch_check import DEFAULT_SHARED_LIMIT
+from crane.api.launch_check import DEFAULT_SHARED_LIMIT, max_active_blocks_per_sm
 from crane.api.results import CudaError
 from crane.guest.session import Function
 from crane.interposer.images import image_from_pointer
@@ -212,24 +212,14 @@ def func_get_name(out: Any, func: Any) -> None:
 
 # ---- occupancy -----------------------------------------------------------------------------
 def max_active_blocks(fn: Function, block: int, dyn_shared: int) -> int:
-    a = RT.session().attributes
-    if block <= 0:
-        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "block size must be positive")
-    if block > function_attribute(fn, 0):
-        return 0
-    warp = a[DA.CU_DEVICE_ATTRIBUTE_WARP_SIZE]
-    threads = (block + warp - 1) // warp * warp
-    limit = min(
-        a[DA.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR],
-        a[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR] // threads,
+    """cuOccupancyMaxActiveBlocksPerMultiprocessor: the computation the cooperative-launch
+    check also uses (crane.api.launch_check)."""
+    return max_active_blocks_per_sm(
+        RT.session().attributes,
+        block,
+        fn.layout.static_shared + dyn_shared,
+        max_threads=function_attribute(fn, 0),
     )
-    shared = fn.layout.static_shared + dyn_shared
-    if shared:
-        per_block = shared + a.get(DA.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 0)
-        limit = min(
-            limit, a[DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR] // per_block
-        )
-    return max(limit, 0)
 
 
 @handles("cuOccupancyMaxActiveBlocksPerMultiprocessor@6050")

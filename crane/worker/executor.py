@@ -26,7 +26,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
-from crane.api.launch_check import check_launch
+from crane.api.launch_check import check_cooperative, check_launch
 from crane.api.ops import OPS, Op
 from crane.api.results import STICKY, CudaError
 from crane.backends.base import Backend, LoadedModule
@@ -510,3 +510,49 @@ class Executor:
             params,
             max_dynamic_shared=self.max_dynamic_shared.get(function),
         )
+
+    def launch_cooperative(
+        self,
+        function: int,
+        gx: int,
+        gy: int,
+        gz: int,
+        bx: int,
+        by: int,
+        bz: int,
+        shared: int,
+        stream: int,
+        params: bytes,
+    ) -> None:
+        """LAUNCH_COOPERATIVE: the checks of LAUNCH plus the device's co-residency limit (the
+        guest checked it too, but the worker never trusts the guest), then a cooperative launch.
+        Marks what the kernel may write itself: the generic dirty marking is LAUNCH's."""
+        fn = self.functions.get(function)
+        kernel = self.modules.get(fn.meta).obj.image.kernels[fn.obj]
+        if len(params) != kernel.param_bytes:
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE,
+                f"{fn.obj}: parameter buffer is {len(params)} bytes, kernel takes "
+                f"{kernel.param_bytes}",
+            )
+        limits = {
+            "static_shared": kernel.static_shared_bytes or 0,
+            "max_threads": kernel.max_threads_per_block,
+        }
+        attrs = self.backend.snapshot.attributes
+        grid, block = (gx, gy, gz), (bx, by, bz)
+        max_dyn = self.max_dynamic_shared.get(function)
+        check_launch(attrs, grid, block, shared, max_dynamic_shared=max_dyn, **limits)
+        check_cooperative(attrs, grid, block, shared, **limits)
+        self.backend.launch(
+            self.modules.get(fn.meta).obj,
+            fn.obj,
+            grid,
+            block,
+            shared,
+            self._stream(stream),
+            params,
+            max_dynamic_shared=max_dyn,
+            cooperative=True,
+        )
+        self.dirty.launch(params)

@@ -1012,9 +1012,17 @@ CUresult cuKernelSetCacheConfig(void * kernel, int config, int dev) {
 
 CUresult cuLaunch(void) { return crane_unsupported("cuLaunch"); }
 
-CUresult cuLaunchCooperativeKernel(void) { return crane_unsupported("cuLaunchCooperativeKernel"); }
+CUresult cuLaunchCooperativeKernel(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams) {
+    CUresult r = crane_py_cuLaunchCooperativeKernel_9000(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
+    if (crane_trace_on) crane_trace("cuLaunchCooperativeKernel", r, "f=%p gridDimX=%u gridDimY=%u gridDimZ=%u blockDimX=%u blockDimY=%u blockDimZ=%u sharedMemBytes=%u hStream=%p kernelParams=%p", (const void *)f, (unsigned int)gridDimX, (unsigned int)gridDimY, (unsigned int)gridDimZ, (unsigned int)blockDimX, (unsigned int)blockDimY, (unsigned int)blockDimZ, (unsigned int)sharedMemBytes, (const void *)hStream, (const void *)kernelParams);
+    return r;
+}
 
-CUresult cuLaunchCooperativeKernel_ptsz(void) { return crane_unsupported("cuLaunchCooperativeKernel_ptsz"); }
+CUresult cuLaunchCooperativeKernel_ptsz(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams) {
+    CUresult r = crane_py_cuLaunchCooperativeKernel_9000(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, (hStream ? hStream : CRANE_STREAM_PER_THREAD), kernelParams);
+    if (crane_trace_on) crane_trace("cuLaunchCooperativeKernel_ptsz", r, "f=%p gridDimX=%u gridDimY=%u gridDimZ=%u blockDimX=%u blockDimY=%u blockDimZ=%u sharedMemBytes=%u hStream=%p kernelParams=%p", (const void *)f, (unsigned int)gridDimX, (unsigned int)gridDimY, (unsigned int)gridDimZ, (unsigned int)blockDimX, (unsigned int)blockDimY, (unsigned int)blockDimZ, (unsigned int)sharedMemBytes, (const void *)hStream, (const void *)kernelParams);
+    return r;
+}
 
 CUresult cuLaunchCooperativeKernelMultiDevice(void) { return crane_unsupported("cuLaunchCooperativeKernelMultiDevice"); }
 

@@ -89,6 +89,7 @@ int crane_py_cuLibraryLoadFromFile_12000(void ** library, const char * fileName,
 int crane_py_cuLibraryUnload_12000(void * library);
 int crane_py_cuLaunchKernel_4000(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams, void ** extra);
 int crane_py_cuLaunchKernelEx_11060(void * config, void * f, void ** kernelParams, void ** extra);
+int crane_py_cuLaunchCooperativeKernel_9000(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams);
 int crane_py_cuLaunchHostFunc_10000(void * hStream, void * fn, void * userData);
 int crane_py_cuStreamAddCallback_5000(void * hStream, void * callback, void * userData, unsigned int flags);
 int crane_py_cuStreamCreate_2000(void ** phStream, unsigned int Flags);

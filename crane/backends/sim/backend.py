@@ -238,6 +238,7 @@ class SimBackend(Backend):
         params: bytes,
         *,
         max_dynamic_shared: int | None = None,
+        cooperative: bool = False,
     ) -> None:
         sim: _SimModule = module.native
         if sim.program is None:
@@ -256,9 +257,31 @@ class SimBackend(Backend):
                 profile=self.profile,
                 printf=self._printf,
                 max_dynamic_shared=max_dynamic_shared,
+                cooperative=cooperative,
+                grid_workspace=self._grid_workspace() if cooperative else 0,
             )
         except KernelFault as e:
             raise CudaError(CUresult(e.code), str(e)) from None
+
+    def _grid_workspace(self) -> int:
+        """The grid-sync workspace of cooperative launches: driver memory, not the guest's.
+
+        It lives in the last 2 MiB chunk of the session window, above the guest's part and the
+        worker's module area (which grows upward from 64 GiB below the top and would have to
+        fill all of it to get here), mapped on the first cooperative launch and charged to the
+        device like any memory; the interpreter zeroes it before each launch. Kept out of the
+        worker's tables on purpose: nothing in it outlives a launch, so a checkpoint need not
+        carry it and a restored session maps it again on its next cooperative launch."""
+        from crane.backends.sim.memory import CHUNK_GRANULARITY
+        from crane.backends.sim.ptx.program import GRID_SYNC_BYTES
+
+        chunk = self.memory.base + self.memory.size - CHUNK_GRANULARITY
+        try:
+            self.memory.find(chunk)
+        except MemoryFault:
+            self.map_chunk(chunk, CHUNK_GRANULARITY)
+            self.mem_alloc(chunk, GRID_SYNC_BYTES)
+        return chunk
 
     def _printf(self, text: str) -> None:
         self._stdout.append(text.encode("utf-8", "replace"))

@@ -58,6 +58,8 @@ _UNIFORM = {
     "%gridid",
     "%dynamic_smem_size",
     "%total_smem_size",
+    # driver-supplied launch environment; %envreg1:%envreg2 is the grid-sync workspace
+    *(f"%envreg{i}" for i in range(32)),
 }
 _DYNAMIC = {"%clock", "%clock_hi", "%clock64", "%globaltimer", "%globaltimer_lo", "%globaltimer_hi"}
 SPECIAL_REGS = _PER_LANE | _UNIFORM | _DYNAMIC

@@ -12,6 +12,17 @@ so warp-level operations after a divergent call see the whole warp again.
 ``bar.sync`` parks its lanes; parked lanes are released when nothing else can run (every live
 lane of the batch is then at a barrier or has exited — exited lanes count as arrived, as on
 hardware). Blocks are independent, so releasing them together is a legal schedule.
+
+Cooperative launches (grid-wide sync) break that independence: a block spins in a loop
+(``ld.acquire`` until every block has arrived) and blocks that have not arrived must still run.
+Min-PC alone does not guarantee it: the spinning group can be the lowest key forever while a
+lagging block sits at a ``bar.sync`` (released only when nothing else runs) or at a higher PC.
+So in a cooperative batch (``st.cooperative``) a group that takes a backward branch *yields to
+other blocks*: it is set aside with every lane of its blocks (the *held* lanes, so lanes of one
+block still reconverge by min-PC), the other blocks run until they exit, park or yield in turn,
+and barriers complete per block (a block whose live lanes are all parked is released even while
+other blocks run). When nothing else can run the held lanes come back. Every block therefore
+reaches the grid barrier, and the spinning lanes see it on their next load.
 """
 
 from __future__ import annotations
@@ -55,10 +66,20 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     n = st.n
     groups: dict[tuple, object] = {(entry_pc,): None}
     parked: dict[tuple, object] = {}
+    coop = st.cooperative
+    held: dict[tuple, object] = {}  # cooperative only: lanes of blocks that yielded
+    held_blk = np.zeros(st.nblocks, np.bool_) if coop else None
     ins = None
     try:
         while True:
             if not groups:
+                if coop and held:
+                    if parked and _release_blocks(code, st, parked, groups, held_blk, n):
+                        continue
+                    _merge_into(groups, held, n)
+                    held = {}
+                    held_blk[:] = False
+                    continue
                 if not parked:
                     return
                 _release(code, st, parked, groups, n)
@@ -123,6 +144,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                             break
                     continue
                 if kind == BRA:
+                    back = ins.x <= pc
                     pc = ins.x
                     if groups:
                         nk = (*stack, pc)
@@ -133,6 +155,13 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                         if any(k < nk for k in groups):
                             groups[nk] = idx
                             break
+                    if (
+                        coop
+                        and back
+                        and (groups or parked)
+                        and _yield_blocks(st, (*stack, pc), idx, groups, parked, held, held_blk)
+                    ):
+                        break
                     continue
                 if kind == CALL:
                     # ins.x = ("call", callee FuncInfo, arg copies, ret copies)
@@ -209,3 +238,104 @@ def _release(code: list, st, parked: dict, groups: dict, n: int) -> None:
             ins.x(st, ins, idx)  # bar.red: write the block-wide reduction
         nk = (*key[:-1], key[-1] + 1)
         groups[nk] = merge(groups[nk], idx, n) if nk in groups else idx
+
+
+# ---- cooperative launches: blocks that wait on each other ------------------------------------
+
+
+def _blocks_of(st, idx) -> np.ndarray:
+    """Block-in-batch mask of the lanes ``idx`` (None = every lane)."""
+    m = np.zeros(st.nblocks, np.bool_)
+    if idx is None:
+        m[:] = True
+    else:
+        m[st.block_of_lane[idx]] = True
+    return m
+
+
+def _merge_into(dst: dict, src: dict, n: int) -> None:
+    for k, idx in src.items():
+        dst[k] = merge(dst[k], idx, n) if k in dst else idx
+
+
+def _yield_blocks(st, key: tuple, idx, groups: dict, parked: dict, held: dict, held_blk) -> bool:
+    """A group loops back in a cooperative batch: if lanes of *other* blocks wait (to run, at a
+    barrier they can leave, or set aside earlier), set this group and every lane of its blocks
+    aside and make the other blocks' set-aside lanes runnable again, so they go first. Returns
+    True when the group was set aside. Lanes of one block stay together, so min-PC
+    reconvergence inside a block is unchanged; only the order between blocks differs."""
+    mine = _blocks_of(st, idx)
+    blk = st.block_of_lane
+    if not (
+        _any_outside(blk, groups.values(), mine)
+        or _any_outside(blk, parked.values(), mine | held_blk)
+        or _any_outside(blk, held.values(), mine)
+    ):
+        return False
+    n = st.n
+    for k in list(held):  # other blocks set aside earlier: their turn
+        g = held[k]
+        lanes = np.arange(n) if g is None else g
+        sel = ~mine[blk[lanes]]
+        if not sel.any():
+            continue
+        back = g if sel.all() else lanes[sel]
+        groups[k] = merge(groups[k], back, n) if k in groups else back
+        rest = lanes[~sel]
+        if rest.size:
+            held[k] = rest
+        else:
+            del held[k]
+    held_blk &= mine
+    held[key] = merge(held[key], idx, n) if key in held else idx
+    held_blk |= mine
+    for k in list(groups):
+        g = groups[k]
+        lanes = np.arange(n) if g is None else g
+        sel = mine[blk[lanes]]
+        if not sel.any():
+            continue
+        moved = g if sel.all() else lanes[sel]
+        held[k] = merge(held[k], moved, n) if k in held else moved
+        rest = lanes[~sel]
+        if rest.size:
+            groups[k] = rest
+        else:
+            del groups[k]
+    return True
+
+
+def _any_outside(block_of_lane: np.ndarray, sets, blocks) -> bool:
+    """Whether any lane of the lane sets belongs to a block outside the mask ``blocks``."""
+    for g in sets:
+        if g is None:
+            if not blocks.all():
+                return True
+        elif not blocks[block_of_lane[g]].all():
+            return True
+    return False
+
+
+def _release_blocks(code: list, st, parked: dict, groups: dict, held_blk, n: int) -> bool:
+    """Nothing runs but held lanes: complete the barriers of the blocks none of whose lanes are
+    held (all their live lanes are parked). Returns True if any lanes were released."""
+    released = False
+    for key in list(parked):
+        idx = parked[key]
+        lanes = np.arange(n) if idx is None else idx
+        free = ~held_blk[st.block_of_lane[lanes]]
+        if not free.any():
+            continue
+        go = idx if free.all() else lanes[free]
+        stay = lanes[~free]
+        if stay.size:
+            parked[key] = stay
+        else:
+            del parked[key]
+        ins = code[key[-1]]
+        if ins.x is not None and callable(ins.x):
+            ins.x(st, ins, go)  # bar.red: the reduction over the released blocks
+        nk = (*key[:-1], key[-1] + 1)
+        groups[nk] = merge(groups[nk], go, n) if nk in groups else go
+        released = True
+    return released

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crane.api.generated.cuda_enums import CUresult
+from crane.backends.sim.memory import MemoryFault
 
 from .decode import Decoded, FuncInfo, decode_module
 from .errors import KernelFault, PtxError, PtxUnsupported
@@ -25,11 +26,22 @@ from .executor import run_batch
 from .parser import SUPPORTED_VERSION, parse_module
 from .state import LaunchGeometry, State
 
-__all__ = ["LANES_PER_BATCH", "ModuleVariable", "PtxKernel", "PtxProgram", "load_ptx"]
+__all__ = [
+    "BATCH_BYTES",
+    "GRID_SYNC_BYTES",
+    "LANES_PER_BATCH",
+    "ModuleVariable",
+    "PtxKernel",
+    "PtxProgram",
+    "load_ptx",
+]
 
 #: Most lanes (threads) run in one batch, and the memory a batch's lanes may hold.
 LANES_PER_BATCH = 1 << 17
 BATCH_BYTES = 1 << 30
+#: Size of the grid-sync workspace a cooperative launch needs (zeroed before each launch).
+#: cooperative_groups' grid.sync() as nvcc 12/13 emits it keeps its arrival counter at +4.
+GRID_SYNC_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class PtxKernel:
     global_slots: dict[int, str] = field(default_factory=dict)  # slot -> variable name
     dynamic_shared_offset: int = 0
     lane_bytes: int = 0
+    #: reads %envreg1/%envreg2, the grid-sync workspace (cooperative_groups grid_group)
+    reads_grid_workspace: bool = False
 
     @property
     def max_threads(self) -> int | None:
@@ -112,11 +126,22 @@ class PtxProgram:
         printf: Callable[[str], None] | None = None,
         *,
         max_dynamic_shared: int | None = None,
+        cooperative: bool = False,
+        grid_workspace: int = 0,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
 
         ``max_dynamic_shared`` is the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
         (None: the default 48 KiB rule).
+
+        ``cooperative`` (cuLaunchCooperativeKernel): ``grid_workspace`` is the device address of
+        :data:`GRID_SYNC_BYTES` of global memory for grid-wide syncs; it is zeroed and handed to
+        the kernel as ``%envreg1:%envreg2`` (high:low), and the whole grid runs as one batch so
+        blocks can wait for each other. The grid must fit the device's co-residency limit
+        (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, as the driver) and the interpreter's own
+        limit: every lane's state at once within :data:`BATCH_BYTES` (the same error, with a
+        message naming this limit). A non-cooperative launch leaves the envregs 0, as a GPU
+        does, so grid.sync() traps (nvcc checks the workspace) instead of hanging.
         """
         k = self.kernels.get(name)
         if k is None:
@@ -126,6 +151,8 @@ class PtxProgram:
         grid3 = _dims(grid, "grid")
         block3 = _dims(block, "block")
         _check_launch(k, grid3, block3, dynamic_shared, profile, max_dynamic_shared)
+        if cooperative:
+            _check_cooperative(k, grid3, block3, dynamic_shared, profile, grid_workspace)
         params = bytes(params)
         if len(params) < k.param_bytes:
             raise KernelFault(
@@ -153,17 +180,28 @@ class PtxProgram:
                 )
             symvals[slot] = addr
         geo = LaunchGeometry(grid3, block3)
-        shared_total = (
-            _align(k.dynamic_shared_offset + dynamic_shared, 16)
-            if dynamic_shared
-            else _align(k.static_shared_bytes, 16)
-        )
-        shared_stride = max(shared_total, 16)
-        local_stride = _align(max(k.local_bytes, 8), 16)
         t = geo.threads
-        per_lane = k.lane_bytes + local_stride + 160
+        per_lane, shared_stride, local_stride = _batch_costs(k, dynamic_shared)
         by_mem = max(1, BATCH_BYTES // max(per_lane * t + shared_stride, 1))
         per_batch = max(1, min(geo.blocks, max(1, LANES_PER_BATCH // t), by_mem))
+        if cooperative:
+            most = self.cooperative_max_blocks(name, t, dynamic_shared)
+            if geo.blocks > most:
+                need = (per_lane * t + shared_stride) * geo.blocks
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE),
+                    f"cooperative launch of {geo.blocks} blocks x {t} threads of {name}: the "
+                    f"simulated GPU runs a cooperative grid as one batch, which would hold "
+                    f"{need} bytes of lane state, above its limit of {BATCH_BYTES} bytes "
+                    f"(at most {most} such blocks)",
+                )
+            per_batch = geo.blocks
+            try:
+                memory.write(grid_workspace, bytes(GRID_SYNC_BYTES))
+            except MemoryFault as e:
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_INVALID_VALUE), f"grid-sync workspace: {e}"
+                ) from None
         reg_counts = {fid: tuple(self._dec.by_fid[fid].counts) for fid in k.reachable}
         pm_sizes = {fid: self._dec.by_fid[fid].pm_size for fid in k.reachable}
         kparams = np.frombuffer(params + bytes(8), np.uint8)
@@ -185,13 +223,30 @@ class PtxProgram:
                 sink,
                 dynamic_shared,
                 nsm,
+                grid_workspace if cooperative else 0,
             )
         except KernelFault as e:
-            fault = KernelFault(e.code, e.message)
+            msg = e.message
+            if not cooperative and e.code == _TRAP and k.reads_grid_workspace:
+                msg += (
+                    f"; {name} reads the grid-sync workspace (cooperative_groups this_grid(), "
+                    "grid.sync()), which exists only in a cooperative launch: launch it with "
+                    "cuLaunchCooperativeKernel / cudaLaunchCooperativeKernel"
+                )
+            fault = KernelFault(e.code, msg)
         if fault is not None:
             # a fresh exception: the original's traceback holds the batch state, whose views of
             # device memory would keep the session's mapping from being closed
             raise fault
+
+    def cooperative_max_blocks(self, name: str, threads: int, dynamic_shared: int = 0) -> int:
+        """Most blocks of ``threads`` threads the interpreter runs in one cooperative launch of
+        kernel ``name``: all their lanes' state (registers, local memory, per-lane scratch) and
+        shared memory must fit :data:`BATCH_BYTES` at once, because every block of a grid that
+        syncs must be live together. On the shipped profiles this is rarely below the device's
+        own co-residency limit (SMs x 2048 threads: about 128 MiB at 512 bytes per lane)."""
+        per_lane, shared_stride, _ = _batch_costs(self.kernels[name], dynamic_shared)
+        return BATCH_BYTES // (per_lane * max(threads, 1) + shared_stride)
 
     def _run(
         self,
@@ -208,6 +263,7 @@ class PtxProgram:
         sink,
         dynamic_shared,
         nsm,
+        grid_workspace,
     ) -> None:
         with np.errstate(all="ignore"):
             for first in range(0, geo.blocks, per_batch):
@@ -226,9 +282,13 @@ class PtxProgram:
                     printf=sink,
                     shared_bytes=k.static_shared_bytes + dynamic_shared,
                     nsm=nsm,
+                    grid_workspace=grid_workspace,
                 )
                 st.uniform["%dynamic_smem_size"] = np.uint32(dynamic_shared)
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
+
+
+_TRAP = int(CUresult.CUDA_ERROR_LAUNCH_FAILED)
 
 
 def _stdout(text: str) -> None:
@@ -242,6 +302,42 @@ def _dims(d, what: str) -> tuple[int, int, int]:
             int(CUresult.CUDA_ERROR_INVALID_VALUE), f"{what} must have 1 to 3 dimensions"
         )
     return ((*t, 1, 1))[:3]  # type: ignore[return-value]
+
+
+def _batch_costs(k: PtxKernel, dynamic_shared: int) -> tuple[int, int, int]:
+    """(bytes per lane, shared-memory stride per block, local-memory stride per lane)."""
+    shared_total = (
+        _align(k.dynamic_shared_offset + dynamic_shared, 16)
+        if dynamic_shared
+        else _align(k.static_shared_bytes, 16)
+    )
+    shared_stride = max(shared_total, 16)
+    local_stride = _align(max(k.local_bytes, 8), 16)
+    return k.lane_bytes + local_stride + 160, shared_stride, local_stride
+
+
+def _check_cooperative(k: PtxKernel, grid, block, dynamic_shared: int, profile, ws: int) -> None:
+    """The driver's cooperative-launch checks (shared with the guest: crane.api.launch_check)."""
+    if not ws:
+        raise KernelFault(
+            int(CUresult.CUDA_ERROR_INVALID_VALUE), "cooperative launch without a grid workspace"
+        )
+    if profile is None:
+        return
+    from crane.api.launch_check import check_cooperative
+    from crane.api.results import CudaError
+
+    try:
+        check_cooperative(
+            profile.attributes,
+            grid,
+            block,
+            dynamic_shared,
+            static_shared=k.static_shared_bytes,
+            max_threads=k.max_threads,
+        )
+    except CudaError as e:
+        raise KernelFault(int(e.code), e.message) from None
 
 
 def _check_launch(k: PtxKernel, grid, block, dynamic_shared: int, profile, max_dyn) -> None:
@@ -403,6 +499,11 @@ def _kernel_layout(dec: Decoded, fi: FuncInfo, einfo) -> PtxKernel:
         n16, n32, n64, npred = dec.by_fid[f].counts
         lane += 2 * n16 + 4 * n32 + 8 * n64 + npred + dec.by_fid[f].pm_size
     k.lane_bytes = lane
+    k.reads_grid_workspace = any(
+        "%envreg1" in ins.text or "%envreg2" in ins.text
+        for f in reach
+        for ins in dec.code[dec.by_fid[f].entry_pc : dec.by_fid[f].end_pc]
+    )
     return k
 
 

@@ -99,6 +99,7 @@ class State:
         printf,
         shared_bytes: int,
         nsm: int,
+        grid_workspace: int = 0,
     ) -> None:
         t = geometry.threads
         n = t * nblocks
@@ -169,6 +170,15 @@ class State:
             "%dynamic_smem_size": np.uint32(0),
             "%total_smem_size": np.uint32(shared_bytes),
         }
+        # %envreg0..31: what the driver puts in the launch environment. Only the grid-sync
+        # workspace is ever set: its address split as %envreg1 (high) : %envreg2 (low), 0 outside
+        # cooperative launches, which is what cooperative_groups' grid.is_valid() tests.
+        for i in range(32):
+            self.uniform[f"%envreg{i}"] = np.uint32(0)
+        self.uniform["%envreg1"] = np.uint32(grid_workspace >> 32)
+        self.uniform["%envreg2"] = np.uint32(grid_workspace & 0xFFFFFFFF)
+        #: True in a cooperative launch: blocks may wait on each other (see executor.run_batch)
+        self.cooperative = grid_workspace != 0
         # ---- memory -------------------------------------------------------------------------
         self.mem = memory
         self.kparams = kparams
