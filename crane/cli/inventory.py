@@ -95,7 +95,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         return [
             [
                 s.id,
-                s.state,
+                f"{s.state} {s.location}" if s.location else s.state,
                 str(s.device),
                 format_bytes(s.mem_used),
                 str(s.calls),

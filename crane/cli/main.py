@@ -7,6 +7,7 @@
     crane guest-lib [--dir]     path of the interposer libcuda.so.1 (for LD_PRELOAD / ld.so)
     crane checkpoint --session ID -o FILE [--release]   write a session to a file (and park it)
     crane restore FILE [--daemon ADDR] [--device N]      recreate a checkpointed session
+    crane migrate --session ID --to ADDR [--no-precopy]  move a running session, live
 
 ``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. Subcommands only parse arguments and
 call the library; their output is a human table by default and JSON with ``--json``.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from crane.cli import demo, inventory, park, run
+from crane.cli import demo, inventory, migrate, park, run
 
 __all__ = ["main"]
 
@@ -54,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--daemon", dest="restore_daemon", help="daemon address (as crane --daemon)")
     t.add_argument("--device", type=int, default=-1, help="device index on that daemon")
     t.set_defaults(func=park.cmd_restore)
+    v = sub.add_parser("migrate", help="move a running session to another daemon, live")
+    v.add_argument("--session", required=True, help="session id (see crane ps)")
+    v.add_argument("--to", required=True, help="destination daemon address")
+    v.add_argument("--device", type=int, default=-1, help="device index there")
+    v.add_argument("--rounds", type=int, default=8, help="pre-copy rounds at most")
+    v.add_argument("--stop-mib", type=int, default=4, help="stop pre-copy below this dirty size")
+    v.add_argument("--no-precopy", action="store_true", help="stop-and-copy only")
+    v.set_defaults(func=migrate.cmd_migrate)
     return p
 
 

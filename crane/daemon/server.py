@@ -11,6 +11,12 @@ import grpc
 
 from crane.daemon.servicers import ControlServicer, GuestServicer, control_handler, guest_handler
 from crane.daemon.sessions import SessionManager
+from crane.migrate.servicers import (
+    MigrationServicer,
+    PeerServicer,
+    migration_handler,
+    peer_handler,
+)
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 from crane.wire.diagnostics import DiagnosticsServicer, diagnostics_handler
 
@@ -33,6 +39,8 @@ def build_server(
             guest_handler(GuestServicer(sessions)),
             control_handler(ControlServicer(sessions, backend_note)),
             diagnostics_handler(DiagnosticsServicer()),
+            peer_handler(PeerServicer(sessions)),
+            migration_handler(MigrationServicer(sessions)),
         )
     )
     bound: list[str] = []

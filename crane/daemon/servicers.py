@@ -17,7 +17,7 @@ import grpc
 
 from crane import __version__
 from crane.daemon.errors import DaemonError
-from crane.daemon.sessions import WINDOW_SIZE, Session, SessionManager
+from crane.daemon.sessions import WINDOW_SIZE, Session, SessionManager, SessionMoved
 from crane.v1 import common_pb2, control_pb2, guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.fingerprint import fingerprint
@@ -68,6 +68,8 @@ class GuestServicer:
         try:
             return _opened(self.sessions.resume(request.session_id, request.resume_token))
         except DaemonError as e:
+            if isinstance(e, SessionMoved):  # migrated away: send the guest there
+                context.set_trailing_metadata((("crane-moved-to", e.to),))
             if e.status == "UNAVAILABLE":  # parked here: tell it apart from "daemon down"
                 context.set_trailing_metadata((("crane-parked", "1"),))
             raise
@@ -107,7 +109,7 @@ class GuestServicer:
                                 return
                             yield frame
         except ChannelClosed:
-            if session.state in ("parked", "checkpointing"):
+            if session.state in ("parked", "checkpointing", "migrating", "migrated"):
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"session {session.id} is parked")
             if session.state == "running":
                 log.error("session %s: worker exited unexpectedly", session.id)

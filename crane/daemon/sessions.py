@@ -13,6 +13,9 @@ clear error rather than a race):
                                                             entry keeps the id, token and window)
     parked ──► restoring ──► ready                         (Restore on this daemon)
     (none) ──► restoring ──► ready                         (Restore of another daemon's session)
+    ready/running ──► migrating ──► migrated               (live migration out: crane.migrate;
+                               └──► ready/running           a tombstone redirects Resume)
+    (none) ──► incoming ──► ready                          (migration in, at the final ack)
 
 A parked session's guest finds its stream broken, asks ``Resume`` (answered UNAVAILABLE while
 parked) and reconnects once the session is ready again, here or on another daemon.
@@ -40,7 +43,14 @@ from crane.v1 import common_pb2
 from crane.worker.channel import ChannelClosed, Tag
 from crane.worker.stats import MODE_DIRECT, SessionStats
 
-__all__ = ["WINDOW_BASE", "WINDOW_SIZE", "WINDOW_SLOTS", "Session", "SessionManager"]
+__all__ = [
+    "WINDOW_BASE",
+    "WINDOW_SIZE",
+    "WINDOW_SLOTS",
+    "Session",
+    "SessionManager",
+    "SessionMoved",
+]
 
 log = logging.getLogger("craned")
 
@@ -51,6 +61,14 @@ log = logging.getLogger("craned")
 WINDOW_BASE = 0x1000_0000_0000
 WINDOW_SIZE = 1 << 40
 WINDOW_SLOTS = 48
+
+
+class SessionMoved(DaemonError):
+    """The session migrated to another daemon: a resuming guest is redirected there."""
+
+    def __init__(self, sid: str, to: str) -> None:
+        super().__init__("NOT_FOUND", f"session {sid} moved to {to}")
+        self.to = to
 
 
 @dataclass
@@ -74,6 +92,10 @@ class Session:
     #: Worker frames a checkpoint read while the relay waited (async failures); relayed next.
     pending: list[bytes] = field(default_factory=list)
     parked_at: str = ""  # the checkpoint file of a parked session
+    #: Limits the guest was told at open (kept across moves: the pre-flight compares them).
+    told: dict[int, int] = field(default_factory=dict)
+    location: str = ""  # migrating: "-> ADDR" (crane ps)
+    migration: dict = field(default_factory=dict)  # the latest progress of a migration out
 
     @property
     def va_base(self) -> int:
@@ -107,6 +129,8 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._starting: set[int] = set()  # window slots of sessions being opened
         self._lock = threading.Lock()
+        #: Sessions migrated away: id -> (token, destination address), for Resume redirects.
+        self.moved: dict[str, tuple[bytes, str]] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
     def open(self, device_index: int, client: str) -> Session:
@@ -201,6 +225,7 @@ class SessionManager:
             state="ready",
             direct_socket=direct,
             uuid_seed=uuid_seed,
+            told=dict(identity.attributes),
         )
         return session
 
@@ -218,6 +243,8 @@ class SessionManager:
             "checkpointing",
             "parked",
             "restoring",
+            "migrating",  # the migration's watcher decides (done: migrated; else closed)
+            "migrated",
         ):
             if code:
                 log.error("session %s: worker exited with status %s", session.id, code)
@@ -247,7 +274,7 @@ class SessionManager:
         is what parking causes, so it does not close it.
         """
         with self._lock:
-            if session.state in ("closing", "closed", "parked", "restoring"):
+            if session.state in ("closing", "closed", "parked", "restoring", "migrated"):
                 return
             session.state = "closing"
         code = self._release(session)
@@ -414,10 +441,15 @@ class SessionManager:
 
     def resume(self, sid: str, token: bytes) -> Session:
         """Where a guest whose stream broke stands: ready to attach, or parked (retry)."""
+        moved = self.moved.get(sid)
+        if moved is not None and sid not in self._sessions:
+            if not token or not secrets.compare_digest(token, moved[0]):
+                raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            raise SessionMoved(sid, moved[1])
         session = self.get(sid)
         if not token or not secrets.compare_digest(token, session.token):
             raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
-        if session.state in ("parked", "restoring", "checkpointing"):
+        if session.state in ("parked", "restoring", "checkpointing", "migrating"):
             raise DaemonError("UNAVAILABLE", f"session {sid} is {session.state}; retry")
         session.require("ready", "running")
         return session
@@ -448,4 +480,5 @@ class SessionManager:
             opened_at=s.opened_at,
             va_base=s.va_base,
             va_size=WINDOW_SIZE,
+            location=s.location,
         )

@@ -173,7 +173,11 @@ class Transport:
         parked_seen = False
         while not self._closed:
             waiting = False
-            for addr in self.addresses:
+            addrs = list(self.addresses)
+            i = 0
+            while i < len(addrs):
+                addr = addrs[i]
+                i += 1
                 ch = grpc.insecure_channel(to_grpc_target(addr), options=CHANNEL_OPTIONS)
                 stub = guest_pb2_grpc.GuestStub(ch)
                 try:
@@ -188,6 +192,12 @@ class Transport:
                 except grpc.RpcError as e:
                     ch.close()
                     if e.code() in (grpc.StatusCode.NOT_FOUND,):
+                        # migrated away: that daemon says where to (tried next, no alternates)
+                        to = dict(e.trailing_metadata() or ()).get("crane-moved-to")
+                        if to and to not in addrs[i:]:
+                            addrs.insert(i, to)
+                            if to not in self.addresses:
+                                self.addresses.append(to)
                         continue
                     if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         # parked there (retry), or that daemon is down: only worth waiting for

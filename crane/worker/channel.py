@@ -37,7 +37,11 @@ class Tag:
     CLOSE = 5
     CHECKPOINT = 6  # daemon→worker, JSON {path, release, identity}
     RESTORE = 7  # daemon→worker, JSON {path}
-    CONTROL_REPLY = 8  # worker→daemon, JSON answer to CHECKPOINT / RESTORE
+    CONTROL_REPLY = 8  # worker→daemon, JSON answer to CHECKPOINT / RESTORE / MIGRATE_IN_END
+    MIGRATE = 9  # daemon→worker, JSON: migrate this session out (crane.migrate.source)
+    MIGRATE_IN = 10  # daemon→worker, JSON {round, fresh}: a migration round begins
+    MIGRATE_DATA = 11  # daemon→worker, checkpoint-format bytes of the round
+    MIGRATE_IN_END = 12  # daemon→worker: the round is complete; answered by CONTROL_REPLY
 
 
 class ChannelClosed(Exception):

@@ -66,6 +66,9 @@ def serve(ch: Channel) -> int:
     abandon.daemon = True
     abandon.start()
     ch.send(Tag.REPLY, snapshot_to_proto(backend.snapshot).SerializeToString())
+    from crane.migrate.worker_side import MigrationFrames
+
+    migration = MigrationFrames(ws, Path(cfg.stats_path).with_suffix(".migrate"))
     try:
         while True:
             tag, raw = ch.recv()
@@ -79,6 +82,20 @@ def serve(ch: Channel) -> int:
                     )
                     abandon.daemon = True
                     abandon.start()
+                continue
+            if tag in _MIGRATE_TAGS:
+                answer = migration.frame(tag, raw)
+                if answer is not None:
+                    ch.send(Tag.CONTROL_REPLY, json.dumps(answer).encode())
+                    if tag == Tag.MIGRATE_IN_END and answer.get("final") and "error" not in answer:
+                        abandon.cancel()  # switched over: the guest reconnects now
+                        abandon = threading.Timer(
+                            cfg.attach_timeout_s, _abandon_if_unattached, (ws, end_session)
+                        )
+                        abandon.daemon = True
+                        abandon.start()
+                elif tag == Tag.MIGRATE_IN:
+                    abandon.cancel()  # incoming: no guest until the final round
                 continue
             if tag != Tag.BATCH:
                 log.error("unexpected frame tag %d from the daemon", tag)
@@ -105,6 +122,9 @@ def serve(ch: Channel) -> int:
         backend.close()
         ws.stats.close()
     return 0
+
+
+_MIGRATE_TAGS = frozenset({Tag.MIGRATE, Tag.MIGRATE_IN, Tag.MIGRATE_DATA, Tag.MIGRATE_IN_END})
 
 
 def _control(ws: WorkerSession, tag: int, req: dict) -> dict:

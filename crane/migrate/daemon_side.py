@@ -1,0 +1,265 @@
+"""The daemons' side of live migration: the source's watcher and the destination's receiver.
+
+Source: ``migrate_out`` moves the session to ``migrating``, tells its worker to migrate (the
+worker streams to the destination itself) and watches the worker's progress file. Done: the
+session becomes ``migrated`` (a tombstone answers the guest's ``Resume`` with a redirect) and
+its worker is released. Failed: back to the state it had, the guest never noticed.
+
+Destination: ``preflight`` answers every reason it cannot take the session; ``transfer`` relays
+each round to a worker it starts for the session (a fresh one for every fresh round) and
+acknowledges each applied round; the session joins the daemon's table, ``ready``, only with the
+final round's acknowledgement. A stream that ends earlier stops that worker: nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from crane.daemon.errors import DaemonError
+from crane.daemon.sessions import WINDOW_BASE, WINDOW_SIZE, WINDOW_SLOTS, Session, SessionManager
+from crane.migrate.preflight import check_code, check_limits, check_memory
+from crane.modules.arch import format_cc
+from crane.v1 import peer_pb2
+from crane.worker.channel import ChannelClosed, Tag
+
+__all__ = ["abort_incoming", "migrate_out", "preflight", "transfer"]
+
+log = logging.getLogger("craned")
+
+POLL_S = 0.05
+
+
+# ---- source --------------------------------------------------------------------------------
+def migrate_out(
+    mgr: SessionManager, sid: str, to: str, device: int, max_rounds: int, stop_bytes: int
+) -> Session:
+    """Start moving ``sid`` to ``to``; progress lands in ``session.migration``."""
+    session = mgr.get(sid)
+    with mgr._lock:
+        session.require("ready", "running")
+        before = session.state
+        session.state = "migrating"
+        session.location = f"-> {to}"
+        session.migration = {"phase": "preflight"}
+    progress = session.stats_path.with_suffix(".migrate")
+    progress.unlink(missing_ok=True)
+    identity = {
+        "id": session.id,
+        "token": session.token.hex(),
+        "slot": session.slot,
+        "va_base": session.va_base,
+        "uuid_seed": session.uuid_seed,
+        "client": session.client,
+        "told": {str(k): v for k, v in session.told.items()},
+    }
+    req = {
+        "to": to,
+        "device": device,
+        "max_rounds": max_rounds,
+        "stop_bytes": stop_bytes,
+        "identity": identity,
+    }
+    try:
+        with session.channel_lock:
+            session.worker.channel.send(Tag.MIGRATE, json.dumps(req).encode())
+    except ChannelClosed as e:
+        _settle(mgr, session, before, {"phase": "failed", "error": f"worker gone: {e}"})
+        return session
+    threading.Thread(
+        target=_watch, args=(mgr, session, before, progress), name=f"migrate-{sid}", daemon=True
+    ).start()
+    return session
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _watch(mgr: SessionManager, session: Session, before: str, path: Path) -> None:
+    while True:
+        st = _read(path)
+        exited = session.worker.proc.poll() is not None
+        if exited:
+            st = _read(path) or st
+        if st is not None:
+            session.migration = {**session.migration, **st}
+            if st.get("phase") in ("done", "failed"):
+                break
+        if exited:
+            st = {"phase": "failed", "error": "the session's worker exited during the migration"}
+            break
+        time.sleep(POLL_S)
+    path.unlink(missing_ok=True)
+    _settle(mgr, session, before, st)
+
+
+def _settle(mgr: SessionManager, session: Session, before: str, st: dict[str, Any]) -> None:
+    session.migration = {**session.migration, **st}
+    to = session.location.removeprefix("-> ")
+    if st.get("phase") == "done":
+        with mgr._lock:
+            session.state = "migrated"
+            session.location = f"moved to {to}"
+            mgr.moved[session.id] = (session.token, to)
+            if mgr._sessions.get(session.id) is session:
+                mgr._sessions.pop(session.id)
+        mgr._release(session)
+        log.info("session %s migrated to %s; its worker is released", session.id, to)
+        return
+    log.warning("migration of session %s to %s failed: %s", session.id, to, st.get("error"))
+    with mgr._lock:
+        session.location = ""
+        if session.state == "migrating":
+            session.state = before
+    if session.worker.proc.poll() is not None:
+        mgr.close(session, "worker exited during a migration")
+
+
+# ---- destination ---------------------------------------------------------------------------
+def _refusals(
+    mgr: SessionManager, sid: str, slot: int, mem_needed: int, told: dict[int, int], device: int
+) -> list[str]:
+    out: list[str] = []
+    if not 0 <= device < len(mgr.devices):
+        return [f"no device {device} on this daemon"]
+    dev = mgr.devices[device]
+    where = f"device {device} ({dev.profile})"
+    with mgr._lock:
+        live = mgr._sessions.get(sid)
+        if live is not None and live.state != "parked":
+            out.append(f"session {sid} is already {live.state} on this daemon")
+        if not 0 <= slot < WINDOW_SLOTS:
+            out.append(f"VA window slot {slot} out of range")
+        for other in mgr._sessions.values():
+            if other.slot == slot and other is not live:
+                out.append(
+                    f"VA window slot {slot} ({WINDOW_BASE + slot * WINDOW_SIZE:#x}) is taken by "
+                    f"session {other.id}"
+                )
+        if slot in mgr._starting:
+            out.append(f"VA window slot {slot} is being opened on this daemon")
+    from crane.backends.sim.profiles import get_profile
+
+    out += check_memory(mem_needed, dev.total_mem - dev.ledger.used(), where)
+    out += check_limits(told, get_profile(dev.profile).attributes, where)
+    return out
+
+
+def preflight(mgr: SessionManager, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
+    device = max(req.device, 0)
+    refusals = _refusals(mgr, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
+    reply = peer_pb2.PreflightReply()
+    if device < len(mgr.devices):
+        dev = mgr.devices[device]
+        reply.cc_major, reply.cc_minor, reply.profile = dev.cc[0], dev.cc[1], dev.profile
+        where = f"device {device} ({dev.profile}, {format_cc(dev.cc)})"
+        for d in req.module_digests:
+            path = mgr.module_cache / bytes(d).hex()
+            if path.exists():
+                refusals += check_code(bytes(d), path.read_bytes(), dev.cc, where)
+            else:
+                reply.missing_digests.append(d)
+    reply.refusals.extend(refusals)
+    return reply
+
+
+def transfer(
+    mgr: SessionManager, requests: Iterator[peer_pb2.TransferChunk]
+) -> Iterator[peer_pb2.TransferAck]:
+    """Relay rounds to a worker for the incoming session; acknowledge each once applied."""
+    session: Session | None = None
+    slot: int | None = None
+    committed = False
+    in_round = False
+    ident: dict[str, Any] = {}
+    device = 0
+    try:
+        for chunk in requests:
+            if not ident:
+                ident = json.loads(chunk.identity_json)
+                device = max(chunk.device, 0)
+                told = {int(k): int(v) for k, v in ident.get("told", {}).items()}
+                refusals = _refusals(mgr, ident["id"], int(ident["slot"]), 0, told, device)
+                if refusals:
+                    raise DaemonError("FAILED_PRECONDITION", "; ".join(refusals))
+                with mgr._lock:
+                    slot = int(ident["slot"])
+                    mgr._starting.add(slot)
+            if not in_round:
+                if chunk.fresh:
+                    if session is not None:
+                        mgr._release(session)
+                    session = mgr._start(
+                        ident["id"],
+                        int(ident["slot"]),
+                        mgr.devices[device],
+                        ident.get("client", ""),
+                        bytes.fromhex(ident["token"]),
+                        ident.get("uuid_seed"),
+                    )
+                    session.state = "incoming"
+                    session.told = {int(k): int(v) for k, v in ident.get("told", {}).items()}
+                if session is None:
+                    raise DaemonError("FAILED_PRECONDITION", "the first round must be fresh")
+                begin = {"round": chunk.round, "fresh": chunk.fresh, "final": chunk.final}
+                session.worker.channel.send(Tag.MIGRATE_IN, json.dumps(begin).encode())
+                in_round = True
+            assert session is not None
+            if chunk.data:
+                session.worker.channel.send(Tag.MIGRATE_DATA, chunk.data)
+            if not chunk.end_of_round:
+                continue
+            in_round = False
+            answer = mgr._control(session, Tag.MIGRATE_IN_END, {})
+            if "error" in answer:
+                raise DaemonError(
+                    "FAILED_PRECONDITION", f"round {chunk.round} refused: {answer['error']}"
+                )
+            if chunk.final:
+                with mgr._lock:
+                    old = mgr._sessions.get(session.id)
+                    if old is not None and old.state != "parked":
+                        raise DaemonError("ALREADY_EXISTS", f"session {session.id} appeared here")
+                    session.state = "ready"
+                    mgr._sessions[session.id] = session
+                    mgr.moved.pop(session.id, None)
+                    committed = True
+                mgr._watch(session)
+                log.info(
+                    "session %s migrated in (round %d), window %#x",
+                    session.id,
+                    chunk.round,
+                    session.va_base,
+                )
+            yield peer_pb2.TransferAck(round=chunk.round, done_seq=answer.get("done_seq", 0))
+    except ChannelClosed as e:
+        raise DaemonError("ABORTED", f"the incoming session's worker exited: {e}") from None
+    finally:
+        if not committed and session is not None:
+            mgr._release(session)
+            log.info("incoming migration of %s ended before switchover; released", session.id)
+        if slot is not None:
+            with mgr._lock:
+                mgr._starting.discard(slot)
+
+
+def abort_incoming(mgr: SessionManager, sid: str, token: bytes) -> bool:
+    """Forget a session that switched over here but whose source never heard the ack."""
+    with mgr._lock:
+        s = mgr._sessions.get(sid)
+    if s is None or not secrets.compare_digest(token, s.token) or s.state != "ready":
+        return False
+    if s.stats.read()[3] != 0:  # a guest attached directly: it is in use here
+        return False
+    mgr.close(s, "its migration was aborted by the source")
+    return True

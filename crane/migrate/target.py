@@ -1,0 +1,133 @@
+"""The destination worker's side of a live migration: apply each round as it streams in.
+
+Rounds arrive over the worker channel as the checkpoint format (one stream per round). A fresh
+round (round 0, or a final round after the object graph changed during pre-copy) is an ordinary
+checkpoint, replayed with :func:`crane.state.park.restore_checkpoint` on this fresh worker. A
+delta round carries memory only. The final round carries the final object graph, which differs
+from the applied one only in memory layout (allocations and chunks created or freed while the
+guest ran) and counters, so it is patched in place rather than replayed: that keeps the
+switchover proportional to what changed, not to the session's size.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from crane.state.checkpoint import CheckpointError, CheckpointReader, Kind
+from crane.state.park import _replies, restore_checkpoint
+from crane.state.record import restore_sticky, save_graph
+from crane.worker.executor import Executor
+
+__all__ = ["QueueReader", "RoundApplier"]
+
+
+class QueueReader:
+    """A blocking binary stream fed with byte strings from another thread (``None``: EOF)."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # bounds the backlog
+        self._buf = bytearray()
+        self._eof = False
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) < n and not self._eof:
+            data = self.q.get()
+            if data is None:
+                self._eof = True
+            else:
+                self._buf += data
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+
+def patch_graph(ex: Executor, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Bring the memory layout from ``old`` to ``new``: frees, unmaps, maps, allocations."""
+    old_a = {(a["addr"], a["size"]) for a in old["allocations"]}
+    new_a = {(a["addr"], a["size"]): a for a in new["allocations"]}
+    old_c = {(c["addr"], c["size"]) for c in old["chunks"]}
+    new_c = {(c["addr"], c["size"]) for c in new["chunks"]}
+    for addr, _ in sorted(old_a - set(new_a)):
+        ex.mem_free(addr)
+    for addr, _ in sorted(old_c - new_c):
+        ex.mem_unmap_chunk(addr)
+    for addr, size in sorted(new_c - old_c):
+        ex.mem_map_chunk(addr, size)
+    for key in sorted(set(new_a) - old_a):
+        ex.mem_alloc(new_a[key]["ctx"], key[0], key[1])
+    restore_sticky(ex, new["sticky"])
+    ex.done_seq = new["done_seq"]
+    ex.calls = new["calls"]
+
+
+class RoundApplier:
+    """Applies rounds on a thread while the worker's loop feeds it bytes from the channel."""
+
+    def __init__(self, ex: Executor) -> None:
+        self.ex = ex
+        self.graph: dict[str, Any] | None = None
+        self.reader: QueueReader | None = None
+        self._thread: threading.Thread | None = None
+        self._result: dict[str, Any] = {}
+
+    def begin(self, fresh: bool, round_: int) -> None:
+        self.reader = QueueReader()
+        self._result = {}
+        self._thread = threading.Thread(
+            target=self._run, args=(fresh, round_), name="migrate-in", daemon=True
+        )
+        self._thread.start()
+
+    def feed(self, data: bytes) -> None:
+        if self.reader is not None:
+            self.reader.q.put(data)
+
+    def end(self) -> dict[str, Any]:
+        """Wait for the round to be applied; its answer for the daemon (or an error)."""
+        if self.reader is None or self._thread is None:
+            return {"error": "no round in progress"}
+        self.reader.q.put(None)
+        self._thread.join()
+        self.reader = None
+        return self._result
+
+    def _run(self, fresh: bool, round_: int) -> None:
+        name = f"migration round {round_}"
+        try:
+            if fresh:
+                restore_checkpoint(self.ex, self.reader, name)  # type: ignore[arg-type]
+                self.graph = save_graph(self.ex)
+            else:
+                self._apply(name)
+            self._result = {"done_seq": self.ex.done_seq}
+        except CheckpointError as e:
+            self._result = {"error": str(e)}
+        except Exception as e:  # CudaError and bugs alike: the round is refused, not fatal
+            msg = getattr(e, "message", None) or repr(e)
+            code = getattr(getattr(e, "code", None), "name", "")
+            self._result = {"error": f"{code + ': ' if code else ''}{msg}"}
+        finally:
+            while self.reader is not None and not self.reader._eof:
+                self.reader.read(1 << 20)  # drain, so the feeder never blocks on us
+
+    def _apply(self, name: str) -> None:
+        if self.graph is None:
+            raise CheckpointError(f"{name}: no base round was applied")
+        ex = self.ex
+        r = CheckpointReader(self.reader, name)  # type: ignore[arg-type]
+        r.expect(Kind.META)
+        stream = ex._default_stream
+        for s in r.sections():
+            if s.kind == Kind.OBJECTS:
+                graph = s.json()
+                patch_graph(ex, self.graph, graph)
+                self.graph = graph
+            elif s.kind == Kind.REPLIES:
+                ex.last_replies = _replies(s.payload, name)
+            elif s.kind == Kind.MEMORY:
+                addr, data = s.memory()
+                ex.backend.memcpy_htod(addr, data, stream)
+        ex.backend.synchronize()
+        ex.dirty.mark()

@@ -1,0 +1,54 @@
+"""Migration frames on a worker's channel: start an outgoing migration, or apply incoming rounds.
+
+Why a progress file rather than channel frames for the outgoing side: the channel is shared with
+the relay, which reads it per batch and forwards whatever comes; a migration runs alongside the
+guest's batches for many seconds, so it reports where the daemon can poll without taking the
+channel (written atomically, like the session's stats).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from crane.migrate import source
+from crane.migrate.target import RoundApplier
+from crane.worker.channel import Tag
+from crane.worker.session_state import WorkerSession
+
+__all__ = ["MigrationFrames", "write_progress"]
+
+
+def write_progress(path: Path, st: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(st))
+    tmp.replace(path)
+
+
+class MigrationFrames:
+    def __init__(self, ws: WorkerSession, progress_path: Path) -> None:
+        self.ws = ws
+        self.progress_path = progress_path
+        self.applier = RoundApplier(ws.executor)
+        self.final = False
+
+    def frame(self, tag: int, raw: bytes) -> dict[str, Any] | None:
+        """Handle one frame; the answer to send back, if the frame needs one."""
+        if tag == Tag.MIGRATE:
+            req = json.loads(raw)
+            self.progress_path.unlink(missing_ok=True)
+            source.start(self.ws, req, lambda st: write_progress(self.progress_path, st))
+            return None
+        if tag == Tag.MIGRATE_IN:
+            req = json.loads(raw)
+            self.final = bool(req.get("final"))
+            self.applier.begin(bool(req.get("fresh")), int(req.get("round", 0)))
+            return None
+        if tag == Tag.MIGRATE_DATA:
+            self.applier.feed(raw)
+            return None
+        answer = self.applier.end()
+        answer["final"] = self.final
+        return answer

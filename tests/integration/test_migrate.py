@@ -1,0 +1,190 @@
+"""Live migration between real daemons on different simulated GPU models.
+
+The guest runs a stencil-like iteration (each step depends on the last, device pointers kept in
+device memory, a module variable counting steps) on a thread while the session moves; the
+final result must be bit-identical to an unmigrated run, and a failed or refused migration must
+leave the program running where it was with nothing leaked on either daemon.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crane.cli.control_client import ControlClient
+from crane.cli.main import main as crane_main
+from crane.cli.migrate import migrate
+from crane.daemon.launcher import DaemonProcess
+from crane.guest.session import Session
+from tests.integration.test_checkpoint import SRC, Workload
+
+STEPS = 300
+
+
+@pytest.fixture
+def image(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
+    return cuda_build(
+        SRC, "-fatbin", "-gencode", "arch=compute_80,code=compute_80", suffix=".fatbin"
+    ).read_bytes()
+
+
+@pytest.fixture
+def image_sm90_only(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
+    return cuda_build(
+        SRC, "-fatbin", "-gencode", "arch=compute_90,code=compute_90", suffix=".fatbin"
+    ).read_bytes()
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
+    out: list[DaemonProcess] = []
+    try:
+        for name, profile in (("l", "l4"), ("a", "a100-40gb"), ("h", "h100-80gb")):
+            out.append(DaemonProcess(tmp_path / name, [f"sim:{profile}"]))
+        yield out
+    finally:
+        for d in out:
+            d.stop()
+
+
+def reference(address: str, image: bytes) -> tuple[bytes, bytes, int]:
+    with Session(address, client="reference") as s:
+        w = Workload(s, image)
+        w.run(STEPS)
+        return w.result()
+
+
+class Guest:
+    """The workload on a thread, stepping until told how many steps in all."""
+
+    def __init__(self, s: Session, image: bytes) -> None:
+        self.w = Workload(s, image)
+        self.steps = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self.steps < STEPS:
+                self.w.run(1)
+                self.steps += 1
+        except BaseException as e:
+            self.error = e
+
+    def wait_steps(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.steps < n and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.error is None, self.error
+
+    def finish(self) -> tuple[bytes, bytes, int]:
+        self.thread.join(120)
+        assert self.error is None, self.error
+        return self.w.result()
+
+
+def _no_sessions(d: DaemonProcess) -> None:
+    with ControlClient(d.address) as c:
+        assert list(c.sessions().sessions) == []
+        assert all(x.used_mem == 0 for x in c.devices().devices)
+
+
+def test_migrate_mid_run_is_bit_identical(trio: list[DaemonProcess], image: bytes) -> None:
+    l4, a100, _ = trio
+    want = reference(l4.address, image)
+    with Session(l4.address, client="moving") as s:
+        g = Guest(s, image)
+        g.wait_steps(5)
+        assert (
+            crane_main(
+                ["--daemon", l4.address, "migrate", "--session", s.session_id, "--to", a100.address]
+            )
+            == 0
+        )
+        assert g.steps < STEPS  # it moved mid-run
+        got = g.finish()
+        assert s._t.address == a100.address and s._t.resumes == 1
+    assert got == want
+    _no_sessions(l4)
+
+
+def test_back_and_forth_across_three_models(trio: list[DaemonProcess], image: bytes) -> None:
+    l4, a100, h100 = trio
+    want = reference(l4.address, image)
+    with Session(l4.address, client="tour") as s:
+        window = s.va_window
+        g = Guest(s, image)
+        here = l4
+        for i, there in enumerate((a100, h100, l4)):
+            g.wait_steps(4 + 8 * i)
+            last = migrate(here.address, s.session_id, there.address)[-1]
+            assert last.phase == "done", last.error
+            assert last.downtime > 0 and last.total >= last.downtime
+            with ControlClient(there.address) as c:
+                (info,) = c.sessions().sessions
+                assert info.id == s.session_id and info.va_base == window[0]
+            here = there
+        got = g.finish()
+        assert s.va_window == window
+    assert got == want
+    for d in (a100, h100):
+        _no_sessions(d)
+
+
+def test_destination_killed_during_precopy_finishes_on_source(tmp_path: Path, image: bytes) -> None:
+    src = DaemonProcess(tmp_path / "s", ["sim:h100-80gb"])
+    dst = DaemonProcess(tmp_path / "d", ["sim:h100-80gb"])
+    try:
+        want = reference(src.address, image)
+        with Session(src.address, client="stays") as s:
+            big = s.mem_alloc(256 << 20)  # gives pre-copy something to chew on
+            s.memset_d8(big, 1, 256 << 20)
+            g = Guest(s, image)
+            g.wait_steps(3)
+            out: list = []
+            t = threading.Thread(
+                target=lambda: out.extend(
+                    migrate(src.address, s.session_id, dst.address, max_rounds=30, stop_bytes=1)
+                )
+            )
+            t.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with ControlClient(src.address) as c:
+                    (info,) = c.sessions().sessions
+                if info.state == "migrating":
+                    break
+                time.sleep(0.01)
+            time.sleep(0.3)
+            dst.stop(9)
+            t.join(60)
+            assert out and out[-1].phase == "failed"
+            assert g.finish() == want
+            with ControlClient(src.address) as c:
+                (info,) = c.sessions().sessions
+                assert info.state in ("ready", "running") and not info.location
+    finally:
+        src.stop()
+        dst.stop()
+
+
+def test_refused_for_a_model_that_cannot_run_the_module(
+    trio: list[DaemonProcess], image_sm90_only: bytes, image: bytes
+) -> None:
+    _, a100, h100 = trio
+    with Session(h100.address) as s:
+        s.module_load(image_sm90_only)
+        last = migrate(h100.address, s.session_id, a100.address)[-1]
+        assert last.phase == "failed"
+        assert "no usable code" in last.error and "sm_80" in last.error, last.error
+        assert "max shared memory per block (opt-in)" in last.error  # H100 told more than A100
+        s.synchronize()  # unaffected
+        with ControlClient(h100.address) as c:
+            (info,) = c.sessions().sessions
+            assert info.state in ("ready", "running")
+    _no_sessions(a100)
