@@ -117,6 +117,11 @@ def _run(address: str, tmpdir: Path) -> int:
 
         code = _demo_kernel(s, tmpdir, n, dx, dy, y)
     code = code or _demo_interposer(address, tmpdir)
+    nvcc = find_nvcc()
+    if code == 0 and nvcc is not None:
+        from crane.cli.demo_migrate import demo_migration
+
+        code = demo_migration(address, tmpdir, nvcc, _say)
     _say(f"demo finished in {time.perf_counter() - t0:.2f} s")
     return code
 
