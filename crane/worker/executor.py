@@ -482,34 +482,7 @@ class Executor:
         stream: int,
         params: bytes,
     ) -> None:
-        fn = self.functions.get(function)
-        loaded = self.modules.get(fn.meta).obj
-        kernel = loaded.image.kernels[fn.obj]
-        if len(params) != kernel.param_bytes:
-            raise CudaError(
-                CUresult.CUDA_ERROR_INVALID_VALUE,
-                f"{fn.obj}: parameter buffer is {len(params)} bytes, kernel takes "
-                f"{kernel.param_bytes}",
-            )
-        check_launch(
-            self.backend.snapshot.attributes,
-            (gx, gy, gz),
-            (bx, by, bz),
-            shared,
-            static_shared=kernel.static_shared_bytes or 0,
-            max_threads=kernel.max_threads_per_block,
-            max_dynamic_shared=self.max_dynamic_shared.get(function),
-        )
-        self.backend.launch(
-            loaded,
-            fn.obj,
-            (gx, gy, gz),
-            (bx, by, bz),
-            shared,
-            self._stream(stream),
-            params,
-            max_dynamic_shared=self.max_dynamic_shared.get(function),
-        )
+        self._launch(function, (gx, gy, gz), (bx, by, bz), shared, stream, params)
 
     def launch_cooperative(
         self,
@@ -527,8 +500,23 @@ class Executor:
         """LAUNCH_COOPERATIVE: the checks of LAUNCH plus the device's co-residency limit (the
         guest checked it too, but the worker never trusts the guest), then a cooperative launch.
         Marks what the kernel may write itself: the generic dirty marking is LAUNCH's."""
+        self._launch(function, (gx, gy, gz), (bx, by, bz), shared, stream, params, cooperative=True)
+        self.dirty.launch(params)
+
+    def _launch(
+        self,
+        function: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        stream: int,
+        params: bytes,
+        cooperative: bool = False,
+    ) -> None:
+        """Validate a launch like the driver does (never trusting the guest), then run it."""
         fn = self.functions.get(function)
-        kernel = self.modules.get(fn.meta).obj.image.kernels[fn.obj]
+        loaded = self.modules.get(fn.meta).obj
+        kernel = loaded.image.kernels[fn.obj]
         if len(params) != kernel.param_bytes:
             raise CudaError(
                 CUresult.CUDA_ERROR_INVALID_VALUE,
@@ -540,12 +528,12 @@ class Executor:
             "max_threads": kernel.max_threads_per_block,
         }
         attrs = self.backend.snapshot.attributes
-        grid, block = (gx, gy, gz), (bx, by, bz)
         max_dyn = self.max_dynamic_shared.get(function)
         check_launch(attrs, grid, block, shared, max_dynamic_shared=max_dyn, **limits)
-        check_cooperative(attrs, grid, block, shared, **limits)
+        if cooperative:
+            check_cooperative(attrs, grid, block, shared, **limits)
         self.backend.launch(
-            self.modules.get(fn.meta).obj,
+            loaded,
             fn.obj,
             grid,
             block,
@@ -553,6 +541,5 @@ class Executor:
             self._stream(stream),
             params,
             max_dynamic_shared=max_dyn,
-            cooperative=True,
+            cooperative=cooperative,
         )
-        self.dirty.launch(params)
