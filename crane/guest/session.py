@@ -36,6 +36,7 @@ __all__ = ["Function", "KernelLayout", "Module", "Session"]
 _O = OPS_BY_NAME
 _DEFAULT_STREAMS = (0, 1, 2)
 _LAUNCH = _O["LAUNCH"]
+_LAUNCH_COOPERATIVE = _O["LAUNCH_COOPERATIVE"]
 
 
 @dataclass(frozen=True)
@@ -440,22 +441,60 @@ class Session:
         """Enqueue a kernel. ``params`` is the packed buffer or one value per parameter.
 
         ``max_dynamic_shared`` is the limit raised by :meth:`function_set_max_dynamic_shared`."""
+        self._launch(_LAUNCH, function, grid, block, params, shared, stream, max_dynamic_shared)
+
+    def launch_cooperative(
+        self,
+        function: Function,
+        grid: Sequence[int],
+        block: Sequence[int],
+        params: bytes | Sequence[object] = b"",
+        shared: int = 0,
+        stream: int = 0,
+        max_dynamic_shared: int | None = None,
+    ) -> None:
+        """cuLaunchCooperativeKernel: every block resident at once, so the kernel may sync the
+        whole grid (cooperative_groups grid.sync()). The device's limits, co-residency
+        included, are checked here so a refused launch fails at the call as with the driver;
+        a limit only the device side knows (the simulated GPU's batch memory) is reported,
+        like a fault, by the next synchronizing call."""
+        self._launch(
+            _LAUNCH_COOPERATIVE,
+            function,
+            grid,
+            block,
+            params,
+            shared,
+            stream,
+            max_dynamic_shared,
+            cooperative=True,
+        )
+
+    def _launch(
+        self,
+        op: Op,
+        function: Function,
+        grid: Sequence[int],
+        block: Sequence[int],
+        params: bytes | Sequence[object],
+        shared: int,
+        stream: int,
+        max_dynamic_shared: int | None,
+        cooperative: bool = False,
+    ) -> None:
         if function.handle not in self._objs.functions:  # holds FUNCTION handles only
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
         g = grid if len(grid) == 3 and type(grid) is tuple else ((*tuple(grid), 1, 1))[:3]
         b = block if len(block) == 3 and type(block) is tuple else ((*tuple(block), 1, 1))[:3]
         lay = function.layout
-        key = (function.handle, g, b, shared, max_dynamic_shared)
+        key = (function.handle, g, b, shared, max_dynamic_shared, cooperative)
         if key not in self._launch_ok:  # configurations repeat: check each one once
+            limits = {"static_shared": lay.static_shared or 0, "max_threads": lay.max_threads}
             check_launch(
-                self.attributes,
-                g,
-                b,
-                shared,
-                static_shared=lay.static_shared,  # type: ignore[arg-type]
-                max_threads=lay.max_threads,
-                max_dynamic_shared=max_dynamic_shared,
+                self.attributes, g, b, shared, max_dynamic_shared=max_dynamic_shared, **limits
             )
+            if cooperative:
+                check_cooperative(self.attributes, g, b, shared, **limits)
             if len(self._launch_ok) > 4096:
                 self._launch_ok.clear()
             self._launch_ok.add(key)
@@ -468,8 +507,8 @@ class Session:
         if stream not in _DEFAULT_STREAMS:
             self._stream(stream)
         self._t.enqueue(
-            _LAUNCH,
-            _LAUNCH.pack(function.handle, *g, *b, shared, stream),
+            op,
+            op.pack(function.handle, *g, *b, shared, stream),
             buf if type(buf) is bytes else bytes(buf),
             expect=False,
         )
@@ -491,52 +530,6 @@ class Session:
             pass
         finally:
             self._t.close()
-
-    def launch_cooperative(
-        self,
-        function: Function,
-        grid: Sequence[int],
-        block: Sequence[int],
-        params: bytes | Sequence[object] = b"",
-        shared: int = 0,
-        stream: int = 0,
-        max_dynamic_shared: int | None = None,
-    ) -> None:
-        """cuLaunchCooperativeKernel: every block resident at once, so the kernel may sync the
-        whole grid (cooperative_groups grid.sync()). The device's limits, co-residency
-        included, are checked here so a refused launch fails at the call as with the driver;
-        a limit only the device side knows (the simulated GPU's batch memory) is reported,
-        like a fault, by the next synchronizing call."""
-        if function.handle not in self._objs.functions:
-            raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
-        g = ((*tuple(grid), 1, 1))[:3]
-        b = ((*tuple(block), 1, 1))[:3]
-        lay = function.layout
-        static = lay.static_shared or 0
-        check_launch(
-            self.attributes,
-            g,
-            b,
-            shared,
-            static_shared=static,
-            max_threads=lay.max_threads,
-            max_dynamic_shared=max_dynamic_shared,
-        )
-        check_cooperative(
-            self.attributes, g, b, shared, static_shared=static, max_threads=lay.max_threads
-        )
-        buf = params if isinstance(params, bytes | bytearray) else pack_params(lay, params)
-        if len(buf) != lay.param_bytes:
-            raise CudaError(
-                CUresult.CUDA_ERROR_INVALID_VALUE,
-                f"{lay.name} takes {lay.param_bytes} parameter bytes, got {len(buf)}",
-            )
-        if stream not in _DEFAULT_STREAMS:
-            self._stream(stream)
-        op = _O["LAUNCH_COOPERATIVE"]
-        self._t.enqueue(
-            op, op.pack(function.handle, *g, *b, shared, stream), bytes(buf), expect=False
-        )
 
 
 def pack_params(layout: KernelLayout, values: Sequence[object]) -> bytes:
