@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -34,6 +35,11 @@ __all__ = ["abort_incoming", "migrate_out", "preflight", "transfer"]
 log = logging.getLogger("craned")
 
 POLL_S = 0.05
+#: Test-only: seconds the destination sleeps between committing an incoming session and sending
+#: the final acknowledgement. Why: the switchover window is a few milliseconds, too short to kill
+#: a daemon inside it deterministically; fault tests widen it with this variable and wait for the
+#: log line below. Never set in production (unset or 0: no delay).
+TEST_DELAY_FINAL_ACK_ENV = "CRANE_TEST_DELAY_FINAL_ACK_S"
 
 
 # ---- source --------------------------------------------------------------------------------
@@ -241,6 +247,10 @@ def transfer(
                     chunk.round,
                     session.va_base,
                 )
+                delay = float(os.environ.get(TEST_DELAY_FINAL_ACK_ENV) or 0)
+                if delay > 0:
+                    log.warning("test hook: delaying the final acknowledgement by %.1f s", delay)
+                    time.sleep(delay)
             yield peer_pb2.TransferAck(round=chunk.round, done_seq=answer.get("done_seq", 0))
     except ChannelClosed as e:
         raise DaemonError("ABORTED", f"the incoming session's worker exited: {e}") from None

@@ -8,6 +8,9 @@ leave the program running where it was with nothing leaked on either daemon.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from crane.cli.main import main as crane_main
 from crane.cli.migrate import migrate
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
+from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from tests.integration.test_checkpoint import SRC, Workload
 
 STEPS = 300
@@ -188,3 +192,120 @@ def test_refused_for_a_model_that_cannot_run_the_module(
             (info,) = c.sessions().sessions
             assert info.state in ("ready", "running")
     _no_sessions(a100)
+
+
+def _children(pid: int) -> set[int]:
+    """Direct child processes of ``pid`` (Linux /proc; the daemon's session workers)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out |= {int(c) for c in (task / "children").read_text().split()}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie is gone for our purposes
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+    return True
+
+
+def test_destination_killed_during_switchover_finishes_on_source(
+    tmp_path: Path, image: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The destination dies after committing the session but before its final acknowledgement
+    reaches the source (widened with the test-only delay): the source is still authoritative, so
+    the guest, stopped for the switchover, resumes there and finishes bit-identically, and the
+    dead destination leaves no worker behind."""
+    src = DaemonProcess(tmp_path / "s", ["sim:h100-80gb"])
+    monkeypatch.setenv(TEST_DELAY_FINAL_ACK_ENV, "20")
+    dst = DaemonProcess(tmp_path / "d", ["sim:h100-80gb"])
+    monkeypatch.delenv(TEST_DELAY_FINAL_ACK_ENV)
+    workers: set[int] = set()
+    try:
+        want = reference(src.address, image)
+        with Session(src.address, client="stays") as s:
+            g = Guest(s, image)
+            g.wait_steps(5)
+            out: list = []
+            t = threading.Thread(
+                target=lambda: out.extend(migrate(src.address, s.session_id, dst.address))
+            )
+            t.start()
+            deadline = time.monotonic() + 60
+            while "delaying the final acknowledgement" not in dst.log_text():
+                assert time.monotonic() < deadline, "the destination never reached the hook"
+                assert t.is_alive(), out[-1].error if out else "migration ended early"
+                time.sleep(0.01)
+            stalled_at = g.steps
+            time.sleep(0.2)
+            assert g.steps == stalled_at  # the guest is quiesced: this is the switchover
+            workers = _children(dst.proc.pid)
+            assert workers, "the destination should hold the incoming session's worker"
+            dst.stop(9)
+            t.join(60)
+            assert out and out[-1].phase == "failed", out[-1] if out else "no progress"
+            assert g.finish() == want
+            with ControlClient(src.address) as c:
+                (info,) = c.sessions().sessions
+                assert info.id == s.session_id and info.state in ("ready", "running")
+                assert not info.location
+            assert s._t.address == src.address and s._t.resumes == 0
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in workers if _alive(p)], "the dead destination's worker lingers"
+        _wait_no_sessions(src)
+    finally:
+        for p in workers:  # only the workers this test's destination started
+            with contextlib.suppress(ProcessLookupError):
+                if _alive(p):
+                    os.kill(p, signal.SIGKILL)
+        src.stop()
+        dst.stop()
+
+
+def _wait_no_sessions(d: DaemonProcess, timeout: float = 10) -> None:
+    """Like :func:`_no_sessions`, allowing the daemon a moment to notice a guest's close."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _no_sessions(d)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_migrate_while_a_neighbour_keeps_running(trio: list[DaemonProcess], image: bytes) -> None:
+    """Moving one session must not disturb another on the same daemon (own worker, own window):
+    both finish bit-identically, the neighbour never reconnects, the mover ends up alone."""
+    l4, a100, _ = trio
+    want = reference(l4.address, image)
+    with (
+        Session(l4.address, client="moving") as s,
+        Session(l4.address, client="neighbour") as n,
+    ):
+        gs, gn = Guest(s, image), Guest(n, image)
+        gs.wait_steps(5)
+        gn.wait_steps(5)
+        last = migrate(l4.address, s.session_id, a100.address)[-1]
+        assert last.phase == "done", last.error
+        assert gs.steps < STEPS and gn.steps < STEPS  # both moved / ran mid-run
+        with ControlClient(l4.address) as c:
+            (info,) = c.sessions().sessions
+            assert info.id == n.session_id and info.state in ("ready", "running")
+        with ControlClient(a100.address) as c:
+            (info,) = c.sessions().sessions
+            assert info.id == s.session_id
+        assert gs.finish() == want
+        assert gn.finish() == want
+        assert s._t.address == a100.address and s._t.resumes == 1
+        assert n._t.address == l4.address and n._t.resumes == 0
+    _wait_no_sessions(l4)
+    _wait_no_sessions(a100)
