@@ -53,7 +53,10 @@ def start_direct_server(
                 if ws.executor.closed:
                     return
         finally:
-            on_end()
+            # A parked (or migrated) session's worker must live until the daemon has its
+            # answer and releases it; ending here would race the reply on the channel.
+            if not ws.parked:
+                on_end()
 
     server = grpc.server(
         ThreadPoolExecutor(max_workers=2, thread_name_prefix="direct"), options=CHANNEL_OPTIONS
