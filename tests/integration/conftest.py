@@ -14,6 +14,7 @@ import pytest
 
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
+from tests.integration.workload import SRC
 
 
 @pytest.fixture
@@ -33,3 +34,18 @@ def session(daemon: DaemonProcess, request: pytest.FixtureRequest) -> Iterator[S
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def image(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
+    # PTX for compute_80: runs on the A100 (sm_80) and, JIT-compiled, on the H100 (sm_90)
+    return cuda_build(
+        SRC, "-fatbin", "-gencode", "arch=compute_80,code=compute_80", suffix=".fatbin"
+    ).read_bytes()
+
+
+@pytest.fixture
+def image_sm90_only(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
+    return cuda_build(
+        SRC, "-fatbin", "-gencode", "arch=compute_90,code=compute_90", suffix=".fatbin"
+    ).read_bytes()

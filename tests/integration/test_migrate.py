@@ -24,23 +24,9 @@ from crane.cli.migrate import migrate
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
-from tests.integration.test_checkpoint import SRC, Workload
+from tests.integration.workload import Workload
 
 STEPS = 300
-
-
-@pytest.fixture
-def image(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
-    return cuda_build(
-        SRC, "-fatbin", "-gencode", "arch=compute_80,code=compute_80", suffix=".fatbin"
-    ).read_bytes()
-
-
-@pytest.fixture
-def image_sm90_only(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
-    return cuda_build(
-        SRC, "-fatbin", "-gencode", "arch=compute_90,code=compute_90", suffix=".fatbin"
-    ).read_bytes()
 
 
 @pytest.fixture
