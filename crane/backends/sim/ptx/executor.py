@@ -166,17 +166,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                 if kind == CALL:
                     # ins.x = ("call", callee FuncInfo, arg copies, ret copies)
                     _, callee, args, _rets = ins.x
-                    pm_caller = st.pm[ins.fid]
-                    pm_callee = st.pm[callee.fid]
-                    for src_off, dst_off, size in args:
-                        if idx is None:
-                            pm_callee[:, dst_off : dst_off + size] = pm_caller[
-                                :, src_off : src_off + size
-                            ]
-                        else:
-                            pm_callee[idx, dst_off : dst_off + size] = pm_caller[
-                                idx, src_off : src_off + size
-                            ]
+                    _copy_params(st.pm[callee.fid], st.pm[ins.fid], args, idx)
                     stack = (*stack, pc)
                     pc = callee.entry_pc
                     continue
@@ -185,17 +175,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                         break  # the kernel returns: these lanes are done
                     site = code[stack[-1]]
                     _, callee, _args, rets = site.x
-                    pm_caller = st.pm[site.fid]
-                    pm_callee = st.pm[callee.fid]
-                    for src_off, dst_off, size in rets:
-                        if idx is None:
-                            pm_caller[:, dst_off : dst_off + size] = pm_callee[
-                                :, src_off : src_off + size
-                            ]
-                        else:
-                            pm_caller[idx, dst_off : dst_off + size] = pm_callee[
-                                idx, src_off : src_off + size
-                            ]
+                    _copy_params(st.pm[site.fid], st.pm[callee.fid], rets, idx)
                     pc = stack[-1] + 1
                     stack = stack[:-1]
                     if groups:
@@ -339,3 +319,11 @@ def _release_blocks(code: list, st, parked: dict, groups: dict, held_blk, n: int
         groups[nk] = merge(groups[nk], go, n) if nk in groups else go
         released = True
     return released
+
+
+def _copy_params(dst, src, copies, idx) -> None:  # type: ignore[no-untyped-def]
+    """Copy a call's argument (or return) bytes between the caller's and the callee's param
+    space, for every lane (``idx is None``) or for the lanes in ``idx``."""
+    rows = slice(None) if idx is None else idx
+    for src_off, dst_off, size in copies:
+        dst[rows, dst_off : dst_off + size] = src[rows, src_off : src_off + size]
