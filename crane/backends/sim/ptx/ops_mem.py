@@ -130,6 +130,12 @@ def _h_ld_pm(st, ins, idx) -> None:
 
 
 def dec_ld(ctx, mods) -> None:
+    _dec_access(ctx, mods, load=True)
+
+
+def _dec_access(ctx, mods, load: bool) -> None:
+    """``ld [addr] -> regs`` / ``st [addr], values``: the same modifiers and address forms,
+    operands in opposite order."""
     m = Mods(ctx, mods)
     space = decode_space(ctx, m)
     _strip_cache_policy(ctx, m)
@@ -137,11 +143,16 @@ def dec_ld(ctx, mods) -> None:
     m.done()
     ctx.nops(2)
     ins = ctx.ins
-    ins.d = _dst_list(ctx, ctx.ops[0], ty)
-    if len(ins.d) != nvec:
-        raise ctx.error(f"expected {nvec} destination registers")
-    addr = ctx.address(ctx.ops[1])
-    _set_access(ctx, space, addr, ty, nvec, load=True)
+    if load:
+        ins.d = _dst_list(ctx, ctx.ops[0], ty)
+        if len(ins.d) != nvec:
+            raise ctx.error(f"expected {nvec} destination registers")
+    else:
+        ins.b = _src_list(ctx, ctx.ops[1], ty)
+        if len(ins.b) != nvec:
+            raise ctx.error(f"expected {nvec} source operands")
+    addr = ctx.address(ctx.ops[1] if load else ctx.ops[0])
+    _set_access(ctx, space, addr, ty, nvec, load=load)
 
 
 def _set_access(ctx, space: str, addr, ty: PtxType, nvec: int, load: bool) -> None:
@@ -210,18 +221,7 @@ def _h_st_pm(st, ins, idx) -> None:
 
 
 def dec_st(ctx, mods) -> None:
-    m = Mods(ctx, mods)
-    space = decode_space(ctx, m)
-    _strip_cache_policy(ctx, m)
-    nvec, ty = _vec_and_type(ctx, m)
-    m.done()
-    ctx.nops(2)
-    ins = ctx.ins
-    ins.b = _src_list(ctx, ctx.ops[1], ty)
-    if len(ins.b) != nvec:
-        raise ctx.error(f"expected {nvec} source operands")
-    addr = ctx.address(ctx.ops[0])
-    _set_access(ctx, space, addr, ty, nvec, load=False)
+    _dec_access(ctx, mods, load=False)
 
 
 # ---- address conversion -------------------------------------------------------------------
