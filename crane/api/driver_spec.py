@@ -111,6 +111,16 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuEventCreate@2000", "cuEventDestroy@4000", "cuEventRecord@2000",
          "cuEventRecordWithFlags@11010", "cuEventSynchronize@2000", "cuEventQuery@2000",
          "cuEventElapsedTime@2000,12080")
+    # -- Python, virtual memory management (h_vmm, crane.guest.vmm): reservations and handles
+    #    are guest records; a mapping commits memory at its address through the session --------
+    + _e(PY, True,
+         "cuMemGetAllocationGranularity@10020", "cuMemAddressReserve@10020",
+         "cuMemSetAccess@10020", "cuMemGetAccess@10020",
+         "cuMemGetAllocationPropertiesFromHandle@10020", "cuMemRetainAllocationHandle@11000",
+         "cuMemExportToShareableHandle@10020", "cuMemImportFromShareableHandle@10020")
+    + _e(PY, False,
+         "cuMemAddressFree@10020", "cuMemCreate@10020", "cuMemRelease@10020", "cuMemMap@10020",
+         "cuMemUnmap@10020")
     # -- Python, stream capture and graphs: recorded and replayed in the guest (h_graph) -------
     + _e(PY, False,
          "cuStreamBeginCapture@10000,10010", "cuStreamBeginCaptureToGraph@12030",

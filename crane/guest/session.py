@@ -12,6 +12,7 @@ should see; errors of asynchronous calls are raised by the next synchronizing ca
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import struct
 import threading
@@ -29,6 +30,7 @@ from crane.backends.identity import snapshot_from_proto
 from crane.guest.handles import HandleAllocator, HandleKind
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
+from crane.guest.vmm import Vmm
 from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
 
 __all__ = ["Function", "KernelLayout", "Module", "Session"]
@@ -105,6 +107,8 @@ class Session:
             self._unmap_chunk,
             granularity=o.chunk_granularity,
         )
+        #: The CUDA VMM API's reservations, handles and mappings (crane.guest.vmm).
+        self.vmm = Vmm(self.va, _VmmDevice(self), self._lock)
         self.primary_context = self.ctx_create()
 
     @classmethod
@@ -179,6 +183,7 @@ class Session:
 
     def ctx_destroy(self, ctx: int) -> None:
         self._ctx(ctx)
+        self.vmm.forget_context(ctx)
         self._async(_O["CTX_DESTROY"], ctx)
         self._objs.contexts.discard(ctx)
 
@@ -227,6 +232,25 @@ class Session:
             self._async(_O["MEM_FREE"], addr)
             self.va.free(addr)
 
+    def _spans(self, addr: int, size: int) -> list[tuple[int, int]] | None:
+        """The pieces of a device range that runs across back-to-back VMM mappings (one range
+        to the application, separate allocations to the worker); None otherwise."""
+        if not self.va.mappings or self.va.check(addr, size):
+            return None
+        return self.va.segments(addr, size)
+
+    def _cuts(self, dst: int, src: int, size: int) -> list[tuple[int, int]] | None:
+        """Offsets ``(off, n)`` splitting a device-to-device copy so that each piece lies in
+        one allocation or mapping on both sides; None when no split is needed."""
+        d, s = self._spans(dst, size), self._spans(src, size)
+        if d is None and s is None:
+            return None
+        cuts = {0, size}
+        cuts.update(a - dst for a, _ in d or ())
+        cuts.update(a - src for a, _ in s or ())
+        edges = sorted(cuts)
+        return [(a, b - a) for a, b in itertools.pairwise(edges)]
+
     def mem_get_info(self) -> tuple[int, int]:
         reply = self._sync(_O["MEM_GET_INFO"])
         return _O["MEM_GET_INFO"].unpack_results(reply.out)
@@ -240,6 +264,11 @@ class Session:
             if not isinstance(src, np.ndarray)
             else memoryview(np.ascontiguousarray(src)).cast("B")
         )
+        spans = self._spans(dst, view.nbytes)
+        if spans:
+            for a, n in spans:
+                self.memcpy_htod(a, view[a - dst : a - dst + n], stream)
+            return
         self._range(dst, view.nbytes)
         stream = self._stream(stream)
         op = _O["MEMCPY_HTOD"]
@@ -265,6 +294,12 @@ class Session:
             size = target.nbytes if size is None else size
         if size is None:
             raise TypeError("memcpy_dtoh needs size or out")
+        spans = self._spans(src, size)
+        if spans:
+            whole = target if target is not None else memoryview(bytearray(size))
+            for a, n in spans:
+                self.memcpy_dtoh(a, n, stream, out=whole[a - src : a - src + n])
+            return None if target is not None else bytes(whole)
         self._range(src, size)
         stream = self._stream(stream)
         op = _O["MEMCPY_DTOH"]
@@ -282,11 +317,21 @@ class Session:
         return None if target is not None else bytes(buf)
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: int = 0) -> None:
+        cuts = self._cuts(dst, src, size)
+        if cuts:
+            for off, n in cuts:
+                self.memcpy_dtod(dst + off, src + off, n, stream)
+            return
         self._range(src, size)
         self._range(dst, size)
         self._async(_O["MEMCPY_DTOD"], dst, src, size, self._stream(stream))
 
     def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
+        spans = self._spans(dst, elem * count)
+        if spans and all(n % elem == 0 for _, n in spans):
+            for a, n in spans:
+                self._memset(a, value, elem, n // elem, stream)
+            return
         self._range(dst, elem * count)
         self._async(
             _O["MEMSET"], dst, value & ((1 << (8 * elem)) - 1), elem, count, self._stream(stream)
@@ -530,6 +575,55 @@ class Session:
             pass
         finally:
             self._t.close()
+
+
+class _VmmDevice:
+    """Device memory for the VMM API (crane.guest.vmm.Device) over the session's wire: a
+    mapping is a chunk committed at the mapped address holding one allocation of its size."""
+
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def commit(self, ctx: int, addr: int, size: int) -> None:
+        op = _O["MEM_MAP_CHUNK"]
+        seq = self.s._t.enqueue(op, op.pack(addr, size), expect=True)
+        reply = self.s._t.wait(seq)
+        try:
+            self.s._settle(seq, reply)  # an earlier asynchronous error is raised first
+        except CudaError:
+            if reply.result == 0:  # mapped all the same: undo, the caller saw a failure
+                self.s._async(_O["MEM_UNMAP_CHUNK"], addr)
+            raise
+        self.s._async(_O["MEM_ALLOC"], ctx, addr, size)
+
+    def decommit(self, addr: int) -> None:
+        self.s._async(_O["MEM_FREE"], addr)
+        self.s._async(_O["MEM_UNMAP_CHUNK"], addr)
+
+    def _settle_all(self) -> None:
+        self.s._sync(_O["CTX_SYNCHRONIZE"], self.s.primary_context)
+
+    def move(self, dst: int, src: int, size: int) -> None:
+        self._settle_all()
+        self.s._async(_O["MEMCPY_DTOD"], dst, src, size, 0)
+
+    def save(self, addr: int, size: int) -> bytes:
+        self._settle_all()
+        out = bytearray(size)
+        op = _O["MEMCPY_DTOH"]
+        for off in range(0, size, MAX_CHUNK):
+            n = min(MAX_CHUNK, size - off)
+            data = self.s._sync(op, addr + off, n, 0).data
+            out[off : off + len(data)] = data
+        return bytes(out)
+
+    def restore(self, addr: int, data: bytes) -> None:
+        view = memoryview(data)
+        for off in range(0, len(view), MAX_CHUNK):
+            self.s._async(_O["MEMCPY_HTOD"], addr + off, 0, data=bytes(view[off : off + MAX_CHUNK]))
+
+    def free_memory(self) -> int:
+        return self.s.mem_get_info()[0]
 
 
 def pack_params(layout: KernelLayout, values: Sequence[object]) -> bytes:

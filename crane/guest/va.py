@@ -8,6 +8,14 @@ chunk is the only operation that asks the daemon (it can run out of device memor
 ``max_chunk``) so small programs commit little while large ones make few round trips; one empty
 chunk of at most ``max_chunk`` bytes is kept for reuse, the others (and every dedicated chunk of
 a large allocation) are released so ``cuMemGetInfo`` reflects frees.
+
+The window is also what the CUDA virtual memory management API hands out
+(:mod:`crane.guest.vmm`): :meth:`VaAllocator.reserve` takes a range of it for
+``cuMemAddressReserve`` (at the caller's hint when that range is free; otherwise from the top of
+the window, away from the chunks that grow from the bottom), and :meth:`VaAllocator.add_mapping`
+registers a range mapped there, so that :meth:`VaAllocator.check` (the local validity check of
+every copy and memset) and :meth:`VaAllocator.lookup` see it as device memory. :meth:`find` and
+:meth:`free` keep meaning ``cuMemAlloc`` allocations only.
 """
 
 from __future__ import annotations
@@ -44,6 +52,34 @@ class FreeList:
                 if n - pad > size:
                     rest.append((start + size, n - pad - size))
                 self.ranges[i : i + 1] = rest
+                return start
+        return None
+
+    def take_at(self, start: int, size: int) -> bool:
+        """Take exactly ``[start, start+size)`` if it lies inside one free range."""
+        i = bisect.bisect_right(self.ranges, (start, 1 << 64)) - 1
+        if i < 0 or size <= 0:
+            return False
+        off, n = self.ranges[i]
+        if start + size > off + n:
+            return False
+        rest = []
+        if start > off:
+            rest.append((off, start - off))
+        if start + size < off + n:
+            rest.append((start + size, off + n - start - size))
+        self.ranges[i : i + 1] = rest
+        return True
+
+    def take_last(self, size: int, align: int = 1) -> int | None:
+        """Take the highest ``align``-aligned range of ``size`` bytes (last fit)."""
+        for i in range(len(self.ranges) - 1, -1, -1):
+            off, n = self.ranges[i]
+            if n < size:
+                continue
+            start = (off + n - size) // align * align
+            if start >= off:
+                self.take_at(start, size)
                 return start
         return None
 
@@ -106,6 +142,12 @@ class VaAllocator:
         self._alloc_starts: list[int] = []
         self._next_chunk = granularity
         self._spare: int | None = None  # an empty chunk kept for reuse
+        #: VMM address reservations (cuMemAddressReserve): start -> size.
+        self.reservations: dict[int, int] = {}
+        self._res_starts: list[int] = []
+        #: Ranges mapped inside reservations (cuMemMap): start -> size.
+        self.mappings: dict[int, int] = {}
+        self._map_starts: list[int] = []
 
     # ---- public --------------------------------------------------------------------------
     def alloc(self, size: int) -> int:
@@ -151,9 +193,122 @@ class VaAllocator:
         return (start, size) if addr < start + size else None
 
     def check(self, addr: int, size: int) -> bool:
-        """True if ``[addr, addr+size)`` lies inside one allocation."""
+        """True if ``[addr, addr+size)`` lies inside one allocation or one VMM mapping."""
         hit = self.find(addr)
-        return hit is not None and addr + size <= hit[0] + hit[1]
+        if hit is not None and addr + size <= hit[0] + hit[1]:
+            return True
+        if not self.mappings:
+            return False
+        m = self.mapping(addr)
+        return m is not None and addr + size <= m[0] + m[1]
+
+    def lookup(self, addr: int) -> tuple[int, int] | None:
+        """The (start, size) of the allocation or VMM mapping containing ``addr``, or None."""
+        return self.find(addr) or (self.mapping(addr) if self.mappings else None)
+
+    # ---- VMM: reservations and mappings ----------------------------------------------------
+    def reserve(self, size: int, align: int = 0, hint: int = 0) -> int:
+        """Reserve ``size`` bytes of the window (``cuMemAddressReserve``) and return the start.
+
+        ``size`` must be a multiple of the granularity; ``align`` is 0 (the granularity) or a
+        power of two (raised to the granularity if smaller). A non-zero ``hint`` is honoured
+        when ``[hint, hint+size)`` is aligned, inside the window and wholly free; otherwise (as
+        the driver treats it: only a hint) the highest free aligned range is taken."""
+        g = self.granularity
+        if size <= 0 or size % g:
+            raise VaError(f"reservation size {size:#x} is not a positive multiple of {g:#x}")
+        if align < 0 or align & (align - 1):
+            raise VaError(f"alignment {align:#x} is not a power of two")
+        align = max(align, g)
+        got: int | None = hint
+        if not (hint and hint % align == 0 and self._va_free.take_at(hint, size)):
+            got = self._va_free.take_last(size, align)
+            if got is None:
+                raise VaError(
+                    f"the session's VA window has no free range of {size:#x} bytes "
+                    f"aligned to {align:#x}"
+                )
+        self.reservations[got] = size
+        bisect.insort(self._res_starts, got)
+        return got
+
+    def unreserve(self, addr: int, size: int) -> None:
+        """Give a reservation back (``cuMemAddressFree``); it must hold no mapping."""
+        if self.reservations.get(addr) != size:
+            raise VaError(f"{addr:#x}+{size:#x} is not an address reservation")
+        if self.overlaps_mapping(addr, size):
+            raise VaError(f"reservation {addr:#x}+{size:#x} still has mapped ranges")
+        del self.reservations[addr]
+        del self._res_starts[bisect.bisect_left(self._res_starts, addr)]
+        self._give_va(addr, size)
+
+    def reservation(self, addr: int) -> tuple[int, int] | None:
+        """The (start, size) of the reservation containing ``addr``, or None."""
+        return self._containing(self._res_starts, self.reservations, addr)
+
+    def add_mapping(self, addr: int, size: int) -> None:
+        """Register ``[addr, addr+size)`` as mapped device memory: inside one reservation,
+        overlapping no other mapping."""
+        res = self.reservation(addr)
+        if size <= 0 or res is None or addr + size > res[0] + res[1]:
+            raise VaError(f"{addr:#x}+{size:#x} is not inside one address reservation")
+        if self.overlaps_mapping(addr, size):
+            raise VaError(f"{addr:#x}+{size:#x} overlaps a mapped range")
+        self.mappings[addr] = size
+        bisect.insort(self._map_starts, addr)
+
+    def remove_mapping(self, addr: int) -> int:
+        """Forget the mapping that starts at ``addr``; returns its size."""
+        size = self.mappings.pop(addr, None)
+        if size is None:
+            raise VaError(f"{addr:#x} is not the start of a mapped range")
+        del self._map_starts[bisect.bisect_left(self._map_starts, addr)]
+        return size
+
+    def overlaps_mapping(self, addr: int, size: int) -> bool:
+        """True if any mapped range overlaps ``[addr, addr+size)``."""
+        return self._overlapping(self._map_starts, self.mappings, addr, size)
+
+    def mapping(self, addr: int) -> tuple[int, int] | None:
+        """The (start, size) of the VMM mapping containing ``addr``, or None."""
+        return self._containing(self._map_starts, self.mappings, addr)
+
+    def mapped_span(self, addr: int, size: int) -> list[tuple[int, int]] | None:
+        """The mappings, in order, that together cover ``[addr, addr+size)`` without a gap
+        (VMM mappings placed back to back form one usable range), or None."""
+        out: list[tuple[int, int]] = []
+        at, end = addr, addr + size
+        while at < end:
+            m = self.mapping(at)
+            if m is None:
+                return None
+            out.append(m)
+            at = m[0] + m[1]
+        return out if size > 0 else None
+
+    def segments(self, addr: int, size: int) -> list[tuple[int, int]] | None:
+        """Split ``[addr, addr+size)`` at mapping boundaries when it runs across back-to-back
+        VMM mappings: ``[(start, size), ...]``, each inside one mapping. None when the range is
+        not covered by mappings (or needs no split)."""
+        span = self.mapped_span(addr, size) if self.mappings else None
+        if span is None or len(span) < 2:
+            return None
+        end = addr + size
+        return [(max(a, addr), min(a + n, end) - max(a, addr)) for a, n in span]
+
+    @staticmethod
+    def _containing(starts: list[int], table: dict[int, int], addr: int) -> tuple[int, int] | None:
+        i = bisect.bisect_right(starts, addr) - 1
+        if i < 0:
+            return None
+        start = starts[i]
+        size = table[start]
+        return (start, size) if addr < start + size else None
+
+    @staticmethod
+    def _overlapping(starts: list[int], table: dict[int, int], addr: int, size: int) -> bool:
+        i = bisect.bisect_left(starts, addr + size) - 1
+        return i >= 0 and starts[i] + table[starts[i]] > addr
 
     @property
     def mapped_bytes(self) -> int:

@@ -25,6 +25,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_misc,
     h_module,
     h_stream,
+    h_vmm,
 )
 from crane.interposer.registry import HANDLERS
 from crane.interposer.runtime import RT

@@ -124,7 +124,7 @@ def mem_free_async(dptr: int, stream: Any) -> None:
 
 @handles("cuMemGetAddressRange@3020")
 def mem_get_address_range(pbase: Any, psize: Any, dptr: int) -> None:
-    hit = RT.session().va.find(dptr)
+    hit = RT.session().va.lookup(dptr)  # an allocation, or a VMM mapping
     if hit is None or dptr >= hit[0] + hit[1]:
         raise CudaError(CUresult.CUDA_ERROR_NOT_FOUND, f"{dptr:#x} is not in an allocation")
     if pbase != RT.ffi.NULL:

@@ -69,7 +69,7 @@ def pointer_attributes(ptr: int) -> dict[int, int] | None:
     """Every attribute's value for ``ptr``, or None if Crane does not know the pointer."""
     s = RT.session()
     if is_device(s, ptr):
-        hit = s.va.find(ptr)
+        hit = s.va.lookup(ptr)  # an allocation, or a VMM mapping
         if hit is None or ptr >= hit[0] + hit[1]:
             return None
         start, size = hit

@@ -1136,9 +1136,17 @@ CUresult cuLogsRegisterCallback(void) { return crane_unsupported("cuLogsRegister
 
 CUresult cuLogsUnregisterCallback(void) { return crane_unsupported("cuLogsUnregisterCallback"); }
 
-CUresult cuMemAddressFree(void) { return crane_unsupported("cuMemAddressFree"); }
+CUresult cuMemAddressFree(unsigned long long ptr, size_t size) {
+    CUresult r = crane_py_cuMemAddressFree_10020(ptr, size);
+    if (crane_trace_on) crane_trace("cuMemAddressFree", r, "ptr=%#llx size=%zu", (unsigned long long)ptr, (size_t)size);
+    return r;
+}
 
-CUresult cuMemAddressReserve(void) { return crane_unsupported("cuMemAddressReserve"); }
+CUresult cuMemAddressReserve(unsigned long long * ptr, size_t size, size_t alignment, unsigned long long addr, unsigned long long flags) {
+    CUresult r = crane_py_cuMemAddressReserve_10020(ptr, size, alignment, addr, flags);
+    if (crane_trace_on) crane_trace("cuMemAddressReserve", r, "ptr=%p size=%zu alignment=%zu addr=%#llx flags=%#llx", (const void *)ptr, (size_t)size, (size_t)alignment, (unsigned long long)addr, (unsigned long long)flags);
+    return r;
+}
 
 CUresult cuMemAdvise(void) { return crane_unsupported("cuMemAdvise"); }
 
@@ -1190,7 +1198,11 @@ CUresult cuMemBatchDecompressAsync(void) { return crane_unsupported("cuMemBatchD
 
 CUresult cuMemBatchDecompressAsync_ptsz(void) { return crane_unsupported("cuMemBatchDecompressAsync_ptsz"); }
 
-CUresult cuMemCreate(void) { return crane_unsupported("cuMemCreate"); }
+CUresult cuMemCreate(unsigned long long * handle, size_t size, void * prop, unsigned long long flags) {
+    CUresult r = crane_py_cuMemCreate_10020(handle, size, prop, flags);
+    if (crane_trace_on) crane_trace("cuMemCreate", r, "handle=%p size=%zu prop=%p flags=%#llx", (const void *)handle, (size_t)size, (const void *)prop, (unsigned long long)flags);
+    return r;
+}
 
 CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return crane_unsupported("cuMemDiscardAndPrefetchBatchAsync"); }
 
@@ -1200,7 +1212,11 @@ CUresult cuMemDiscardBatchAsync(void) { return crane_unsupported("cuMemDiscardBa
 
 CUresult cuMemDiscardBatchAsync_ptsz(void) { return crane_unsupported("cuMemDiscardBatchAsync_ptsz"); }
 
-CUresult cuMemExportToShareableHandle(void) { return crane_unsupported("cuMemExportToShareableHandle"); }
+CUresult cuMemExportToShareableHandle(void * shareableHandle, unsigned long long handle, int handleType, unsigned long long flags) {
+    CUresult r = crane_py_cuMemExportToShareableHandle_10020(shareableHandle, handle, handleType, flags);
+    if (crane_trace_on) crane_trace("cuMemExportToShareableHandle", r, "shareableHandle=%p handle=%#llx handleType=%d flags=%#llx", (const void *)shareableHandle, (unsigned long long)handle, (int)handleType, (unsigned long long)flags);
+    return r;
+}
 
 CUresult cuMemFree(void) { return crane_unsupported("cuMemFree"); }
 
@@ -1228,7 +1244,11 @@ CUresult cuMemFreeHost(void * p) {
     return r;
 }
 
-CUresult cuMemGetAccess(void) { return crane_unsupported("cuMemGetAccess"); }
+CUresult cuMemGetAccess(unsigned long long * flags, void * location, unsigned long long ptr) {
+    CUresult r = crane_py_cuMemGetAccess_10020(flags, location, ptr);
+    if (crane_trace_on) crane_trace("cuMemGetAccess", r, "flags=%p location=%p ptr=%#llx", (const void *)flags, (const void *)location, (unsigned long long)ptr);
+    return r;
+}
 
 CUresult cuMemGetAddressRange(void) { return crane_unsupported("cuMemGetAddressRange"); }
 
@@ -1238,9 +1258,17 @@ CUresult cuMemGetAddressRange_v2(unsigned long long * pbase, size_t * psize, uns
     return r;
 }
 
-CUresult cuMemGetAllocationGranularity(void) { return crane_unsupported("cuMemGetAllocationGranularity"); }
+CUresult cuMemGetAllocationGranularity(size_t * granularity, void * prop, int option) {
+    CUresult r = crane_py_cuMemGetAllocationGranularity_10020(granularity, prop, option);
+    if (crane_trace_on) crane_trace("cuMemGetAllocationGranularity", r, "granularity=%p prop=%p option=%d", (const void *)granularity, (const void *)prop, (int)option);
+    return r;
+}
 
-CUresult cuMemGetAllocationPropertiesFromHandle(void) { return crane_unsupported("cuMemGetAllocationPropertiesFromHandle"); }
+CUresult cuMemGetAllocationPropertiesFromHandle(void * prop, unsigned long long handle) {
+    CUresult r = crane_py_cuMemGetAllocationPropertiesFromHandle_10020(prop, handle);
+    if (crane_trace_on) crane_trace("cuMemGetAllocationPropertiesFromHandle", r, "prop=%p handle=%#llx", (const void *)prop, (unsigned long long)handle);
+    return r;
+}
 
 CUresult cuMemGetDefaultMemPool(void) { return crane_unsupported("cuMemGetDefaultMemPool"); }
 
@@ -1286,9 +1314,17 @@ CUresult cuMemHostUnregister(void * p) {
     return r;
 }
 
-CUresult cuMemImportFromShareableHandle(void) { return crane_unsupported("cuMemImportFromShareableHandle"); }
+CUresult cuMemImportFromShareableHandle(unsigned long long * handle, void * osHandle, int shHandleType) {
+    CUresult r = crane_py_cuMemImportFromShareableHandle_10020(handle, osHandle, shHandleType);
+    if (crane_trace_on) crane_trace("cuMemImportFromShareableHandle", r, "handle=%p osHandle=%p shHandleType=%d", (const void *)handle, (const void *)osHandle, (int)shHandleType);
+    return r;
+}
 
-CUresult cuMemMap(void) { return crane_unsupported("cuMemMap"); }
+CUresult cuMemMap(unsigned long long ptr, size_t size, size_t offset, unsigned long long handle, unsigned long long flags) {
+    CUresult r = crane_py_cuMemMap_10020(ptr, size, offset, handle, flags);
+    if (crane_trace_on) crane_trace("cuMemMap", r, "ptr=%#llx size=%zu offset=%zu handle=%#llx flags=%#llx", (unsigned long long)ptr, (size_t)size, (size_t)offset, (unsigned long long)handle, (unsigned long long)flags);
+    return r;
+}
 
 CUresult cuMemMapArrayAsync(void) { return crane_unsupported("cuMemMapArrayAsync"); }
 
@@ -1332,15 +1368,31 @@ CUresult cuMemRangeGetAttribute(void) { return crane_unsupported("cuMemRangeGetA
 
 CUresult cuMemRangeGetAttributes(void) { return crane_unsupported("cuMemRangeGetAttributes"); }
 
-CUresult cuMemRelease(void) { return crane_unsupported("cuMemRelease"); }
+CUresult cuMemRelease(unsigned long long handle) {
+    CUresult r = crane_py_cuMemRelease_10020(handle);
+    if (crane_trace_on) crane_trace("cuMemRelease", r, "handle=%#llx", (unsigned long long)handle);
+    return r;
+}
 
-CUresult cuMemRetainAllocationHandle(void) { return crane_unsupported("cuMemRetainAllocationHandle"); }
+CUresult cuMemRetainAllocationHandle(unsigned long long * handle, void * addr) {
+    CUresult r = crane_py_cuMemRetainAllocationHandle_11000(handle, addr);
+    if (crane_trace_on) crane_trace("cuMemRetainAllocationHandle", r, "handle=%p addr=%p", (const void *)handle, (const void *)addr);
+    return r;
+}
 
-CUresult cuMemSetAccess(void) { return crane_unsupported("cuMemSetAccess"); }
+CUresult cuMemSetAccess(unsigned long long ptr, size_t size, void * desc, size_t count) {
+    CUresult r = crane_py_cuMemSetAccess_10020(ptr, size, desc, count);
+    if (crane_trace_on) crane_trace("cuMemSetAccess", r, "ptr=%#llx size=%zu desc=%p count=%zu", (unsigned long long)ptr, (size_t)size, (const void *)desc, (size_t)count);
+    return r;
+}
 
 CUresult cuMemSetMemPool(void) { return crane_unsupported("cuMemSetMemPool"); }
 
-CUresult cuMemUnmap(void) { return crane_unsupported("cuMemUnmap"); }
+CUresult cuMemUnmap(unsigned long long ptr, size_t size) {
+    CUresult r = crane_py_cuMemUnmap_10020(ptr, size);
+    if (crane_trace_on) crane_trace("cuMemUnmap", r, "ptr=%#llx size=%zu", (unsigned long long)ptr, (size_t)size);
+    return r;
+}
 
 CUresult cuMemcpy(unsigned long long dst, unsigned long long src, size_t ByteCount) {
     CUresult r = crane_py_cuMemcpy_4000(dst, src, ByteCount);
