@@ -50,9 +50,34 @@ def module_load_data(out: Any, image: Any) -> None:
     _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))
 
 
+_JIT_ERROR_LOG_BUFFER, _JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 5, 6
+
+
 @handles("cuModuleLoadDataEx@2010")
 def module_load_data_ex(out: Any, image: Any, n: int, opts: Any, vals: Any) -> None:
-    _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))  # JIT options are hints
+    """Other JIT options are hints to a JIT that runs on the daemon; an error log buffer is
+    filled with the reason a load failed, as the driver's JIT fills it with ptxas' message."""
+    try:
+        _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))
+    except CudaError as e:
+        _write_jit_log(n, opts, vals, e.message)
+        raise
+
+
+def _write_jit_log(n: int, opts: Any, vals: Any, text: str) -> None:
+    if n <= 0 or opts == RT.ffi.NULL or vals == RT.ffi.NULL:
+        return
+    given = {int(opts[i]): i for i in range(n)}
+    if _JIT_ERROR_LOG_BUFFER not in given or _JIT_ERROR_LOG_BUFFER_SIZE_BYTES not in given:
+        return
+    buf = vals[given[_JIT_ERROR_LOG_BUFFER]]
+    size_slot = given[_JIT_ERROR_LOG_BUFFER_SIZE_BYTES]
+    size = int(RT.ffi.cast("uintptr_t", vals[size_slot]))
+    if buf == RT.ffi.NULL or size <= 0:
+        return
+    data = text.encode("utf-8", "replace")[: size - 1] + b"\0"
+    RT.ffi.memmove(RT.ffi.cast("char *", buf), data, len(data))
+    vals[size_slot] = RT.ffi.cast("void *", len(data) - 1)  # the driver reports bytes used
 
 
 @handles("cuModuleLoad@2000")
