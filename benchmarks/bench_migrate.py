@@ -10,21 +10,22 @@ step), synchronizes and "computes" for STEP_PAUSE_S; the rest of the memory stay
 session is then moved to a second craned (also sim:h100-80gb: the guest was told H100 limits)
 through the Migration service, the same RPC ``crane migrate`` uses, in three modes per size:
 
-* ``precopy``: default rounds (max_rounds=0 → the source's default 8, stop at 4 MiB dirty);
-* ``no-precopy``: max_rounds=1, what ``crane migrate --no-precopy`` sends. Round 0 (all memory)
-  still streams while the guest runs; only the iterative rounds are skipped, so the final round
-  carries everything written since round 0 began;
-* ``park-restore``: the full stop-and-copy, done cold with Control.Checkpoint (release) and
-  Control.Restore: the guest waits for the whole copy. Why: it is what "without pre-copy" costs
-  when no memory moves while the program runs, the case the targets are about.
+* ``precopy``: default rounds (max_rounds=0: the source's default, 8 rounds in all; pre-copy
+  stops once <= 4 MiB is dirty or the dirty set stops shrinking);
+* ``no-precopy``: max_rounds=1, what ``crane migrate --no-precopy`` sends: a true stop-and-copy
+  (nothing moves while the guest runs; the one round carries the whole session, live);
+* ``park-restore``: the same stop-and-copy done cold with Control.Checkpoint (release) and
+  Control.Restore through a file: the guest waits for the whole copy.
 
-Why both downtimes: the source reports its own (batch lock taken → destination acknowledged the
-final round); the guest sees that plus redirect and reconnect, so the step during which the
-guest's transport resumed on the destination (minus a median step) is reported next to it.
+Downtime is what the source reports: from the moment its worker stopped the session (batch lock
+taken) to the moment the source daemon can redirect the guest (the destination acknowledged the
+final round, so it is ready to serve it). The guest sees that plus its redirect and reconnection,
+so the step during which the guest's transport resumed on the destination, minus a median step,
+is reported next to it (*guest stall*).
 
-Baseline for total time: a bare gRPC Drain of the same number of bytes, in the transfer's 1 MiB
-messages, on the destination daemon's Diagnostics service (same socket, same run): what moving
-the session's bytes once costs with no capture, compression, checksums or restore.
+Baseline for total time: a bare gRPC Drain of the same number of bytes, in the transfer's
+messages (2 MiB), on the destination daemon's Diagnostics service (same socket, same run): what
+moving the session's bytes once costs with no capture, compression, checksums or restore.
 Target: downtime <= 100 ms when the write set per step is <= 64 MiB, independent of session size.
 """
 
@@ -50,12 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from crane.cli.control_client import ControlClient
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
+from crane.migrate.stream import WIRE_CHUNK
 from crane.v1 import control_pb2, control_pb2_grpc, diag_pb2
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 
 MiB = 1 << 20
-#: The transfer's wire message size (crane.migrate.source.WIRE_CHUNK), used by the baseline too.
-WIRE = 1 * MiB
+#: The transfer's wire message size, used by the baseline too.
+WIRE = WIRE_CHUNK
 #: Simulated compute per step: a guest that only memsets would hog the two cores that the
 #: workers, daemons and this process share, and no real training step is memset-only.
 STEP_PAUSE_S = 0.005
@@ -144,11 +146,12 @@ def raw_drain(address: str, block: bytes, size: int) -> float:
 
 def leftovers(d: DaemonProcess, timeout: float = 10) -> int:
     """Sessions still listed once the daemon had ``timeout`` s to reap closed ones (a guest's
-    close is noticed asynchronously, so an immediate listing can still show it)."""
+    close is noticed asynchronously, so an immediate listing can still show it); a migrated
+    session's redirect entry is not one (it holds nothing and expires by itself)."""
     deadline = time.monotonic() + timeout
     while True:
         with ControlClient(d.address) as c:
-            n = len(c.sessions().sessions)
+            n = sum(1 for s in c.sessions().sessions if s.state != "migrated")
         if n == 0 or time.monotonic() > deadline:
             return n
         time.sleep(0.05)
@@ -294,7 +297,8 @@ def main() -> int:
         "rewritten per step (device-to-device copy of that noise: incompressible)",
         "step_pause_s": STEP_PAUSE_S,
         "downtime_target_ms": DOWNTIME_TARGET_S * 1e3,
-        "baseline": "bare gRPC Drain of the session's bytes on the destination, 1 MiB messages",
+        "baseline": f"bare gRPC Drain of the session's bytes on the destination, {WIRE >> 20} MiB "
+        "messages",
         "cpus": os.cpu_count(),
         "results": results,
     }

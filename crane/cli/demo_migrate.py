@@ -44,7 +44,7 @@ int main() {
         unsigned *t = a; a = b; b = t;
         cudaDeviceSynchronize();
         if (s % 50 == 0) { printf("step %d\n", s); fflush(stdout); }
-        usleep(4000);
+        usleep(10000);  // ~3 s in all: still running when `crane ps` looks after the move
     }
     cudaMemcpy(h, a, n * sizeof(unsigned), cudaMemcpyDeviceToHost);
     unsigned long long sum = 0;

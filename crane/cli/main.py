@@ -59,9 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--session", required=True, help="session id (see crane ps)")
     v.add_argument("--to", required=True, help="destination daemon address")
     v.add_argument("--device", type=int, default=-1, help="device index there")
-    v.add_argument("--rounds", type=int, default=8, help="pre-copy rounds at most")
+    v.add_argument(
+        "--rounds", type=int, default=8, help="rounds at most, the stop-and-copy included"
+    )
     v.add_argument("--stop-mib", type=int, default=4, help="stop pre-copy below this dirty size")
-    v.add_argument("--no-precopy", action="store_true", help="stop-and-copy only")
+    v.add_argument(
+        "--no-precopy",
+        action="store_true",
+        help="stop-and-copy only: the guest stops while all of its memory moves",
+    )
     v.set_defaults(func=migrate.cmd_migrate)
     return p
 

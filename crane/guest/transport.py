@@ -51,6 +51,8 @@ BULK_BATCH = 256 << 10
 MAX_QUEUED_BATCHES = 4096
 #: Bytes of sent batches kept for a resend before the sender waits for an acknowledgement.
 MAX_UNACKED_BYTES = 256 << 20
+#: First pause before asking the daemons again for a session none can serve yet (doubles to 1 s).
+RESUME_FIRST_RETRY_S = 0.005
 #: gRPC codes after which the session may still exist elsewhere (parked, moved): try Resume.
 _RESUMABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
@@ -140,7 +142,12 @@ class Transport:
             ).startswith("unix:")
         target = self.opened.direct_address
         if direct and target:
-            ch = grpc.insecure_channel(to_grpc_target(target), options=CHANNEL_OPTIONS)
+            # a subchannel of its own: one shared with an earlier channel to the same socket
+            # path (the session's previous worker here) would inherit its reconnection back-off
+            ch = grpc.insecure_channel(
+                to_grpc_target(target),
+                options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)],
+            )
             try:
                 grpc.channel_ready_future(ch).result(timeout=2)
             except grpc.FutureTimeoutError:
@@ -170,16 +177,32 @@ class Transport:
         if self._resume_deadline is None:
             self._resume_deadline = time.monotonic() + self.resume_timeout
             log.info("session %s: call stream broke (%s); resuming", sid, cause.message)
-        delay = 0.05
+        if self._direct_channel is not None:
+            # its worker is gone or refused us: a later session worker at the same socket path
+            # must get a fresh connection, not this channel's reconnection back-off
+            self._direct_channel.close()
+            self._direct_channel = None
+        # A daemon holds a Resume while its session switches over, so the redirect comes at
+        # once; what is left to wait for here is a parked session's restore: retry soon, then
+        # back off.
+        delay = RESUME_FIRST_RETRY_S
         parked_seen = False
         while not self._closed:
             waiting = False
-            addrs = list(self.addresses)
+            gone: list[str] = []  # why daemons that knew the session no longer do
+            addrs = list(dict.fromkeys([self.address, *self.addresses]))  # where it broke first
             i = 0
             while i < len(addrs):
                 addr = addrs[i]
                 i += 1
-                ch = grpc.insecure_channel(to_grpc_target(addr), options=CHANNEL_OPTIONS)
+                # the daemon the stream broke on is connected already: ask it first, on that
+                # channel (a migrated session's redirect comes from it)
+                reuse = addr == self.address
+                ch = (
+                    self._channel
+                    if reuse
+                    else grpc.insecure_channel(to_grpc_target(addr), options=CHANNEL_OPTIONS)
+                )
                 stub = guest_pb2_grpc.GuestStub(ch)
                 try:
                     opened = stub.Resume(
@@ -191,7 +214,8 @@ class Transport:
                         timeout=10,
                     )
                 except grpc.RpcError as e:
-                    ch.close()
+                    if not reuse:
+                        ch.close()
                     if e.code() in (grpc.StatusCode.NOT_FOUND,):
                         # migrated away: that daemon says where to (tried next, no alternates)
                         to = dict(e.trailing_metadata() or ()).get("crane-moved-to")
@@ -199,6 +223,8 @@ class Transport:
                             addrs.insert(i, to)
                             if to not in self.addresses:
                                 self.addresses.append(to)
+                        elif not to and "expired" in (e.details() or ""):
+                            gone.append(e.details())  # its parked entry timed out there
                         continue
                     if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         # parked there (retry), or that daemon is down: only worth waiting for
@@ -211,8 +237,9 @@ class Transport:
                 self._switch(addr, ch, stub, opened)
                 return None
             if not waiting:
+                why = f" ({'; '.join(gone)})" if gone else ""
                 return TransportError(
-                    cause.code, f"{cause.message}; no daemon knows session {sid} any more"
+                    cause.code, f"{cause.message}; no daemon knows session {sid} any more{why}"
                 )
             if time.monotonic() > self._resume_deadline:
                 return TransportError(
@@ -250,7 +277,7 @@ class Transport:
             self._inflight_cv.notify_all()
         self.resumes += 1
         for c in (old_direct, old_channel):
-            if c is not None:
+            if c is not None and c is not ch:
                 c.close()
         log.info("session %s resumed on %s (%s)", opened.session_id, addr, self.path)
 

@@ -1,9 +1,13 @@
 """The daemons' side of live migration: the source's watcher and the destination's receiver.
 
 Source: ``migrate_out`` moves the session to ``migrating``, tells its worker to migrate (the
-worker streams to the destination itself) and watches the worker's progress file. Done: the
-session becomes ``migrated`` (a tombstone answers the guest's ``Resume`` with a redirect) and
-its worker is released. Failed: back to the state it had, the guest never noticed.
+worker streams to the destination itself) and watches the worker's progress file, woken by a
+byte the worker writes to a FIFO after each update (the switchover is on the guest's clock: a
+poll interval would add to every downtime). Done: the session becomes ``migrated`` (a tombstone
+answers the guest's ``Resume`` with a redirect) and its worker is released. Failed: back to the
+state it had, the guest never noticed. The downtime reported is the guest's: from the moment the
+worker stopped the session to the moment this daemon can redirect the guest to the destination
+(which acknowledged the final round, so it is ready to serve it).
 
 Destination: ``preflight`` answers every reason it cannot take the session; ``transfer`` relays
 each round to a worker it starts for the session (a fresh one for every fresh round) and
@@ -13,10 +17,12 @@ final round's acknowledgement. A stream that ends earlier stops that worker: not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -24,22 +30,82 @@ from pathlib import Path
 from typing import Any
 
 from crane.daemon.errors import DaemonError
-from crane.daemon.sessions import WINDOW_BASE, WINDOW_SIZE, WINDOW_SLOTS, Session, SessionManager
+from crane.daemon.sessions import (
+    WINDOW_BASE,
+    WINDOW_SIZE,
+    WINDOW_SLOTS,
+    Session,
+    SessionManager,
+    adopt_record,
+)
 from crane.migrate.preflight import check_code, check_limits, check_memory
 from crane.modules.arch import format_cc
 from crane.v1 import peer_pb2
 from crane.worker.channel import ChannelClosed, Tag
 
-__all__ = ["abort_incoming", "migrate_out", "preflight", "transfer"]
+__all__ = [
+    "abort_incoming",
+    "changes",
+    "migrate_out",
+    "preflight",
+    "transfer",
+    "wait_switchover",
+]
 
 log = logging.getLogger("craned")
 
+#: How often the watcher looks at the worker without being woken (its exit; a lost wake-up).
 POLL_S = 0.05
+#: Scheduling priority of a migrated session's worker while it exits (see :func:`_settle`).
+RELEASE_NICE = 10
+#: Longest a guest's Resume waits for a switchover in progress before it is told to retry.
+SWITCHOVER_WAIT_S = 10.0
 #: Test-only: seconds the destination sleeps between committing an incoming session and sending
 #: the final acknowledgement. Why: the switchover window is a few milliseconds, too short to kill
 #: a daemon inside it deterministically; fault tests widen it with this variable and wait for the
 #: log line below. Never set in production (unset or 0: no delay).
 TEST_DELAY_FINAL_ACK_ENV = "CRANE_TEST_DELAY_FINAL_ACK_S"
+
+
+class Changes:
+    """A counter bumped on every migration update, for waiters (progress streams, resumes)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.version = 0
+
+    def bump(self) -> None:
+        with self.cond:
+            self.version += 1
+            self.cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block until the counter differs from ``seen`` (or ``timeout``); its value."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.version != seen, timeout)
+            return self.version
+
+
+changes = Changes()
+
+
+def wait_switchover(mgr: SessionManager, sid: str, timeout: float = SWITCHOVER_WAIT_S) -> bool:
+    """Wait while ``sid`` is stopped for its switchover (the guest's Resume comes moments before
+    the worker's "done" reaches us); True if there was one to wait for."""
+    deadline = time.monotonic() + timeout
+    waited = False
+    seen = changes.version
+    while True:
+        with mgr._lock:
+            s = mgr._sessions.get(sid)
+        phase = s.migration.get("phase") if s is not None and s.state == "migrating" else None
+        if phase not in ("stopping", "done"):
+            return waited
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return waited
+        waited = True
+        seen = changes.wait(seen, min(left, POLL_S))
 
 
 # ---- source --------------------------------------------------------------------------------
@@ -56,32 +122,68 @@ def migrate_out(
         session.migration = {"phase": "preflight"}
     progress = session.stats_path.with_suffix(".migrate")
     progress.unlink(missing_ok=True)
-    identity = {
-        "id": session.id,
-        "token": session.token.hex(),
-        "slot": session.slot,
-        "va_base": session.va_base,
-        "uuid_seed": session.uuid_seed,
-        "client": session.client,
-        "told": {str(k): v for k, v in session.told.items()},
-    }
+    wake = _Wake(session.stats_path.with_suffix(".migrate-wake"))
+    identity = session.record()  # id, token, window; what the guest was told (told, device)
     req = {
         "to": to,
         "device": device,
         "max_rounds": max_rounds,
         "stop_bytes": stop_bytes,
         "identity": identity,
+        "wake": str(wake.path) if wake.path else "",
     }
     try:
         with session.channel_lock:
             session.worker.channel.send(Tag.MIGRATE, json.dumps(req).encode())
     except ChannelClosed as e:
+        wake.close()
         _settle(mgr, session, before, {"phase": "failed", "error": f"worker gone: {e}"})
         return session
     threading.Thread(
-        target=_watch, args=(mgr, session, before, progress), name=f"migrate-{sid}", daemon=True
+        target=_watch,
+        args=(mgr, session, before, progress, wake),
+        name=f"migrate-{sid}",
+        daemon=True,
     ).start()
     return session
+
+
+class _Wake:
+    """A FIFO the worker writes a byte to after each progress update; the watcher sleeps on it.
+
+    The watcher holds a write end too, so the FIFO never reads as closed while the worker has
+    it shut between updates. Without a FIFO (the file system refuses one) the watcher polls."""
+
+    def __init__(self, path: Path) -> None:
+        self.path: Path | None = path
+        self.rfd = self.wfd = -1
+        try:
+            path.unlink(missing_ok=True)
+            os.mkfifo(path, 0o600)
+            self.rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            self.wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            log.warning("no wake-up FIFO at %s (%s); polling the migration's progress", path, e)
+            self.close()
+
+    def wait(self, timeout: float) -> None:
+        if self.rfd < 0:
+            time.sleep(timeout)
+            return
+        if select.select([self.rfd], [], [], timeout)[0]:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.rfd, 4096):
+                    pass
+
+    def close(self) -> None:
+        for fd in (self.rfd, self.wfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.rfd = self.wfd = -1
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+            self.path = None
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -91,44 +193,108 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _watch(mgr: SessionManager, session: Session, before: str, path: Path) -> None:
-    while True:
-        st = _read(path)
-        exited = session.worker.proc.poll() is not None
-        if exited:
-            st = _read(path) or st
-        if st is not None:
-            session.migration = {**session.migration, **st}
-            if st.get("phase") in ("done", "failed"):
+def _watch(mgr: SessionManager, session: Session, before: str, path: Path, wake: _Wake) -> None:
+    try:
+        while True:
+            st = _read(path)
+            exited = session.worker.proc.poll() is not None
+            if exited:
+                st = _read(path) or st
+            if st is not None:
+                if st.get("phase") in ("done", "failed"):
+                    break
+                session.migration = {**session.migration, **st}
+                changes.bump()
+            if exited:
+                st = {
+                    "phase": "failed",
+                    "error": "the session's worker exited during the migration",
+                }
                 break
-        if exited:
-            st = {"phase": "failed", "error": "the session's worker exited during the migration"}
-            break
-        time.sleep(POLL_S)
+            wake.wait(POLL_S)
+    finally:
+        wake.close()
     path.unlink(missing_ok=True)
     _settle(mgr, session, before, st)
 
 
 def _settle(mgr: SessionManager, session: Session, before: str, st: dict[str, Any]) -> None:
-    session.migration = {**session.migration, **st}
     to = session.location.removeprefix("-> ")
     if st.get("phase") == "done":
+        if "stopped_at" in st:  # the guest's downtime ends now: it can be redirected
+            st = {**st, "switchover": st.get("downtime"), "downtime": _since(st["stopped_at"])}
+        if "started_at" in st:
+            st["total"] = _since(st["started_at"])
+        released = _releasing_now(session.id)  # before the session can be moved back here
         with mgr._lock:
+            session.migration = {**session.migration, **st}
             session.state = "migrated"
             session.location = f"moved to {to}"
-            mgr.moved[session.id] = (session.token, to)
+            mgr.remember_moved(session, to)  # redirects its guest for moved_ttl_s
             if mgr._sessions.get(session.id) is session:
                 mgr._sessions.pop(session.id)
-        mgr._release(session)
-        log.info("session %s migrated to %s; its worker is released", session.id, to)
+        changes.bump()
+        log.info(
+            "session %s migrated to %s: downtime %.1f ms (destination acknowledged after "
+            "%.1f ms); releasing its worker",
+            session.id,
+            to,
+            1e3 * float(st.get("downtime") or 0),
+            1e3 * float(st.get("switchover") or 0),
+        )
+        # Freeing the worker's memory (all of the session's pages) takes the kernel a while
+        # (~80 ms per GiB here), just when the guest reconnects to the destination and the
+        # destination takes its first calls: let it yield to them.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, session.worker.proc.pid, RELEASE_NICE)
+        _release(mgr, session, released)
         return
+    session.migration = {**session.migration, **st}
     log.warning("migration of session %s to %s failed: %s", session.id, to, st.get("error"))
     with mgr._lock:
         session.location = ""
         if session.state == "migrating":
             session.state = before
+    changes.bump()
     if session.worker.proc.poll() is not None:
         mgr.close(session, "worker exited during a migration")
+
+
+_releasing: dict[str, threading.Event] = {}  # session id -> set once its worker is released
+_releasing_lock = threading.Lock()
+
+
+def _releasing_now(sid: str) -> threading.Event:
+    done = threading.Event()
+    with _releasing_lock:
+        _releasing[sid] = done
+    return done
+
+
+def _release(mgr: SessionManager, session: Session, done: threading.Event | None = None) -> None:
+    """``mgr._release``, visible to :func:`_wait_released` until it is over."""
+    done = done or _releasing_now(session.id)
+    try:
+        mgr._release(session)
+    finally:
+        done.set()
+        with _releasing_lock:
+            if _releasing.get(session.id) is done:
+                del _releasing[session.id]
+
+
+def _wait_released(sid: str, timeout: float = 30.0) -> None:
+    """Wait until a release of ``sid``'s previous worker here is over: it unlinks the session's
+    stats file and direct socket by path, which a new worker for the same session reuses."""
+    with _releasing_lock:
+        done = _releasing.get(sid)
+    if done is not None and not done.wait(timeout):
+        raise DaemonError("UNAVAILABLE", f"session {sid}'s previous worker here is still exiting")
+
+
+def _since(t: float) -> float:
+    """Seconds since ``t`` on the monotonic clock the worker read it from (same host)."""
+    return max(time.monotonic() - float(t), 0.0)
 
 
 # ---- destination ---------------------------------------------------------------------------
@@ -205,6 +371,9 @@ def transfer(
                 if chunk.fresh:
                     if session is not None:
                         mgr._release(session)
+                    # the session may be coming back: its last stay's files (same paths) must
+                    # be gone before this one's are made
+                    _wait_released(ident["id"])
                     session = mgr._start(
                         ident["id"],
                         int(ident["slot"]),
@@ -214,7 +383,7 @@ def transfer(
                         ident.get("uuid_seed"),
                     )
                     session.state = "incoming"
-                    session.told = {int(k): int(v) for k, v in ident.get("told", {}).items()}
+                    adopt_record(session, ident)  # it answers with what its guest was told
                 if session is None:
                     raise DaemonError("FAILED_PRECONDITION", "the first round must be fresh")
                 begin = {"round": chunk.round, "fresh": chunk.fresh, "final": chunk.final}
@@ -256,7 +425,7 @@ def transfer(
         raise DaemonError("ABORTED", f"the incoming session's worker exited: {e}") from None
     finally:
         if not committed and session is not None:
-            mgr._release(session)
+            _release(mgr, session)
             log.info("incoming migration of %s ended before switchover; released", session.id)
         if slot is not None:
             with mgr._lock:

@@ -6,7 +6,6 @@ work is in :mod:`crane.migrate.daemon_side`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import grpc
 from crane.daemon.errors import DaemonError
 from crane.daemon.sessions import SessionManager
 from crane.migrate import daemon_side
+from crane.migrate.stream import parse_chunk
 from crane.v1 import control_pb2, peer_pb2
 
 __all__ = ["migration_handler", "peer_handler"]
@@ -74,6 +74,7 @@ class MigrationServicer:
         except DaemonError as e:
             _abort(context, e)
         last = None
+        seen = daemon_side.changes.version
         while context.is_active():
             st = dict(session.migration)
             if st != last:
@@ -83,7 +84,7 @@ class MigrationServicer:
                 )
             if st.get("phase") in ("done", "failed") and session.state != "migrating":
                 return
-            time.sleep(0.05)
+            seen = daemon_side.changes.wait(seen, 0.5)
 
 
 def peer_handler(servicer: PeerServicer) -> grpc.GenericRpcHandler:
@@ -97,7 +98,7 @@ def peer_handler(servicer: PeerServicer) -> grpc.GenericRpcHandler:
             ),
             "Transfer": grpc.stream_stream_rpc_method_handler(
                 servicer.Transfer,
-                request_deserializer=peer_pb2.TransferChunk.FromString,
+                request_deserializer=parse_chunk,  # the data field stays a view
                 response_serializer=peer_pb2.TransferAck.SerializeToString,
             ),
             "Abort": grpc.unary_unary_rpc_method_handler(

@@ -2,15 +2,22 @@
 
 Why in the worker: it owns the device memory, so rounds read memory where it lives and stream
 it straight to the destination daemon (one gRPC stream), never through the source daemon. The
-worker keeps executing the guest's batches during pre-copy: a round takes the batch lock only to
-mark the dirty set and snapshot the allocation table, then reads memory without it. Anything the
-guest writes meanwhile is in the next dirty set (its call marks it after our mark), so a torn
-read is always re-sent.
+worker keeps executing the guest's batches during pre-copy: a round takes the batch lock to mark
+the dirty set and snapshot the allocation table, and again for each chunk it reads (a copy of
+at most :data:`~crane.migrate.stream.READ_CHUNK` bytes, so a chunk is never torn by a batch and
+the guest waits at most one chunk). Anything the guest writes after a chunk was read is in the
+next dirty set (its call marks it after our mark), so it is re-sent.
 
 Explicit phases: ``preflight → precopy (rounds) → stopping → done | failed``. The guest is
 quiesced only in ``stopping`` (the batch lock is held from the last mark until the destination
 acknowledges). Until that acknowledgement the source stays authoritative (invariant 6): any
 failure releases the lock and the guest carries on here, with nothing lost.
+
+Rounds: ``max_rounds`` counts them all, the stopped one included, so 1 is a true stop-and-copy
+(nothing moves while the guest runs; the stopped round carries the whole session). Otherwise
+round 0 copies everything while the guest runs, and rounds 1.. copy what changed until the dirty
+set is small (``stop_bytes``), stops shrinking (a write set the guest rewrites every step: more
+rounds only resend it), or the rounds run out; then the guest stops for the final round.
 """
 
 from __future__ import annotations
@@ -18,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import queue
 import struct
 import threading
 import time
@@ -28,8 +34,8 @@ from typing import Any
 import grpc
 
 from crane.migrate.preflight import check_code
-from crane.state.checkpoint import MEMORY_CHUNK, CheckpointWriter, Kind
-from crane.state.park import write_checkpoint
+from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
+from crane.state.checkpoint import CheckpointWriter, Kind
 from crane.state.record import memory_regions, save_graph
 from crane.v1 import peer_pb2, peer_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
@@ -39,8 +45,14 @@ __all__ = ["MigrationFailed", "migrate_out", "structure"]
 
 log = logging.getLogger("crane.worker")
 
-#: Wire chunk of the transfer stream: large enough to amortize gRPC's per-message cost.
-WIRE_CHUNK = 1 << 20
+#: Rounds in all (the stopped one included) when the request names none.
+DEFAULT_ROUNDS = 8
+#: Pre-copy stops once a round's dirty set is no more than this fraction of the previous one's
+#: less: the guest rewrites it as fast as it is sent, so another round would only resend it.
+CONVERGENCE = 0.8
+#: A final round stores memory raw without sampling it when the last pre-copy round came out
+#: at least this large relative to its memory (the guest's write set does not compress).
+INCOMPRESSIBLE = 0.9
 #: Fixed cost of a switchover beyond copying (graph, acknowledgement), for the estimate.
 SWITCH_OVERHEAD_S = 0.02
 Progress = Callable[[dict[str, Any]], None]
@@ -57,52 +69,15 @@ def structure(graph: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in graph.items() if k not in skip}
 
 
-class _Sink:
-    """A binary stream that cuts what the checkpoint writer writes into TransferChunks."""
-
-    def __init__(self, out: queue.SimpleQueue, first: dict[str, Any]) -> None:
-        self.out = out
-        self.first = first  # fields of the stream's first chunk (identity), sent once
-        self.buf = bytearray()
-        self.round = 0
-        self.fresh = False
-        self.final = False
-        self.sent = 0
-
-    def begin(self, round_: int, fresh: bool, final: bool) -> None:
-        self.round, self.fresh, self.final = round_, fresh, final
-
-    def write(self, data: bytes | memoryview) -> int:
-        self.buf += data
-        if len(self.buf) >= WIRE_CHUNK:
-            self._push(False)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def end(self) -> None:
-        self._push(True)
-
-    def _push(self, end: bool) -> None:
-        chunk = peer_pb2.TransferChunk(
-            round=self.round,
-            fresh=self.fresh,
-            final=self.final,
-            end_of_round=end,
-            data=bytes(self.buf),
-            **self.first,
-        )
-        self.first = {}
-        self.sent += len(self.buf)
-        self.buf.clear()
-        self.out.put(chunk)
+def _chunks(addr: int, size: int) -> Iterator[tuple[int, int]]:
+    for off in range(0, size, READ_CHUNK):
+        yield addr + off, min(READ_CHUNK, size - off)
 
 
-def _read(ex: Any, addr: int, size: int) -> Iterator[tuple[int, bytes]]:
-    for off in range(0, size, MEMORY_CHUNK):
-        n = min(MEMORY_CHUNK, size - off)
-        yield addr + off, bytes(ex.backend.memcpy_dtoh(addr + off, n, ex._default_stream))
+def _replies(replies: list[bytes]) -> bytes:
+    return struct.pack("<I", len(replies)) + b"".join(
+        struct.pack("<I", len(m)) + m for m in replies
+    )
 
 
 def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> None:
@@ -123,14 +98,15 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
     ident = req["identity"]
     channel = grpc.insecure_channel(to_grpc_target(req["to"]), options=CHANNEL_OPTIONS)
     stub = peer_pb2_grpc.PeerStub(channel)
-    requests: queue.SimpleQueue = queue.SimpleQueue()
+    outbox = Outbox()
     responses = None
     held = False
+    stream = ex._default_stream
     try:
         with ws.lock:
             if ws.parked:
                 raise MigrationFailed("the session is parked")
-            graph0 = save_graph(ex)
+            graph0: dict[str, Any] | None = save_graph(ex)
             digests = list(dict.fromkeys(m["digest"] for m in graph0["modules"]))
             st["session_bytes"] = sum(n for _, n in memory_regions(ex))
             mem_needed = ex.mem_used()
@@ -151,6 +127,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             raise MigrationFailed(f"destination {req['to']} unreachable: {e.details()}") from None
         refusals = list(pf.refusals)
         missing = {bytes(d).hex() for d in pf.missing_digests}
+        has_image = set(digests) - missing  # what the destination's module cache holds
         where = f"{req['to']} ({pf.profile})"
         for d in digests:
             if d in missing:
@@ -162,15 +139,21 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
                 )
         if refusals:
             raise MigrationFailed(f"{where} refused: " + "; ".join(refusals))
-        # ---- the transfer stream
+        # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
             "session_id": ident["id"],
             "token": bytes.fromhex(ident["token"]),
             "identity_json": json.dumps(ident),
             "device": req.get("device", -1),
         }
-        sink = _Sink(requests, first)
-        responses = stub.Transfer(iter(requests.get, None))
+        sink = WireSink(outbox, first)
+        transfer = channel.stream_stream(
+            "/crane.v1.Peer/Transfer",
+            request_serializer=None,
+            response_deserializer=peer_pb2.TransferAck.FromString,
+        )
+        responses = transfer(iter(outbox))
+        responses.add_done_callback(lambda _call: outbox.closed.set())
 
         def ack(round_: int) -> peer_pb2.TransferAck:
             try:
@@ -183,75 +166,98 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
                 raise MigrationFailed(f"destination ended the transfer in round {round_}") from None
             return a
 
-        # round 0: the whole graph and all memory, guest running
-        st["phase"] = "precopy"
-        progress(st)
-        with ws.lock:
-            graph0 = save_graph(ex)
-            replies0 = list(ex.last_replies)
-            ex.dirty.mark()
-            regions = memory_regions(ex)
-            base_allocs = {a["addr"]: a["size"] for a in graph0["allocations"]}
-        sink.begin(0, True, False)
-        resend: set[int] = set()
-        r0 = time.monotonic()
-        w = CheckpointWriter(sink)
-        w.json(Kind.META, {"format": "crane-checkpoint", "session": ident, "mode": "base"})
-        for d in digests:
-            if d in missing:
-                w.section(Kind.IMAGE, bytes.fromhex(d) + ex._image_bytes(bytes.fromhex(d), b""))
-        w.json(Kind.OBJECTS, graph0)
-        w.section(
-            Kind.REPLIES,
-            struct.pack("<I", len(replies0))
-            + b"".join(struct.pack("<I", len(m)) + m for m in replies0),
-        )
-        for addr, size in regions:
-            try:
-                for a, data in _read(ex, addr, size):
+        def base(w: CheckpointWriter, graph: dict[str, Any], replies: list[bytes]) -> None:
+            """What a fresh round carries before memory: identity, missing images, graph."""
+            w.json(Kind.META, {"format": "crane-checkpoint", "session": ident, "mode": "base"})
+            for d in dict.fromkeys(m["digest"] for m in graph["modules"]):
+                if d not in has_image:
+                    image = ex._image_bytes(bytes.fromhex(d), b"")
+                    if image is None:
+                        raise MigrationFailed(f"module image {d[:16]} vanished from the cache")
+                    w.section(Kind.IMAGE, bytes.fromhex(d) + image)
+                    has_image.add(d)  # the destination's worker keeps it in its cache
+            w.json(Kind.OBJECTS, graph)
+            w.section(Kind.REPLIES, _replies(replies))
+
+        def send_running(
+            w: CheckpointWriter, regions: list[tuple[int, int]], resend: set[int]
+        ) -> None:
+            """Memory while the guest runs: each chunk copied under the batch lock."""
+            for addr, size in regions:
+                for a, n in _chunks(addr, size):
+                    with ws.lock:
+                        try:
+                            data = bytes(ex.backend.memcpy_dtoh(a, n, stream))
+                        except Exception:  # freed under us: the final round settles it
+                            resend.add(addr)
+                            break
+                        ex.dirty.contents(a, data)  # tables kernels wrote (crane.state.dirty)
                     w.memory(a, data)
-            except Exception:  # freed under us: the final round settles it
-                resend.add(addr)
-        w.finish()
-        sink.end()
-        ack(0)
-        _account(st, sink, w.memory_bytes, time.monotonic() - r0)
-        progress(st)
-        # rounds 1..: what changed since the last mark, while the guest runs
-        pending: set[int] = set()
-        max_rounds = max(int(req.get("max_rounds") or 8), 1)
+
+        max_rounds = max(int(req.get("max_rounds") or DEFAULT_ROUNDS), 1)
         stop_bytes = int(req.get("stop_bytes") or (4 << 20))
-        round_ = 1
-        while True:
-            with ws.lock:
-                dirty, _ = ex.dirty.mark()
-                allocs_now = {a: n for a, (_, n) in ex.allocations.items()}
-            pending |= dirty
-            sendable = sorted(
-                a for a in pending if a in allocs_now and base_allocs.get(a) == allocs_now[a]
-            )
-            st["dirty_bytes"] = sum(allocs_now[a] for a in sendable)
-            st["est_downtime"] = SWITCH_OVERHEAD_S + st["dirty_bytes"] / max(st["rate"], 1.0)
+        pending: set[int] = set()
+        resend: set[int] = set()
+        base_allocs: dict[int, int] = {}
+        round_ = 0
+        packed = 0.0  # compressed / raw size of the last pre-copy round (0: none yet)
+        if max_rounds == 1:
+            graph0 = None  # a true stop-and-copy: nothing moves before the stop
+        else:
+            # round 0: the whole graph and all memory, guest running
+            st["phase"] = "precopy"
             progress(st)
-            if round_ >= max_rounds or st["dirty_bytes"] <= stop_bytes:
-                break
-            st["round"] = round_
-            sink.begin(round_, False, False)
+            with ws.lock:
+                graph0 = save_graph(ex)
+                replies0 = list(ex.last_replies)
+                ex.dirty.mark()
+                regions = memory_regions(ex)
+                base_allocs = {a["addr"]: a["size"] for a in graph0["allocations"]}
+            sink.begin(0, True, False)
             r0 = time.monotonic()
-            w = CheckpointWriter(sink)
-            w.json(Kind.META, {"format": "crane-checkpoint", "mode": "delta", "round": round_})
-            for addr in sendable:
-                try:
-                    for a, data in _read(ex, addr, allocs_now[addr]):
-                        w.memory(a, data)
-                except Exception:
-                    resend.add(addr)
+            w = CheckpointWriter(sink)  # type: ignore[arg-type]
+            base(w, graph0, replies0)
+            send_running(w, regions, resend)
             w.finish()
             sink.end()
-            ack(round_)
-            pending -= set(sendable)
+            ack(0)
+            packed = _packed(w, packed)
             _account(st, sink, w.memory_bytes, time.monotonic() - r0)
-            round_ += 1
+            progress(st)
+            # rounds 1..: what changed since the last mark, while the guest runs
+            round_ = 1
+            last_dirty: int | None = None
+            while True:
+                with ws.lock:
+                    dirty, _ = ex.dirty.mark()
+                    allocs_now = {a: n for a, (_, n) in ex.allocations.items()}
+                pending |= dirty
+                sendable = sorted(
+                    a for a in pending if a in allocs_now and base_allocs.get(a) == allocs_now[a]
+                )
+                st["dirty_bytes"] = sum(allocs_now[a] for a in sendable)
+                st["est_downtime"] = SWITCH_OVERHEAD_S + st["dirty_bytes"] / max(st["rate"], 1.0)
+                progress(st)
+                if (
+                    round_ >= max_rounds - 1
+                    or st["dirty_bytes"] <= stop_bytes
+                    or (last_dirty is not None and st["dirty_bytes"] > CONVERGENCE * last_dirty)
+                ):
+                    break
+                last_dirty = st["dirty_bytes"]
+                st["round"] = round_
+                sink.begin(round_, False, False)
+                r0 = time.monotonic()
+                w = CheckpointWriter(sink)  # type: ignore[arg-type]
+                w.json(Kind.META, {"format": "crane-checkpoint", "mode": "delta", "round": round_})
+                send_running(w, [(a, allocs_now[a]) for a in sendable], resend)
+                w.finish()
+                sink.end()
+                ack(round_)
+                packed = _packed(w, packed)
+                pending -= set(sendable)
+                _account(st, sink, w.memory_bytes, time.monotonic() - r0)
+                round_ += 1
         # ---- stop-and-copy: quiesce at a batch boundary, held until the destination acks
         st["phase"] = "stopping"
         st["round"] = round_
@@ -263,66 +269,101 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         dirty, _ = ex.dirty.mark()
         pending |= dirty | resend
         graph1 = save_graph(ex)
-        fresh = structure(graph1) != structure(graph0)
+        fresh = graph0 is None or structure(graph1) != structure(graph0)
         sink.begin(round_, fresh, True)
-        if fresh:  # objects other than memory changed during pre-copy: rebuild, all memory
-            log.info("object graph changed during pre-copy; final round carries everything")
-            final_memory = write_checkpoint(ex, sink, ident)["memory_bytes"]  # type: ignore[arg-type]
+        waited = outbox.waited
+        # what changed did not compress while the guest ran: do not even sample it now
+        level = None if packed > INCOMPRESSIBLE else 1
+        w = CheckpointWriter(sink, level=level)  # type: ignore[arg-type]
+        if fresh:  # nothing pre-copied, or objects other than memory changed: everything
+            if graph0 is not None:
+                log.info("object graph changed during pre-copy; final round carries everything")
+            base(w, graph1, ex.last_replies)
+            regions = memory_regions(ex)
         else:
-            w = CheckpointWriter(sink)
             w.json(Kind.META, {"format": "crane-checkpoint", "mode": "final"})
             w.json(Kind.OBJECTS, graph1)
-            w.section(
-                Kind.REPLIES,
-                struct.pack("<I", len(ex.last_replies))
-                + b"".join(struct.pack("<I", len(m)) + m for m in ex.last_replies),
-            )
+            w.section(Kind.REPLIES, _replies(ex.last_replies))
             sizes = {a["addr"]: a["size"] for a in graph1["allocations"]}
             final = {a for a in pending if a in sizes}
             final |= {a for a, n in sizes.items() if base_allocs.get(a) != n}
             regions = [(a, sizes[a]) for a in sorted(final)]
-            globals_ = [r for r in memory_regions(ex) if r[0] not in sizes]
-            for addr, size in regions + globals_:
-                for a, data in _read(ex, addr, size):
-                    w.memory(a, data)
-            w.finish()
-            final_memory = w.memory_bytes
+            regions += [r for r in memory_regions(ex) if r[0] not in sizes]  # module variables
+        st["dirty_bytes"] = sum(n for _, n in regions)
+        for addr, size in regions:
+            for a, n in _chunks(addr, size):
+                w.memory(a, ex.backend.memcpy_dtoh(a, n, stream))  # stopped: no snapshot
+        w.finish()
         sink.end()
+        sent = time.monotonic()
         a = ack(round_)
         # the destination holds the session now: this worker must never run a call again
         ws.parked = True
-        downtime = time.monotonic() - stop
-        _account(st, sink, final_memory, downtime)
-        st.update(phase="done", downtime=downtime, total=time.monotonic() - t0, done_seq=a.done_seq)
+        acked = time.monotonic()
+        switchover = acked - stop
+        _account(st, sink, w.memory_bytes, switchover)
+        st.update(
+            phase="done",
+            # the source daemon extends both to when it can redirect the guest
+            downtime=switchover,
+            total=acked - t0,
+            stopped_at=stop,
+            started_at=t0,
+            done_seq=a.done_seq,
+        )
         progress(st)
         log.info(
-            "migrated to %s: %d rounds, %d bytes, downtime %.1f ms, total %.2f s",
+            "migrated to %s: %d rounds, %d bytes; stopped %.1f ms (final round: %d bytes "
+            "captured in %.1f ms, %.1f ms of it waiting for the stream; applied and acknowledged "
+            "%.1f ms later), total %.2f s",
             req["to"],
             round_ + 1,
             st["bytes_sent"],
-            downtime * 1e3,
+            switchover * 1e3,
+            w.bytes_written,
+            (sent - stop) * 1e3,
+            (outbox.waited - waited) * 1e3,
+            (acked - sent) * 1e3,
             st["total"],
         )
     except MigrationFailed:
         _abort(stub, ident, responses)
         raise
+    except StreamClosed:  # the call ended under us: say why it did
+        _abort(stub, ident, responses)
+        why = _why(responses)
+        raise MigrationFailed(f"destination failed in round {st['round']}: {why}") from None
     except Exception as e:
         _abort(stub, ident, responses)
         log.exception("migration to %s failed", req["to"])
         raise MigrationFailed(f"internal error: {e!r}") from None
     finally:
-        requests.put(None)
+        outbox.end()
         if held:
             ws.lock.release()
         channel.close()
 
 
-def _account(st: dict[str, Any], sink: _Sink, memory: int, seconds: float) -> None:
+def _packed(w: CheckpointWriter, last: float) -> float:
+    """The round's compressed / raw size, if it carried enough memory to tell; else ``last``."""
+    if w.memory_bytes < (1 << 20):
+        return last
+    return w.bytes_written / w.memory_bytes
+
+
+def _account(st: dict[str, Any], sink: WireSink, memory: int, seconds: float) -> None:
     before = st["bytes_sent"]
     st["bytes_sent"] = sink.sent
     st["memory_bytes"] += memory
     if seconds > 0 and sink.sent > before:
         st["rate"] = (sink.sent - before) / seconds
+
+
+def _why(responses: Any) -> str:
+    try:
+        return f"{responses.code().name}: {responses.details()}"
+    except Exception:
+        return "the transfer stream ended"
 
 
 def _abort(stub: peer_pb2_grpc.PeerStub, ident: dict[str, Any], responses: Any) -> None:

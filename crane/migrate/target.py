@@ -11,36 +11,20 @@ switchover proportional to what changed, not to the session's size.
 
 from __future__ import annotations
 
-import queue
+import json
 import threading
 from typing import Any
 
+from crane.migrate.stream import FrameReader
 from crane.state.checkpoint import CheckpointError, CheckpointReader, Kind
 from crane.state.park import _replies, restore_checkpoint
 from crane.state.record import restore_sticky, save_graph
 from crane.worker.executor import Executor
 
-__all__ = ["QueueReader", "RoundApplier"]
+__all__ = ["RoundApplier", "patch_graph"]
 
-
-class QueueReader:
-    """A blocking binary stream fed with byte strings from another thread (``None``: EOF)."""
-
-    def __init__(self) -> None:
-        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # bounds the backlog
-        self._buf = bytearray()
-        self._eof = False
-
-    def read(self, n: int) -> bytes:
-        while len(self._buf) < n and not self._eof:
-            data = self.q.get()
-            if data is None:
-                self._eof = True
-            else:
-                self._buf += data
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+#: Reads of at least this many bytes that lie in one wire message are applied from it in place.
+_VIEW_MIN = 64 << 10
 
 
 def patch_graph(ex: Executor, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -68,12 +52,13 @@ class RoundApplier:
     def __init__(self, ex: Executor) -> None:
         self.ex = ex
         self.graph: dict[str, Any] | None = None
-        self.reader: QueueReader | None = None
+        self.reader: FrameReader | None = None
         self._thread: threading.Thread | None = None
         self._result: dict[str, Any] = {}
 
     def begin(self, fresh: bool, round_: int) -> None:
-        self.reader = QueueReader()
+        # a fresh round is replayed by the checkpoint restore, which keeps what it reads
+        self.reader = FrameReader(None if fresh else _VIEW_MIN)
         self._result = {}
         self._thread = threading.Thread(
             target=self._run, args=(fresh, round_), name="migrate-in", daemon=True
@@ -109,8 +94,8 @@ class RoundApplier:
             code = getattr(getattr(e, "code", None), "name", "")
             self._result = {"error": f"{code + ': ' if code else ''}{msg}"}
         finally:
-            while self.reader is not None and not self.reader._eof:
-                self.reader.read(1 << 20)  # drain, so the feeder never blocks on us
+            if self.reader is not None:
+                self.reader.drain()  # so the feeder never blocks on us
 
     def _apply(self, name: str) -> None:
         if self.graph is None:
@@ -120,14 +105,19 @@ class RoundApplier:
         r.expect(Kind.META)
         stream = ex._default_stream
         for s in r.sections():
-            if s.kind == Kind.OBJECTS:
-                graph = s.json()
+            if s.kind == Kind.MEMORY:
+                addr, data = s.memory()  # a stored chunk: a view of its wire message
+                ex.backend.memcpy_htod(addr, data, stream)
+                ex.dirty.contents(addr, data)  # pointer tables (crane.state.dirty)
+            elif s.kind == Kind.OBJECTS:
+                try:
+                    graph = json.loads(bytes(s.payload))
+                except ValueError as e:
+                    msg = f"{name}: OBJECTS section is not valid JSON: {e}"
+                    raise CheckpointError(msg) from None
                 patch_graph(ex, self.graph, graph)
                 self.graph = graph
             elif s.kind == Kind.REPLIES:
-                ex.last_replies = _replies(s.payload, name)
-            elif s.kind == Kind.MEMORY:
-                addr, data = s.memory()
-                ex.backend.memcpy_htod(addr, data, stream)
+                ex.last_replies = _replies(bytes(s.payload), name)
         ex.backend.synchronize()
         ex.dirty.mark()

@@ -2,12 +2,15 @@
 
 Why a progress file rather than channel frames for the outgoing side: the channel is shared with
 the relay, which reads it per batch and forwards whatever comes; a migration runs alongside the
-guest's batches for many seconds, so it reports where the daemon can poll without taking the
-channel (written atomically, like the session's stats).
+guest's batches for many seconds, so it reports where the daemon can read it without taking the
+channel (written atomically, like the session's stats), and wakes the daemon's watcher with a
+byte on a FIFO the daemon named (``wake``) rather than letting it poll: the final update is on
+the guest's clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -21,10 +24,18 @@ from crane.worker.session_state import WorkerSession
 __all__ = ["MigrationFrames", "write_progress"]
 
 
-def write_progress(path: Path, st: dict[str, Any]) -> None:
+def write_progress(path: Path, st: dict[str, Any], wake: str = "") -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(st))
     tmp.replace(path)
+    if wake:
+        try:  # best effort: a full FIFO is already a wake-up, a missing one means poll
+            fd = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return
+        with contextlib.suppress(OSError):
+            os.write(fd, b"!")
+        os.close(fd)
 
 
 class MigrationFrames:
@@ -39,7 +50,8 @@ class MigrationFrames:
         if tag == Tag.MIGRATE:
             req = json.loads(raw)
             self.progress_path.unlink(missing_ok=True)
-            source.start(self.ws, req, lambda st: write_progress(self.progress_path, st))
+            wake = str(req.get("wake") or "")
+            source.start(self.ws, req, lambda st: write_progress(self.progress_path, st, wake))
             return None
         if tag == Tag.MIGRATE_IN:
             req = json.loads(raw)
