@@ -7,12 +7,25 @@ Example ``/etc/crane/craned.toml``::
     run_dir = "/run/crane"
     log_level = "info"
     prespawn = 1                       # idle workers kept ready, so a session opens fast
+    moved_ttl_s = 600                  # how long a migrated-away session's entry redirects
+    parked_ttl_s = 3600                # how long a parked session waits for its restore
 
 Flags given on the command line replace the file's value for that key.
+
+Why the two lifetimes: a daemon keeps an entry for a session that left it. A *moved* entry (the
+session migrated to another daemon) only redirects a guest that reconnects here to the new
+daemon; a guest does so within seconds of the switchover, so ten minutes is generous. A *parked*
+entry (``crane checkpoint --release``) is what a waiting guest polls: while it exists the guest
+keeps waiting for the restore, and it holds one of the daemon's session slots and its VA window.
+It must outlive the guests' own patience (``CRANE_RESUME_TIMEOUT_S``, 600 s by default) and an
+operator's maintenance window, hence an hour. When an entry expires the daemon logs it and a
+guest still waiting gets an error at once instead of waiting forever. 0 keeps entries until the
+session comes back (parked) or the daemon stops.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,6 +41,13 @@ class DaemonConfig:
     log_level: str = "info"
     prespawn: int = 1
     max_sessions: int = 64
+    #: Seconds a migrated-away session's entry is kept (redirects its guest); 0: forever.
+    moved_ttl_s: float = 600.0
+    #: Seconds a parked session's entry waits for a restore; 0: until restored.
+    parked_ttl_s: float = 3600.0
+
+
+_SECONDS = ("moved_ttl_s", "parked_ttl_s")
 
 
 def load_config(path: Path | str | None, overrides: dict[str, object]) -> DaemonConfig:
@@ -47,4 +67,9 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
     for k, v in overrides.items():
         if v not in (None, [], ""):
             setattr(cfg, k, v)
+    for k in _SECONDS:
+        v = getattr(cfg, k)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{k} must be a number of seconds >= 0 (0: never expire), not {v!r}")
+        setattr(cfg, k, float(v))
     return cfg

@@ -27,7 +27,9 @@ class DaemonProcess:
         extra_listen: list[str] | None = None,
         log_path: Path | str | None = None,
         prespawn: int = 1,
+        extra_args: list[str] | None = None,
     ) -> None:
+        """``extra_args``: more craned flags (``--parked-ttl 2``, ...)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.address = f"unix://{self.run_dir / 'crane.sock'}"
@@ -47,6 +49,7 @@ class DaemonProcess:
             cmd += ["--listen", extra]
         for b in backends or ["sim:h100-80gb"]:
             cmd += ["--backend", b]
+        cmd += extra_args or []
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -65,6 +65,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", help="state directory (sockets, ledgers, module cache)")
     p.add_argument("--log-level", help="debug, info, warning, error")
     p.add_argument("--prespawn", type=int, help="idle workers to keep ready")
+    p.add_argument(
+        "--moved-ttl",
+        type=float,
+        metavar="SECONDS",
+        help="keep a migrated-away session's entry (redirects its guest) this long; 0: forever "
+        "(default 600)",
+    )
+    p.add_argument(
+        "--parked-ttl",
+        type=float,
+        metavar="SECONDS",
+        help="keep a parked session waiting for its restore this long, then fail its guest; "
+        "0: until restored (default 3600)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -80,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 "run_dir": args.run_dir,
                 "log_level": args.log_level,
                 "prespawn": args.prespawn,
+                "moved_ttl_s": args.moved_ttl,
+                "parked_ttl_s": args.parked_ttl,
             },
         )
     except (OSError, ValueError) as e:
@@ -101,7 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     log.info("craned %s: %s", __version__, note)
 
     pool = WorkerPool(cfg.prespawn, cfg.log_level)
-    sessions = SessionManager(devices, run_dir, pool, cfg.max_sessions)
+    sessions = SessionManager(
+        devices,
+        run_dir,
+        pool,
+        cfg.max_sessions,
+        moved_ttl_s=cfg.moved_ttl_s,
+        parked_ttl_s=cfg.parked_ttl_s,
+    )
     try:
         server, bound = build_server(sessions, cfg.listen, note)
     except (OSError, RuntimeError, ValueError) as e:

@@ -19,6 +19,16 @@ clear error rather than a race):
 
 A parked session's guest finds its stream broken, asks ``Resume`` (answered UNAVAILABLE while
 parked) and reconnects once the session is ready again, here or on another daemon.
+
+Entries for sessions that left do not stay forever (:meth:`SessionManager.expire`, run by a
+sweeper thread and on access): a parked entry not restored within ``parked_ttl_s`` is dropped,
+freeing its slot and window, and its waiting guest is answered NOT_FOUND with the reason (it
+stops waiting and fails its call); a migrated entry redirects for ``moved_ttl_s``. ``crane ps``
+lists both until then.
+
+A restore runs the checks a migration's destination runs (crane.migrate.preflight: limits the
+guest was told, free memory, usable code for this device), all at once, before any memory is
+written, and the restored session keeps answering with the identity its guest was told.
 """
 
 from __future__ import annotations
@@ -38,18 +48,24 @@ from crane.backends.factory import WorkerConfig
 from crane.daemon.devices import Device
 from crane.daemon.errors import DaemonError
 from crane.daemon.workers import WorkerPool, WorkerProcess
-from crane.state.checkpoint import CheckpointError, read_meta
+from crane.migrate.preflight import check_code, check_limits, check_memory
+from crane.modules.arch import format_cc
+from crane.state.checkpoint import FORMAT_VERSION, CheckpointError, Head, read_head
+from crane.state.told import Told, identity_to_json, told_from_meta, told_to_json
 from crane.v1 import common_pb2
 from crane.worker.channel import ChannelClosed, Tag
+from crane.worker.executor import MODULE_AREA
 from crane.worker.stats import MODE_DIRECT, SessionStats
 
 __all__ = [
     "WINDOW_BASE",
     "WINDOW_SIZE",
     "WINDOW_SLOTS",
+    "Gone",
     "Session",
     "SessionManager",
     "SessionMoved",
+    "adopt_record",
 ]
 
 log = logging.getLogger("craned")
@@ -92,6 +108,7 @@ class Session:
     #: Worker frames a checkpoint read while the relay waited (async failures); relayed next.
     pending: list[bytes] = field(default_factory=list)
     parked_at: str = ""  # the checkpoint file of a parked session
+    parked_since: float = 0.0  # time.monotonic() when it was parked
     #: Limits the guest was told at open (kept across moves: the pre-flight compares them).
     told: dict[int, int] = field(default_factory=dict)
     location: str = ""  # migrating: "-> ADDR" (crane ps)
@@ -108,6 +125,39 @@ class Session:
                 f"session {self.id} is {self.state}; this needs it {' or '.join(states)}",
             )
 
+    def record(self) -> dict:
+        """The session as a checkpoint's META records it (crane.state.told for ``told``)."""
+        return {
+            "id": self.id,
+            "token": self.token.hex(),
+            "slot": self.slot,
+            "va_base": self.va_base,
+            "uuid_seed": self.uuid_seed,
+            "client": self.client,
+            "told": told_to_json(self.told),
+            "device": identity_to_json(self.identity),
+        }
+
+
+@dataclass
+class Gone:
+    """A session that left this daemon, remembered for a while: migrated away (``to`` is the
+    daemon it went to), or parked and never restored (``why`` tells its guest)."""
+
+    session: Session
+    since: float  # time.monotonic() when it left
+    to: str = ""
+    why: str = ""
+
+
+def _age(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
 
 class SessionManager:
     def __init__(
@@ -117,8 +167,12 @@ class SessionManager:
         pool: WorkerPool,
         max_sessions: int,
         attach_timeout_s: float = 60.0,
+        moved_ttl_s: float = 600.0,
+        parked_ttl_s: float = 3600.0,
     ) -> None:
         self.attach_timeout_s = attach_timeout_s
+        self.moved_ttl_s = moved_ttl_s  # 0: keep forever
+        self.parked_ttl_s = parked_ttl_s  # 0: keep until restored
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
@@ -129,8 +183,18 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._starting: set[int] = set()  # window slots of sessions being opened
         self._lock = threading.Lock()
-        #: Sessions migrated away: id -> (token, destination address), for Resume redirects.
-        self.moved: dict[str, tuple[bytes, str]] = {}
+        #: Sessions migrated away, for Resume redirects and ``crane ps`` (until moved_ttl_s).
+        self.moved: dict[str, Gone] = {}
+        #: Parked sessions whose entry expired: their guest's Resume is told why (until
+        #: moved_ttl_s, like a redirect).
+        self.expired: dict[str, Gone] = {}
+        self._stop = threading.Event()
+        ttls = [t for t in (moved_ttl_s, parked_ttl_s) if t > 0]
+        if ttls:
+            period = min(max(min(ttls) / 10, 0.05), 5.0)
+            threading.Thread(
+                target=self._sweep, args=(period,), name="session-expiry", daemon=True
+            ).start()
 
     # ---- lifecycle -----------------------------------------------------------------------
     def open(self, device_index: int, client: str) -> Session:
@@ -142,6 +206,7 @@ class SessionManager:
                 f"no device {device_index}: this daemon serves {len(self.devices)} device(s)",
             )
         device = self.devices[device_index]
+        self.expire()
         with self._lock:
             used = {s.slot for s in self._sessions.values()} | self._starting
             free = [i for i in range(WINDOW_SLOTS) if i not in used]
@@ -178,6 +243,7 @@ class SessionManager:
         client: str,
         token: bytes | None = None,
         uuid_seed: str | None = None,
+        replenish: bool = True,
     ) -> Session:
         stats_path = self.run_dir / "sessions" / f"{sid}.stats"
         direct = self.run_dir / "sessions" / f"{sid}.sock"
@@ -201,7 +267,7 @@ class SessionManager:
             direct_socket=str(direct) if direct else "",
             attach_timeout_s=self.attach_timeout_s,
         )
-        worker = self.pool.take()
+        worker = self.pool.take(replenish)
         try:
             worker.channel.send(Tag.CONFIG, json.dumps(cfg.to_json()).encode())
             tag, raw = worker.channel.recv()
@@ -324,14 +390,7 @@ class SessionManager:
             session.require("ready", "running")
             before = session.state
             session.state = "checkpointing"
-        identity = {
-            "id": session.id,
-            "token": session.token.hex(),
-            "slot": session.slot,
-            "va_base": session.va_base,
-            "uuid_seed": session.uuid_seed,
-            "client": session.client,
-        }
+        identity = session.record()
         try:
             with session.channel_lock:
                 request = {"path": path, "release": release, "identity": identity}
@@ -354,30 +413,58 @@ class SessionManager:
         with self._lock:
             session.state = "parked"
             session.parked_at = path
+            session.parked_since = time.monotonic()
             session.peer = ""
         self._release(session)
-        log.info("session %s parked to %s; its device memory is released", sid, path)
+        log.info(
+            "session %s parked to %s; its device memory is released; its entry waits %s for "
+            "a restore",
+            sid,
+            path,
+            f"{self.parked_ttl_s:g} s" if self.parked_ttl_s else "without limit",
+        )
         return answer, "parked"
 
     def restore(self, path: str, device_index: int) -> tuple[Session, dict]:
-        """Recreate a checkpointed session here; refuses precisely, leaves nothing behind."""
+        """Recreate a checkpointed session here; refuses precisely, leaves nothing behind.
+
+        Before any memory moves it runs a migration destination's checks (all of them, so the
+        operator learns everything wrong with this device at once): code for this device's
+        architecture in every module, free device memory, and no limit lower than the guest
+        was told."""
+        device_index = max(device_index, 0)
+        if device_index >= len(self.devices):
+            raise DaemonError("INVALID_ARGUMENT", f"no device {device_index} on this daemon")
+        device = self.devices[device_index]
+        where = f"device {device.index} ({device.profile}, {format_cc(device.cc)})"
+        name = os.path.basename(path)
+        code_refusals: list[str] = []
+
+        def on_image(digest: bytes, image: bytes) -> None:
+            for msg in check_code(digest, image, device.cc, where):
+                kind = "NO_BINARY_FOR_GPU" if "no usable code" in msg else "INVALID_IMAGE"
+                code_refusals.append(f"{msg} (CUDA_ERROR_{kind})")
+
         try:
             with open(path, "rb") as f:
-                meta = read_meta(f, os.path.basename(path))
-            ident = meta["session"]
+                head = read_head(f, name, on_image)
+            ident = head.meta["session"]
             sid, token, slot = ident["id"], bytes.fromhex(ident["token"]), int(ident["slot"])
+            told = told_from_meta(head.meta, head.version, name)
+            needed = _mem_needed(head)
         except OSError as e:
             raise DaemonError("NOT_FOUND", f"cannot read {path}: {e.strerror or e}") from None
         except CheckpointError as e:
             raise DaemonError("INVALID_ARGUMENT", str(e)) from None
         except (KeyError, TypeError, ValueError) as e:
-            raise DaemonError("INVALID_ARGUMENT", f"{path}: META lacks the session: {e}") from None
+            raise DaemonError(
+                "INVALID_ARGUMENT", f"{path}: META lacks the session or is malformed: {e}"
+            ) from None
+        if told.note:
+            log.warning("restore of %s: %s", sid, told.note)
         if not 0 <= slot < WINDOW_SLOTS:
             raise DaemonError("INVALID_ARGUMENT", f"{path}: window slot {slot} out of range")
-        device_index = max(device_index, 0)
-        if device_index >= len(self.devices):
-            raise DaemonError("INVALID_ARGUMENT", f"no device {device_index} on this daemon")
-        device = self.devices[device_index]
+        self.expire()
         with self._lock:
             old = self._sessions.get(sid)
             if old is not None and old.state != "parked":
@@ -404,9 +491,25 @@ class SessionManager:
                 old.state = "restoring"
         try:
             session = self._start(
-                sid, slot, device, ident.get("client", ""), token, ident.get("uuid_seed")
+                sid,
+                slot,
+                device,
+                ident.get("client", ""),
+                token,
+                ident.get("uuid_seed"),
+                replenish=False,  # after the restore: a worker's start would slow it down
             )
             session.state = "restoring"
+            # the pre-flight, against what the new worker's device offers (any backend)
+            refusals = code_refusals + check_memory(
+                needed, device.total_mem - device.ledger.used(), where
+            )
+            refusals += check_limits(told.limits, dict(session.identity.attributes), where)
+            if refusals:
+                self._release(session)
+                raise DaemonError(
+                    "FAILED_PRECONDITION", f"restore of {sid} refused: " + "; ".join(refusals)
+                )
             try:
                 with session.channel_lock:
                     answer = self._control(session, Tag.RESTORE, {"path": path})
@@ -417,9 +520,11 @@ class SessionManager:
                 raise DaemonError(
                     "FAILED_PRECONDITION", f"restore of {sid} refused: {answer['error']}"
                 )
+            _adopt(session, told)
             with self._lock:
                 session.state = "ready"
                 self._sessions[sid] = session
+                self.expired.pop(sid, None)
             self._watch(session)
         except BaseException:
             if old is not None:
@@ -429,6 +534,7 @@ class SessionManager:
         finally:
             with self._lock:
                 self._starting.discard(slot)
+            self.pool.replenish()
         log.info(
             "session %s restored from %s on device %d (%s), window %#x",
             sid,
@@ -440,12 +546,18 @@ class SessionManager:
         return session, answer
 
     def resume(self, sid: str, token: bytes) -> Session:
-        """Where a guest whose stream broke stands: ready to attach, or parked (retry)."""
-        moved = self.moved.get(sid)
-        if moved is not None and sid not in self._sessions:
-            if not token or not secrets.compare_digest(token, moved[0]):
+        """Where a guest whose stream broke stands: ready to attach, parked (retry), moved
+        (redirect), or expired (NOT_FOUND with the reason: the guest stops waiting)."""
+        self.expire()
+        with self._lock:
+            live = self._sessions.get(sid)
+            gone = self.moved.get(sid) or self.expired.get(sid) if live is None else None
+        if gone is not None:
+            if not token or not secrets.compare_digest(token, gone.session.token):
                 raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
-            raise SessionMoved(sid, moved[1])
+            if gone.to:
+                raise SessionMoved(sid, gone.to)
+            raise DaemonError("NOT_FOUND", gone.why)
         session = self.get(sid)
         if not token or not secrets.compare_digest(token, session.token):
             raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
@@ -455,13 +567,81 @@ class SessionManager:
         return session
 
     def close_all(self, why: str) -> None:
+        self._stop.set()
         for s in self.list():
             self.close(s, why)
 
+    # ---- sessions that left ------------------------------------------------------------------
+    def remember_moved(self, session: Session, to: str) -> None:
+        """The session now lives on ``to`` (call with the manager's lock held, as the migration
+        takes it out of the table): keep a redirect for its guest, and a ``crane ps`` line, for
+        ``moved_ttl_s``."""
+        self.moved[session.id] = Gone(session, time.monotonic(), to=to)
+        self.expired.pop(session.id, None)
+
+    def expire(self, now: float | None = None) -> None:
+        """Drop parked entries older than ``parked_ttl_s`` (their guests are told why at their
+        next Resume) and redirects older than ``moved_ttl_s``."""
+        now = time.monotonic() if now is None else now
+        dropped: list[Session] = []
+        forgotten: list[Gone] = []
+        with self._lock:
+            if self.parked_ttl_s > 0:
+                for sid, s in list(self._sessions.items()):
+                    if s.state == "parked" and now - s.parked_since >= self.parked_ttl_s:
+                        del self._sessions[sid]
+                        s.state = "closed"
+                        why = (
+                            f"session {sid} expired on this daemon: it was parked to "
+                            f"{s.parked_at} {_age(now - s.parked_since)} ago and not restored "
+                            f"within parked_ttl_s={self.parked_ttl_s:g} s"
+                        )
+                        self.expired[sid] = Gone(s, now, why=why)
+                        dropped.append(s)
+            if self.moved_ttl_s > 0:
+                for table in (self.moved, self.expired):
+                    for sid, g in list(table.items()):
+                        if now - g.since >= self.moved_ttl_s:
+                            del table[sid]
+                            if g.to:
+                                forgotten.append(g)
+        for s in dropped:
+            log.warning(
+                "session %s: parked to %s %s ago and not restored within parked_ttl_s=%g s; "
+                "its entry expired (slot %d freed); a guest still waiting is told at its next "
+                "resume and its call fails (CUDA_ERROR_NO_DEVICE); the checkpoint file is kept",
+                s.id,
+                s.parked_at,
+                _age(now - s.parked_since),
+                self.parked_ttl_s,
+                s.slot,
+            )
+        for g in forgotten:
+            log.info(
+                "session %s: forgot its redirect to %s (moved_ttl_s=%g s)",
+                g.session.id,
+                g.to,
+                self.moved_ttl_s,
+            )
+
+    def _sweep(self, period: float) -> None:
+        while not self._stop.wait(period):
+            try:
+                self.expire()
+            except Exception:  # never let a bug end the sweeper silently
+                log.exception("session expiry sweep failed")
+
     # ---- queries -------------------------------------------------------------------------
     def list(self) -> list[Session]:
+        """Sessions on this daemon (parked ones included; not those that migrated away)."""
         with self._lock:
             return list(self._sessions.values())
+
+    def listing(self) -> list[Session]:
+        """What ``crane ps`` shows: :meth:`list` plus the migrated-away entries still kept."""
+        self.expire()
+        with self._lock:
+            return list(self._sessions.values()) + [g.session for g in self.moved.values()]
 
     def info(self, s: Session) -> common_pb2.SessionInfo:
         try:
@@ -469,6 +649,17 @@ class SessionManager:
         except ValueError:  # closed under us
             calls, mem, mode, peer = 0, 0, 0, ""
         direct = mode == MODE_DIRECT
+        location = s.location
+        now = time.monotonic()
+        if s.state == "parked":
+            location = f"in {s.parked_at}"
+            if self.parked_ttl_s > 0:
+                left = self.parked_ttl_s - (now - s.parked_since)
+                location += f", expires in {_age(left)}"
+        elif s.state == "migrated" and self.moved_ttl_s > 0:
+            gone = self.moved.get(s.id)
+            if gone is not None and gone.session is s:
+                location += f", forgotten in {_age(self.moved_ttl_s - (now - gone.since))}"
         return common_pb2.SessionInfo(
             id=s.id,
             peer=peer if direct else s.peer,
@@ -480,5 +671,37 @@ class SessionManager:
             opened_at=s.opened_at,
             va_base=s.va_base,
             va_size=WINDOW_SIZE,
-            location=s.location,
+            location=location,
         )
+
+
+def _mem_needed(head: Head) -> int:
+    """Device memory the checkpointed session commits (format 1 files: from its graph)."""
+    if "mem_needed" in head.meta:
+        return int(head.meta["mem_needed"])
+    g = head.graph or {}
+    window = g.get("window") or [0, 0]
+    area = g.get("module_area") or {}
+    base = int(window[0]) + int(window[1]) - MODULE_AREA
+    chunks = sum(int(c["size"]) for c in g.get("chunks", []))
+    return chunks + max(int(area.get("chunk_end", base)) - base, 0)
+
+
+def adopt_record(session: Session, ident: dict) -> None:
+    """A session arriving by migration answers with what its guest was told (the source's
+    :meth:`Session.record`); a record without it leaves the session as it is."""
+    try:
+        told = told_from_meta({"session": ident}, FORMAT_VERSION, "the migration's record")
+    except ValueError as e:
+        log.warning("session %s: %s; answering with this device's identity", session.id, e)
+        return
+    _adopt(session, told)
+
+
+def _adopt(session: Session, told: Told) -> None:
+    """A restored session answers with what its guest was told, not with this device."""
+    if told.identity is not None:
+        session.identity = told.identity
+        session.told = dict(told.identity.attributes)
+    elif told.limits:
+        session.told = dict(told.limits)

@@ -69,13 +69,21 @@ class WorkerPool:
         self._closed = False
         self.refill()
 
-    def take(self) -> WorkerProcess:
+    def take(self, replenish: bool = True) -> WorkerProcess:
+        """An idle worker (a fresh one if none is ready). ``replenish=False``: the caller calls
+        :meth:`replenish` once its time-critical start is over, so that spawning the next
+        worker (hundreds of milliseconds of imports) does not compete with it for the CPU."""
         with self._lock:
             w = self._idle.pop() if self._idle else None
         if w is None or w.proc.poll() is not None:
             w = WorkerProcess(self.log_level)
-        threading.Thread(target=self.refill, name="worker-prespawn", daemon=True).start()
+        if replenish:
+            self.replenish()
         return w
+
+    def replenish(self) -> None:
+        """Top the idle workers up, in the background."""
+        threading.Thread(target=self.refill, name="worker-prespawn", daemon=True).start()
 
     def refill(self) -> None:
         while True:

@@ -7,6 +7,7 @@ a call boundary), and the backend is synchronized first so memory is final.
 
 from __future__ import annotations
 
+import io
 import struct
 import time
 from typing import Any, BinaryIO
@@ -26,7 +27,10 @@ __all__ = ["restore_checkpoint", "write_checkpoint"]
 
 
 def write_checkpoint(ex: Executor, out: BinaryIO, identity: dict[str, Any]) -> dict[str, int]:
-    """Stream the session to ``out``; returns counts (bytes written, memory bytes, sections)."""
+    """Stream the session to ``out``; returns counts (bytes written, memory bytes, sections).
+
+    ``identity`` is the daemon's record of the session (id, token, window, what the guest was
+    told: crane.state.told); it goes into META as is."""
     ex.backend.synchronize()
     w = CheckpointWriter(out)
     try:
@@ -36,6 +40,7 @@ def write_checkpoint(ex: Executor, out: BinaryIO, identity: dict[str, Any]) -> d
             {
                 "format": "crane-checkpoint",
                 "session": identity,
+                "mem_needed": ex.mem_used(),
                 "source": {"profile": snap.profile, "cc": list(snap.cc), "name": snap.name},
                 "created": time.time(),
             },
@@ -56,7 +61,8 @@ def write_checkpoint(ex: Executor, out: BinaryIO, identity: dict[str, Any]) -> d
         for addr, size in memory_regions(ex):
             for off in range(0, size, MEMORY_CHUNK):
                 n = min(MEMORY_CHUNK, size - off)
-                w.memory(addr + off, bytes(ex.backend.memcpy_dtoh(addr + off, n, stream)))
+                # no copy: the writer consumes (or copies) a view before the next backend call
+                w.memory(addr + off, ex.backend.memcpy_dtoh(addr + off, n, stream))
         w.finish()
     except BaseException:
         w.abort()
@@ -76,7 +82,9 @@ def restore_checkpoint(ex: Executor, src: BinaryIO, name: str) -> dict[str, Any]
     meta = r.expect(Kind.META).json()
     graph: dict[str, Any] | None = None
     stream = ex._default_stream
-    for s in r.sections():
+    # a file: read ahead of the checksums and device writes (a migration's stream is fed by
+    # the worker's own loop, which must not be raced by a second reader)
+    for s in r.sections(prefetch=isinstance(src, io.BufferedReader)):
         if s.kind == Kind.IMAGE:
             if graph is not None or len(s.payload) < 32:
                 raise CheckpointError(f"{name}: misplaced or empty IMAGE section {s.index}")
@@ -97,6 +105,7 @@ def restore_checkpoint(ex: Executor, src: BinaryIO, name: str) -> dict[str, Any]
             addr, data = s.memory()
             try:
                 ex.backend.memcpy_htod(addr, data, stream)
+                ex.dirty.contents(addr, data)  # pointer tables (crane.state.dirty)
             except CudaError as e:
                 raise CheckpointError(
                     f"{name}: MEMORY section {s.index} at {addr:#x}+{len(data):#x} is outside "

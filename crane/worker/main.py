@@ -26,7 +26,7 @@ from crane.wire.malloc import tune_malloc
 from crane.worker.channel import Channel, ChannelClosed, Tag
 from crane.worker.direct import start_direct_server
 from crane.worker.executor import Executor
-from crane.worker.session_state import WorkerSession
+from crane.worker.session_state import SessionParked, WorkerSession
 from crane.worker.stats import MODE_RELAY, SessionStats
 
 __all__ = ["main", "serve"]
@@ -106,7 +106,11 @@ def serve(ch: Channel) -> int:
             if not ws.relay and not ws.attach(MODE_RELAY, "relay"):
                 log.error("relayed batch refused: the guest is attached directly")
                 continue
-            msgs = ws.run(raw)
+            try:
+                msgs = ws.run(raw)
+            except SessionParked:  # moved away while the batch waited: the daemon releases us
+                log.info("relayed batch refused: the session migrated while it waited")
+                continue
             last = len(msgs) - 1 if peek_flags(raw) & EXPECTS_REPLY else -1
             for i, msg in enumerate(msgs):
                 ch.send(Tag.REPLY_LAST if i == last else Tag.REPLY, msg)
@@ -173,6 +177,30 @@ def _abandon_if_unattached(ws: WorkerSession, end: Callable[[], None]) -> None:
         end()
 
 
+#: Imported while the worker waits in the pool, not after its session's configuration arrives:
+#: each costs tens of milliseconds (more where bytecode is not cached), which would otherwise land
+#: on a session open, a restore or the first checkpoint. Optional backends may be missing.
+_PRELOAD = (
+    "crane.backends.identity",
+    "crane.backends.sim.backend",
+    "crane.backends.sim.ledger",
+    "crane.backends.sim.profiles",
+    "crane.migrate.worker_side",
+    "crane.state.checkpoint",
+    "crane.state.park",
+)
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in _PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:  # reported where the module is needed
+            log.debug("preload of %s failed: %s", name, e)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crane-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the daemon")
@@ -186,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     # The daemon owns signals: a Ctrl-C in craned's terminal must not kill sessions mid-call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_malloc()
+    _preload()
     ch = Channel(socket.socket(fileno=args.fd))
     profile_dir = os.environ.get("CRANE_WORKER_PROFILE")  # developers: cProfile each worker
     profiler = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,38 +18,16 @@ from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
-from tests.integration.workload import N, Workload
+from tests.integration.workload import N, Workload, reference
 
 STEPS = 6
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"])
-    try:
-        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"])
-    except BaseException:
-        a.stop()
-        raise
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
-
-
-def reference(address: str, image: bytes) -> tuple[bytes, bytes, int]:
-    with Session(address, client="reference") as s:
-        w = Workload(s, image)
-        w.run(STEPS)
-        return w.result()
 
 
 def test_checkpoint_restore_on_another_model_is_bit_identical(
     daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
 ) -> None:
-    a, b = daemons
-    want = reference(a.address, image)
+    b, a = daemons  # A100 -> H100: a restore refuses a device offering less than told
+    want = reference(a.address, image, STEPS)
     ckpt = tmp_path / "s.ckpt"
     with Session(a.address, client="moved", alternates=[b.address]) as s:
         w = Workload(s, image)
@@ -88,7 +65,7 @@ def test_park_while_guest_keeps_calling_then_restore(
     daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
 ) -> None:
     a, _ = daemons
-    want = reference(a.address, image)
+    want = reference(a.address, image, STEPS)
     ckpt = tmp_path / "p.ckpt"
     with Session(a.address, client="parked", direct=False) as s:
         w = Workload(s, image)
@@ -116,8 +93,8 @@ def test_park_while_guest_keeps_calling_then_restore(
 def test_checkpoint_without_release_keeps_running(
     daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
 ) -> None:
-    a, b = daemons
-    want = reference(a.address, image)
+    b, a = daemons  # A100 -> H100: a restore refuses a device offering less than told
+    want = reference(a.address, image, STEPS)
     ckpt = tmp_path / "k.ckpt"
     with Session(a.address, client="kept") as s:
         w = Workload(s, image)
@@ -145,7 +122,7 @@ def _refused(address: str, path: Path) -> grpc.RpcError:
 def test_corrupted_and_truncated_files_are_refused(
     daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, tmp_path: Path
 ) -> None:
-    a, b = daemons
+    b, a = daemons  # A100 -> H100: a restore refuses a device offering less than told
     ckpt = tmp_path / "c.ckpt"
     with Session(a.address) as s:
         Workload(s, image).run(1)
