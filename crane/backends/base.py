@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.results import CudaError
 from crane.modules.image import ModuleImage
 
 __all__ = ["Backend", "DeviceSnapshot", "GlobalVar", "LoadedModule"]
@@ -131,8 +133,14 @@ class Backend(ABC):
 
     # ---- modules and launches ---------------------------------------------------------------
     @abstractmethod
-    def module_load(self, image: ModuleImage, place_global: Callable[[int], int]) -> LoadedModule:
-        """Load a module; ``place_global(size)`` returns the address for a module variable."""
+    def module_load(
+        self, image: ModuleImage, place_global: Callable[[int], int], *, data: bytes = b""
+    ) -> LoadedModule:
+        """Load a module; ``place_global(size)`` returns the address for a module variable.
+
+        ``data`` is the image as the guest sent it (a whole fatbin, say): a real driver given
+        it picks the code for its device by its own rules, as it would for the program run
+        natively; ``image`` is Crane's reading of it (the chosen code, layouts, variables)."""
 
     @abstractmethod
     def module_unload(self, module: LoadedModule) -> None: ...
@@ -157,6 +165,17 @@ class Backend(ABC):
         ``cooperative`` is cuLaunchCooperativeKernel: all blocks resident at once and the
         grid-sync workspace provided (the backend's own memory, as the driver's); a grid the
         device cannot keep resident raises CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE."""
+
+    def alias_global(self, told: int, real: int, size: int) -> None:
+        """A restored module variable the guest knows at ``told`` was placed at ``real``.
+
+        Only a backend whose driver places module variables itself (the cuda backend) can end
+        up here; it translates copies and memsets on ``told`` from now on. The simulator places
+        them where asked, so a mismatch there is a bug."""
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED,
+            f"module variable at {told:#x} was placed at {real:#x}; this backend cannot alias it",
+        )
 
     def take_stdout(self) -> bytes:
         """Device printf output produced since the last call (delivered to the guest)."""

@@ -3,10 +3,27 @@
 Why allocation granularity: the worker sees every write's destination (the call table's
 ``writes`` names them) but not what a kernel writes, only its parameters. A kernel can write
 through any pointer it is given, so every 8-byte parameter value that points into an allocation
-marks that allocation; a pointer stored *inside* device memory and followed by a kernel is
-covered because the allocation holding it was itself passed (or its pointee was), which is the
-usual CUDA shape. Module variables (``__device__``) can be written by any kernel of their module,
-so any launch marks them all (they are small).
+marks that allocation. Module variables (``__device__``) can be written by any kernel of their
+module, so any launch marks them all (they are small).
+
+Pointers stored *inside* device memory (a table of buffers the kernel follows; cuBLAS's batched
+GEMMs take one) are the hard case: the kernel gets only the table. The tracker keeps a graph of
+which allocation holds pointers into which, learnt from the bytes it sees: every host-to-device
+copy up to :data:`SCAN_LIMIT` bytes (pointer tables are built on the host and uploaded), every
+device-to-device copy (the destination inherits the source's pointers), and every allocation a
+migration or checkpoint reads (so tables written by kernels are learnt at the next round, and a
+restored session learns its tables again). A launch marks what its parameters point into and,
+transitively, what those allocations point into. References are only ever added while an
+allocation lives (over-marking costs copying, never correctness). The known gap: a table that
+a kernel writes and another kernel follows, both after the last read of the table, is not
+learnt in time; docs/design.md lists it.
+
+One exception to "a pointer marks its allocation": memory mapped with the VMM API arrives as
+one allocation per mapping, each filling its own chunk, and a program that maps handles back to
+back (PyTorch's expandable segments) treats the run as one buffer, so a kernel given a pointer
+into one mapping may write into the next. A pointer into a whole-chunk allocation therefore
+marks the contiguous run of whole-chunk allocations around it. Ordinary allocations never fill
+a chunk exactly unless they are chunk-sized, and marking such a neighbour is only extra copying.
 """
 
 from __future__ import annotations
@@ -14,7 +31,13 @@ from __future__ import annotations
 import bisect
 import struct
 
-__all__ = ["DirtyTracker"]
+import numpy as np
+
+__all__ = ["SCAN_LIMIT", "DirtyTracker"]
+
+#: Host-to-device copies up to this size are scanned for pointers (pointer tables are small;
+#: scanning every byte of bulk uploads would cost bandwidth for nothing).
+SCAN_LIMIT = 1 << 20
 
 
 class DirtyTracker:
@@ -25,13 +48,17 @@ class DirtyTracker:
         self._sizes: list[int] = []
         self.dirty: set[int] = set()
         self.globals_dirty = False
+        self._whole: set[int] = set()  # allocations that fill their chunk (VMM mappings)
+        self.refs: dict[int, set[int]] = {}  # allocation -> allocations it holds pointers into
 
-    def add(self, addr: int, size: int) -> None:
+    def add(self, addr: int, size: int, whole_chunk: bool = False) -> None:
         """A new allocation: dirty (its contents are whatever the device held)."""
         i = bisect.bisect_left(self._starts, addr)
         self._starts.insert(i, addr)
         self._sizes.insert(i, size)
         self.dirty.add(addr)
+        if whole_chunk:
+            self._whole.add(addr)
 
     def remove(self, addr: int) -> None:
         i = bisect.bisect_left(self._starts, addr)
@@ -39,6 +66,8 @@ class DirtyTracker:
             del self._starts[i]
             del self._sizes[i]
         self.dirty.discard(addr)
+        self._whole.discard(addr)
+        self.refs.pop(addr, None)  # a stale target left in another's set only over-marks
 
     def find(self, ptr: int) -> int | None:
         """Start of the allocation containing ``ptr``, if any."""
@@ -52,6 +81,97 @@ class DirtyTracker:
         if a is not None:
             self.dirty.add(a)
 
+    def bounds(self) -> tuple[int, int]:
+        """The span of all allocations (where a pointer value can point at all)."""
+        if not self._starts:
+            return 0, 0
+        return self._starts[0], self._starts[-1] + self._sizes[-1]
+
+    @staticmethod
+    def pointer_values(addr: int, data: bytes | memoryview, bounds: tuple[int, int]) -> list[int]:
+        """The distinct 8-byte-aligned values in ``data`` (stored at ``addr``) that fall inside
+        ``bounds``. Pure: a migration's reader thread runs it outside the session's lock and
+        hands the result to :meth:`learn` under it."""
+        lo, hi = bounds
+        skip = -addr % 8  # pointers are 8-byte aligned in device memory
+        n = (len(data) - skip) // 8
+        if n <= 0 or lo >= hi:
+            return []
+        values = np.frombuffer(data, dtype="<u8", count=n, offset=skip)
+        hits = values[(values >= lo) & (values < hi)]
+        return np.unique(hits).tolist() if len(hits) else []
+
+    def learn(self, addr: int, values: list[int]) -> None:
+        """Record that the allocation at ``addr`` holds these pointer values."""
+        holder = self.find(addr)
+        if holder is None or not values:
+            return
+        found = self.refs.setdefault(holder, set())
+        for v in values:
+            a = self.find(v)
+            if a is not None and a != holder:
+                found.add(a)
+
+    def contents(self, addr: int, data: bytes | memoryview) -> None:
+        """Memory read or written whole by a checkpoint, restore or migration round: learn its
+        pointers if it belongs to a small allocation (where pointer tables live)."""
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._starts[i] + self._sizes[i] and self._sizes[i] <= SCAN_LIMIT:
+            self.scan(addr, data)
+
+    def scan(self, addr: int, data: bytes | memoryview) -> None:
+        """Learn the pointers that ``data``, now stored at ``addr``, holds into allocations."""
+        if self._starts:
+            self.learn(addr, self.pointer_values(addr, data, self.bounds()))
+
+    def copied(self, dst: int, src: int) -> None:
+        """A device-to-device copy: the destination may now hold the source's pointers."""
+        s, d = self.find(src), self.find(dst)
+        if s is not None and d is not None and self.refs.get(s):
+            self.refs.setdefault(d, set()).update(self.refs[s])
+
+    def _kernel_write(self, ptr: int) -> None:
+        """What a kernel given ``ptr`` may write: its allocation, or a run of mappings, and
+        whatever the pointers stored in them lead to."""
+        a = self.find(ptr)
+        if a is None:
+            return
+        self._follow(a)
+        if a not in self._whole:
+            return
+        i = bisect.bisect_left(self._starts, a)
+        j = i
+        while (
+            j > 0
+            and self._starts[j - 1] in self._whole
+            and (self._starts[j - 1] + self._sizes[j - 1] == self._starts[j])
+        ):
+            j -= 1
+            self._follow(self._starts[j])
+        j = i
+        while (
+            j + 1 < len(self._starts)
+            and self._starts[j + 1] in self._whole
+            and (self._starts[j] + self._sizes[j] == self._starts[j + 1])
+        ):
+            j += 1
+            self._follow(self._starts[j])
+
+    def _follow(self, a: int) -> None:
+        """Mark ``a`` and everything reachable from it through stored pointers."""
+        if not self.refs:
+            self.dirty.add(a)
+            return
+        seen: set[int] = set()
+        todo = [a]
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            self.dirty.add(x)
+            todo.extend(self.refs.get(x, ()))
+
     def launch(self, params: bytes) -> None:
         """Mark every allocation a kernel parameter points into, and all module variables."""
         self.globals_dirty = True
@@ -61,13 +181,13 @@ class DirtyTracker:
         n = len(params) // 8
         for (v,) in struct.iter_unpack("<Q", params[: n * 8]) if n else ():
             if lo <= v < hi:
-                self.write(v)
+                self._kernel_write(v)
         # parameters are 4-byte aligned at least; an 8-byte pointer is 8-byte aligned, but a
         # struct parameter may place one at offset 4 mod 8
         if len(params) >= 12:
             for (v,) in struct.iter_unpack("<Q", params[4 : 4 + ((len(params) - 4) // 8) * 8]):
                 if lo <= v < hi:
-                    self.write(v)
+                    self._kernel_write(v)
 
     def mark(self) -> tuple[set[int], bool]:
         """(allocations written since the last mark, module variables written); starts anew."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.base import LoadedModule
+from crane.backends.base import GlobalVar, LoadedModule
 from crane.backends.sim.memory import CHUNK_GRANULARITY
 from crane.worker.executor import MODULE_AREA, Executor
 from crane.worker.objects import Owned
@@ -76,7 +76,13 @@ def restore_module(ex: Executor, s: State) -> None:
         ex.backend.mem_alloc(addr, max(size, 1))
         return addr
 
-    ex.load_module(s["ctx"], s["handle"], digest, data, place)
+    _, loaded = ex.load_module(s["ctx"], s["handle"], digest, data, place)
+    for name, addr, size in s["globals"]:
+        placed = loaded.globals.get(name)
+        if placed is not None and placed.addr != addr:
+            # the driver chose (cuda backend): the guest keeps the address it was told
+            ex.backend.alias_global(addr, placed.addr, size)
+            loaded.globals[name] = GlobalVar(name, addr, size)
 
 
 def save_allocation(addr: int, ctx: int, size: int) -> State:

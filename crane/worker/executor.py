@@ -33,7 +33,7 @@ from crane.backends.base import Backend, LoadedModule
 from crane.backends.sim.memory import CHUNK_GRANULARITY
 from crane.modules.errors import ImageError, NoCompatibleCode
 from crane.modules.image import ModuleImage, inspect_image
-from crane.state.dirty import DirtyTracker
+from crane.state.dirty import SCAN_LIMIT, DirtyTracker
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.replies import encode_data_reply
@@ -298,7 +298,7 @@ class Executor:
         self._check_in_window(addr, size)
         self.backend.mem_alloc(addr, size)
         self.allocations[addr] = (ctx, size)
-        self.dirty.add(addr, size)
+        self.dirty.add(addr, size, whole_chunk=self.chunks.get(addr) == size)
 
     def mem_free(self, addr: int) -> None:
         if addr not in self.allocations:
@@ -314,6 +314,8 @@ class Executor:
 
     def memcpy_htod(self, dst: int, stream: int, data: bytes) -> None:
         self.backend.memcpy_htod(dst, data, self._stream(stream))
+        if len(data) <= SCAN_LIMIT:
+            self.dirty.scan(dst, data)  # a table of device pointers (see crane.state.dirty)
 
     def memcpy_dtoh(self, src: int, size: int, stream: int) -> bytes | memoryview:
         if size > MAX_CHUNK:
@@ -325,6 +327,7 @@ class Executor:
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: int) -> None:
         self.backend.memcpy_dtod(dst, src, size, self._stream(stream))
+        self.dirty.copied(dst, src)
 
     def memset(self, dst: int, value: int, elem_size: int, count: int, stream: int) -> None:
         if elem_size not in (1, 2, 4):
@@ -441,7 +444,7 @@ class Executor:
             raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, str(e)) from None
         except ImageError as e:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, str(e)) from None
-        loaded = self.backend.module_load(info, place)
+        loaded = self.backend.module_load(info, place, data=data)
         self.modules.add(module, ctx, loaded, digest)
         return info, loaded
 

@@ -41,3 +41,55 @@ def test_kernel_parameters_pointing_into_allocations_mark_them() -> None:
     assert d.mark()[0] == {0x30_0000}
     d.launch(struct.pack("<f", 1.0))
     assert d.mark() == (set(), True)
+
+
+def test_a_kernel_given_a_pointer_into_a_run_of_mappings_marks_the_whole_run() -> None:
+    """Back-to-back VMM mappings are one buffer to the program (expandable segments)."""
+    d = DirtyTracker()
+    chunk = 2 << 20
+    for i in range(3):  # a run of three mappings, then a gap, then a fourth
+        d.add(0x1000_0000 + i * chunk, chunk, whole_chunk=True)
+    d.add(0x1000_0000 + 4 * chunk, chunk, whole_chunk=True)
+    d.add(0x2000_0000, 0x1000)  # an ordinary allocation
+    d.add(0x2000_1000, 0x1000)  # and its neighbour, directly after it
+    d.mark()
+    d.launch(struct.pack("<Q", 0x1000_0000 + chunk + 8))
+    assert d.mark()[0] == {0x1000_0000, 0x1000_0000 + chunk, 0x1000_0000 + 2 * chunk}
+    d.launch(struct.pack("<Q", 0x2000_0010))
+    assert d.mark()[0] == {0x2000_0000}  # ordinary allocations stay precise
+    d.write(0x1000_0000 + 8)  # a copy writes exactly where it says
+    assert d.mark()[0] == {0x1000_0000}
+
+
+def test_a_kernel_following_an_uploaded_pointer_table_marks_what_the_table_points_to() -> None:
+    d = DirtyTracker()
+    table, a, b, c = 0x10_0000, 0x20_0000, 0x30_0000, 0x40_0000
+    for x in (table, a, b, c):
+        d.add(x, 0x1000)
+    d.scan(table, struct.pack("<QQ", a + 0x10, b))  # the host uploads a table of two buffers
+    d.mark()
+    d.launch(struct.pack("<Qi4x", table, 2))  # the kernel gets only the table
+    assert d.mark()[0] == {table, a, b}
+    # a device-to-device copy of the table carries its pointers along
+    other = 0x50_0000
+    d.add(other, 0x1000)
+    d.copied(other, table)
+    d.mark()
+    d.launch(struct.pack("<Q", other))
+    assert d.mark()[0] == {other, a, b}
+    # chains are followed, cycles end
+    d.scan(a, struct.pack("<Q", c))
+    d.scan(c, struct.pack("<Q", table))
+    d.mark()
+    d.launch(struct.pack("<Q", table))
+    assert d.mark()[0] == {table, a, b, c}
+
+
+def test_pointer_values_are_aligned_and_inside_the_allocations() -> None:
+    d = DirtyTracker()
+    d.add(0x10_0000, 0x1000)
+    d.add(0x20_0000, 0x1000)
+    raw = struct.pack("<4xQQQ", 0x20_0008, 0x9999_0000, 0x10_0010)  # misaligned by 4 at 0x...0
+    assert d.pointer_values(0x10_0000, raw, d.bounds()) == []  # not 8-byte aligned there
+    assert d.pointer_values(0x10_0004, raw, d.bounds()) == [0x10_0010, 0x20_0008]
+    assert DirtyTracker().bounds() == (0, 0)

@@ -188,7 +188,9 @@ class SimBackend(Backend):
         pass
 
     # ---- modules and launches ---------------------------------------------------------------
-    def module_load(self, image: ModuleImage, place_global: Callable[[int], int]) -> LoadedModule:
+    def module_load(
+        self, image: ModuleImage, place_global: Callable[[int], int], *, data: bytes = b""
+    ) -> LoadedModule:
         sim = _SimModule()
         globals_: dict[str, GlobalVar] = {}
         for name, g in image.globals.items():
