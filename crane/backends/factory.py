@@ -15,7 +15,7 @@ class WorkerConfig:
 
     session_id: str
     backend: str  # "sim" or "cuda"
-    profile: str  # sim profile key; for cuda the device index as text
+    profile: str  # sim profile key; for cuda the device ordinal as text
     va_base: int
     va_size: int
     uuid_seed: str  # hex; the session's virtual device identity derives from it
@@ -42,4 +42,17 @@ def make_backend(cfg: WorkerConfig) -> Backend:
         ledger = Ledger(cfg.ledger_path, profile.total_mem)
         snapshot = sim_snapshot(profile, bytes.fromhex(cfg.uuid_seed))
         return SimBackend(profile, snapshot, (cfg.va_base, cfg.va_size), ledger, cfg.ledger_slot)
+    if cfg.backend == "cuda":
+        from crane.backends.cuda import driver
+        from crane.backends.cuda.backend import CudaBackend
+        from crane.backends.cuda.device import device_snapshot
+        from crane.backends.sim.ledger import Ledger
+
+        drv = driver.load()
+        driver.check("cuInit", drv.cuInit(0))
+        ordinal = int(cfg.profile or 0)
+        snapshot = device_snapshot(drv, ordinal, bytes.fromhex(cfg.uuid_seed))
+        ledger = Ledger(cfg.ledger_path, snapshot.total_mem)
+        window = (cfg.va_base, cfg.va_size)
+        return CudaBackend(drv, ordinal, snapshot, window, ledger, cfg.ledger_slot)
     raise ValueError(f"backend {cfg.backend!r} is not available in this build")

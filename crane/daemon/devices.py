@@ -1,18 +1,20 @@
 """The devices a daemon serves, chosen from its ``backend`` settings.
 
-``auto`` means the real GPU when cuda-python finds one and Crane's cuda backend is available,
-else the simulated H100; the choice and its reason are logged, because an operator who expected
-a GPU must be able to see why a session runs on the simulator.
+``auto`` means the first real GPU when NVML finds one and the cuda backend can run (cuda-python
+installed), else the simulated H100; the choice and its reason are logged, because an operator
+who expected a GPU must be able to see why a session runs on the simulator.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from crane.backends.sim.ledger import Ledger
 from crane.backends.sim.profiles import get_profile
+from crane.daemon.gpu_inventory import GpuInfo, NvmlUnavailable, list_gpus
 
 __all__ = ["DEFAULT_SIM_PROFILE", "Device", "resolve_devices"]
 
@@ -31,25 +33,53 @@ class Device:
     cc: tuple[int, int]
     ledger: Ledger
     uuid: str
+    driver_version: str = "crane-sim"
 
     @property
     def ledger_path(self) -> str:
         return str(self.ledger.path)
 
 
-def _probe_gpu() -> tuple[int, str]:
-    """(number of GPUs cuda-python sees, reason text)."""
+def _probe_gpus() -> tuple[list[GpuInfo], str]:
+    """The host's GPUs and a reason text (why there are none, or how many were found)."""
     try:
-        from cuda.bindings import driver  # type: ignore[import-not-found]
-    except ImportError:
-        return 0, "cuda-python is not installed"
-    (err,) = driver.cuInit(0)[:1]
-    if int(err) != 0:
-        return 0, f"cuInit failed ({err})"
-    err, count = driver.cuDeviceGetCount()
-    if int(err) != 0 or count == 0:
-        return 0, "cuda-python found no GPU"
-    return count, f"cuda-python found {count} GPU(s)"
+        gpus = list_gpus()
+    except NvmlUnavailable as e:
+        return [], str(e)
+    if not gpus:
+        return [], "NVML found no GPU"
+    return gpus, f"NVML found {len(gpus)} GPU(s)"
+
+
+def _cuda_backend_missing() -> str:
+    """Why the cuda backend cannot run sessions here ("" when it can)."""
+    try:
+        from crane.backends.cuda import driver
+
+        driver.load()
+    except Exception as e:  # DriverUnavailable, or a broken cuda-python install
+        return str(e)
+    return ""
+
+
+def _pick_gpu(gpus: list[GpuInfo], arg: str, spec: str) -> GpuInfo:
+    """``cuda`` / ``cuda:N`` (PCI bus order, as nvidia-smi numbers them) / ``cuda:GPU-uuid``."""
+    if not arg:
+        arg = "0"
+    if arg.upper().startswith("GPU-") or arg.upper().startswith("MIG-"):
+        for g in gpus:
+            if g.uuid.lower() == arg.lower():
+                return g
+        raise ValueError(
+            f"backend {spec!r}: no GPU with UUID {arg} (have: "
+            + ", ".join(g.uuid for g in gpus)
+            + ")"
+        )
+    if not arg.isdigit():
+        raise ValueError(f"backend {spec!r}: expected cuda:INDEX or cuda:GPU-UUID")
+    if int(arg) >= len(gpus):
+        raise ValueError(f"backend {spec!r}: this host has {len(gpus)} GPU(s)")
+    return gpus[int(arg)]
 
 
 def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]:
@@ -58,20 +88,48 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
     notes: list[str] = []
     for spec in specs:
         kind, _, arg = spec.partition(":")
+        index = len(devices)
         if kind == "auto":
-            count, why = _probe_gpu()
-            if count:
-                why += "; the cuda backend is not part of this build, using the simulated GPU"
-            notes.append(f"auto: {why} -> sim:{DEFAULT_SIM_PROFILE}")
-            kind, arg = "sim", DEFAULT_SIM_PROFILE
+            gpus, why = _probe_gpus()
+            missing = _cuda_backend_missing() if gpus else ""
+            if gpus and not missing:
+                notes.append(f"auto: {why} -> cuda:0")
+                kind, arg = "cuda", "0"
+            else:
+                if missing:
+                    why += f", but the cuda backend cannot run: {missing}"
+                notes.append(f"auto: {why} -> sim:{DEFAULT_SIM_PROFILE}")
+                kind, arg = "sim", DEFAULT_SIM_PROFILE
         if kind == "cuda":
-            raise ValueError(
-                f"backend {spec!r}: the cuda backend is not part of this build; use sim:PROFILE"
+            gpus, why = _probe_gpus()
+            if not gpus:
+                raise ValueError(f"backend {spec!r}: {why}")
+            missing = _cuda_backend_missing()
+            if missing:
+                raise ValueError(f"backend {spec!r}: {missing}")
+            gpu = _pick_gpu(gpus, arg, spec)
+            # CUDA numbers devices fastest-first by default; workers must agree with NVML.
+            os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            ledger = Ledger(run_dir / f"device{index}.ledger", gpu.total_mem)
+            ledger.reset()
+            devices.append(
+                Device(
+                    index,
+                    "cuda",
+                    str(gpu.index),
+                    gpu.name,
+                    gpu.total_mem,
+                    gpu.cc,
+                    ledger,
+                    gpu.uuid,
+                    gpu.driver_version,
+                )
             )
+            notes.append(f"device {index}: cuda:{gpu.index} ({gpu.name}, {gpu.pci_bus_id})")
+            continue
         if kind != "sim":
             raise ValueError(f"unknown backend {spec!r}: use auto, cuda[:N] or sim:PROFILE")
         profile = get_profile(arg or DEFAULT_SIM_PROFILE)
-        index = len(devices)
         ledger = Ledger(run_dir / f"device{index}.ledger", profile.total_mem)
         ledger.reset()
         devices.append(

@@ -17,7 +17,9 @@ import grpc
 
 from crane import __version__
 from crane.daemon.errors import DaemonError
+from crane.daemon.gpu_inventory import gpu_status
 from crane.daemon.sessions import WINDOW_SIZE, Session, SessionManager, SessionMoved
+from crane.migrate.daemon_side import wait_switchover
 from crane.v1 import common_pb2, control_pb2, guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.fingerprint import fingerprint
@@ -65,8 +67,16 @@ class GuestServicer:
     ) -> guest_pb2.OpenSessionReply:
         if request.fingerprint != fingerprint():
             raise DaemonError("FAILED_PRECONDITION", "protocol fingerprint mismatch")
+        sid, token = request.session_id, request.resume_token
         try:
-            return _opened(self.sessions.resume(request.session_id, request.resume_token))
+            try:
+                return _opened(self.sessions.resume(sid, token))
+            except DaemonError as e:
+                # stopped for a switchover to another daemon: the redirect is moments away, so
+                # wait for it here rather than have the guest back off and poll
+                if e.status != "UNAVAILABLE" or not wait_switchover(self.sessions, sid):
+                    raise
+            return _opened(self.sessions.resume(sid, token))
         except DaemonError as e:
             if isinstance(e, SessionMoved):  # migrated away: send the guest there
                 context.set_trailing_metadata((("crane-moved-to", e.to),))
@@ -144,6 +154,10 @@ class ControlServicer:
         out = control_pb2.ListDevicesReply(daemon_version=__version__, backend=self.backend_note)
         sessions = self.sessions.list()
         for d in self.sessions.devices:
+            util, mig = -1, "n/a"
+            if d.backend == "cuda":
+                status = gpu_status(int(d.profile))
+                util, mig = status.utilization_pct, status.mig_mode
             out.devices.append(
                 common_pb2.DeviceInfo(
                     index=d.index,
@@ -156,16 +170,16 @@ class ControlServicer:
                     cc_minor=d.cc[1],
                     profile=d.profile,
                     sessions=sum(1 for s in sessions if s.device is d),
-                    utilization_pct=-1,
-                    mig_mode="n/a",
-                    driver_version="crane-sim",
+                    utilization_pct=util,
+                    mig_mode=mig,
+                    driver_version=d.driver_version,
                 )
             )
         return out
 
     def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:
         return control_pb2.ListSessionsReply(
-            sessions=[self.sessions.info(s) for s in self.sessions.list()]
+            sessions=[self.sessions.info(s) for s in self.sessions.listing()]
         )
 
     @_status_on_error

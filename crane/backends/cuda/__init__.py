@@ -1,0 +1,1 @@
+"""The cuda backend: sessions executed on a real NVIDIA GPU through cuda-python."""

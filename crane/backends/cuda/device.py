@@ -1,0 +1,66 @@
+"""What the guest is told about a physical GPU: a :class:`DeviceSnapshot` read from the driver.
+
+Every attribute cuda.h defines is read once when the session starts (the guest answers device
+queries locally from it, invariant 3). The UUID is virtual, derived from the session's seed
+like the simulator's, so the guest keeps one device identity wherever the session moves; the
+physical UUID is the daemon's business (``crane devices``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from crane.api.generated.cuda_enums import CUdevice_attribute
+from crane.backends.base import DeviceSnapshot
+from crane.backends.cuda.driver import check
+from crane.backends.sim.profiles import CRANE_UUID_NAMESPACE
+
+__all__ = ["device_snapshot", "profile_key", "virtual_uuid"]
+
+_CC_MAJOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+_CC_MINOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+
+
+def profile_key(name: str) -> str:
+    """The profile text of a real GPU, e.g. ``cuda:NVIDIA H100 80GB HBM3``."""
+    return f"cuda:{name}"
+
+
+def virtual_uuid(key: str, seed: bytes) -> bytes:
+    """RFC 4122 version 5 over Crane's namespace, the device key and the session seed."""
+    digest = hashlib.sha1(
+        CRANE_UUID_NAMESPACE.bytes + key.encode() + b"\0" + bytes(seed), usedforsecurity=False
+    ).digest()
+    return uuid.UUID(bytes=digest[:16], version=5).bytes
+
+
+def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
+    dev = check("cuDeviceGet", drv.cuDeviceGet(ordinal))
+    raw_name = check("cuDeviceGetName", drv.cuDeviceGetName(256, dev))
+    name = bytes(raw_name).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+    total = int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev)))
+    attrs: dict[int, int] = {}
+    for a in CUdevice_attribute:
+        if a.name == "CU_DEVICE_ATTRIBUTE_MAX":
+            continue
+        try:
+            native = drv.CUdevice_attribute(int(a))
+        except ValueError:  # an attribute this cuda-python does not know
+            continue
+        err, value = drv.cuDeviceGetAttribute(native, dev)
+        if int(err) == 0:  # attributes newer than the driver answer INVALID_VALUE: left out
+            attrs[int(a)] = int(value)
+    bus = check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))
+    bus_id = bytes(bus).split(b"\0", 1)[0].decode().lower() if not isinstance(bus, str) else bus
+    key = profile_key(name)
+    return DeviceSnapshot(
+        name=name,
+        uuid=virtual_uuid(key, seed),
+        total_mem=total,
+        cc=(attrs[int(_CC_MAJOR)], attrs[int(_CC_MINOR)]),
+        attributes=attrs,
+        profile=key,
+        pci_bus_id=bus_id,
+    )

@@ -1,0 +1,63 @@
+"""``python -m crane.backends.cuda.probe``: the GPUs the CUDA driver sees, as JSON on stdout.
+
+The daemon's inventory comes from NVML. Where NVML is not available (a container given the CUDA
+driver but not libnvidia-ml) the daemon asks CUDA instead, in this short-lived process, so that
+the daemon itself never initializes CUDA: a driver context in the daemon would cost memory and
+is never used there (sessions run in their own worker processes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+from crane.backends.cuda import driver
+from crane.backends.cuda.driver import check
+
+
+def probe() -> dict:
+    drv = driver.load()
+    check("cuInit", drv.cuInit(0))
+    version = int(check("cuDriverGetVersion", drv.cuDriverGetVersion()))
+    gpus = []
+    for i in range(int(check("cuDeviceGetCount", drv.cuDeviceGetCount()))):
+        dev = check("cuDeviceGet", drv.cuDeviceGet(i))
+        name = bytes(check("cuDeviceGetName", drv.cuDeviceGetName(256, dev)))
+        raw_uuid = check("cuDeviceGetUuid", drv.cuDeviceGetUuid(dev))
+        attr = drv.CUdevice_attribute
+        major = check(
+            "cuDeviceGetAttribute",
+            drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+        )
+        minor = check(
+            "cuDeviceGetAttribute",
+            drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+        )
+        bus = check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))
+        bus_text = bus if isinstance(bus, str) else bytes(bus).split(b"\0", 1)[0].decode()
+        gpus.append(
+            {
+                "index": i,
+                "name": name.split(b"\0", 1)[0].decode("utf-8", "replace").strip(),
+                "uuid": "GPU-" + str(uuid.UUID(bytes=bytes(raw_uuid.bytes)[:16])),
+                "total_mem": int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev))),
+                "cc": [int(major), int(minor)],
+                "pci_bus_id": bus_text.lower(),
+                "driver_version": f"CUDA {version // 1000}.{version % 1000 // 10}",
+            }
+        )
+    return {"gpus": gpus}
+
+
+def main() -> int:
+    try:
+        out = probe()
+    except Exception as e:  # reported to the daemon, which logs why there is no GPU
+        out = {"error": f"{type(e).__name__}: {e}"}
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""The host's real GPUs, as NVML (pynvml) reports them.
+
+The daemon inventories GPUs with NVML rather than CUDA: NVML sees every board (also one whose
+CUDA context would fail), reports what an operator asks about (utilization, MIG mode, driver
+version, the physical UUID) and costs no CUDA context in the daemon. Workers open CUDA
+themselves. Without NVML, a child process asks CUDA (``crane.backends.cuda.probe``) and the
+live figures read as unknown.
+
+Ordinals: the daemon exports ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` to its workers, so CUDA's device N
+is NVML's device N (both in PCI bus order) and ``cuda:N`` means the same board to the operator,
+``nvidia-smi`` and the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GpuInfo", "GpuStatus", "NvmlUnavailable", "gpu_status", "list_gpus"]
+
+log = logging.getLogger("craned")
+
+
+class NvmlUnavailable(RuntimeError):
+    """pynvml is missing or NVML cannot initialize (no driver)."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    total_mem: int
+    cc: tuple[int, int]
+    pci_bus_id: str
+    driver_version: str
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    utilization_pct: int  # -1 where NVML cannot say (e.g. a MIG parent)
+    used_mem: int  # all processes on the board, not only Crane's
+    mig_mode: str  # "enabled", "disabled" or "n/a"
+
+
+_lock = threading.Lock()
+_nvml: Any = None
+_cuda_only = False  # the inventory came from CUDA: no live figures
+
+
+def _load() -> Any:
+    global _nvml
+    with _lock:
+        if _nvml is None:
+            try:
+                import pynvml  # type: ignore[import-not-found]
+            except ImportError as e:
+                raise NvmlUnavailable(f"pynvml (nvidia-ml-py) is not installed: {e}") from None
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as e:
+                raise NvmlUnavailable(f"NVML cannot initialize: {e}") from None
+            _nvml = pynvml
+    return _nvml
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def list_gpus() -> list[GpuInfo]:
+    """NVML's inventory, or CUDA's (in a child process) where NVML is not available."""
+    try:
+        nv = _load()
+    except NvmlUnavailable as e:
+        return _cuda_inventory(str(e))
+    driver = _text(nv.nvmlSystemGetDriverVersion())
+    out = []
+    for i in range(nv.nvmlDeviceGetCount()):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
+        out.append(
+            GpuInfo(
+                index=i,
+                name=_text(nv.nvmlDeviceGetName(h)),
+                uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                total_mem=int(mem.total),
+                cc=(int(major), int(minor)),
+                pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(h).busId).lower(),
+                driver_version=driver,
+            )
+        )
+    return out
+
+
+def _cuda_inventory(nvml_error: str) -> list[GpuInfo]:
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "crane.backends.cuda.probe"],
+            capture_output=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+        answer = json.loads(done.stdout or b"{}")
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        raise NvmlUnavailable(f"{nvml_error}; the CUDA probe failed too: {e}") from None
+    if "error" in answer or "gpus" not in answer:
+        why = answer.get("error", done.stderr.decode(errors="replace")[-300:])
+        raise NvmlUnavailable(f"{nvml_error}; CUDA: {why}")
+    global _cuda_only
+    _cuda_only = True
+    return [
+        GpuInfo(
+            index=g["index"],
+            name=g["name"],
+            uuid=g["uuid"],
+            total_mem=g["total_mem"],
+            cc=(g["cc"][0], g["cc"][1]),
+            pci_bus_id=g["pci_bus_id"],
+            driver_version=g["driver_version"],
+        )
+        for g in answer["gpus"]
+    ]
+
+
+def gpu_status(index: int) -> GpuStatus:
+    """Live figures for ``crane devices``; unknown values rather than errors (a board can
+    refuse single queries, e.g. utilization with MIG enabled)."""
+    if _cuda_only:
+        return GpuStatus(-1, 0, "n/a")
+    nv = _load()
+    h = nv.nvmlDeviceGetHandleByIndex(index)
+    try:
+        util = int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+    except nv.NVMLError:
+        util = -1
+    try:
+        current, _pending = nv.nvmlDeviceGetMigMode(h)
+        mig = "enabled" if current else "disabled"
+    except nv.NVMLError:
+        mig = "n/a"
+    try:
+        used = int(nv.nvmlDeviceGetMemoryInfo(h).used)
+    except nv.NVMLError:
+        used = 0
+    return GpuStatus(util, used, mig)
