@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md); each does its own set-up.
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint gpu-test gpu-prepare
 
 setup:
 	@scripts/setup.sh
@@ -12,3 +12,12 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check crane tests benchmarks
+
+# On a GPU host: tests/gpu (marker gpu) and benchmarks/bench_gpu.py, results under $OUT or
+# .gpu/results. A GPU machine without network runs scripts/gpu_suite.sh directly, after
+# `make gpu-prepare` here has put what it lacks into .gpu/ (see the script's header).
+gpu-test: setup
+	PYTHON=$${PYTHON:-.venv/bin/python} scripts/gpu_suite.sh
+
+gpu-prepare: setup
+	scripts/gpu_suite.sh --prepare
