@@ -26,6 +26,23 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
         d.stop()
 
 
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+    """Two daemons of different models (H100, A100), each also listening on a TCP port (see
+    ``tests.integration.net.tcp_address``), for checkpoints, migrations and their faults."""
+    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], extra_listen=["tcp://127.0.0.1:0"])
+    try:
+        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], extra_listen=["tcp://127.0.0.1:0"])
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
 @pytest.fixture(params=["direct", "relay"])
 def session(daemon: DaemonProcess, request: pytest.FixtureRequest) -> Iterator[Session]:
     s = Session(daemon.address, client="pytest", direct=request.param == "direct")

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,8 @@ from crane.cli.migrate import migrate
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
-from tests.integration.workload import Workload
+from tests.integration.net import CutProxy, tcp_address
+from tests.integration.workload import Workload, reference
 
 STEPS = 300
 
@@ -41,26 +42,37 @@ def trio(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
             d.stop()
 
 
-def reference(address: str, image: bytes) -> tuple[bytes, bytes, int]:
-    with Session(address, client="reference") as s:
-        w = Workload(s, image)
-        w.run(STEPS)
-        return w.result()
-
-
 class Guest:
     """The workload on a thread, stepping until told how many steps in all."""
 
-    def __init__(self, s: Session, image: bytes) -> None:
+    def __init__(
+        self,
+        s: Session,
+        image: bytes,
+        pause_at: int | None = None,
+        each_step: Callable[[], None] | None = None,
+    ) -> None:
+        """``pause_at``: wait before that step until :attr:`go` is set (so a test can be sure
+        the program is mid-run when it cuts in, however fast the machine). ``each_step``: more
+        work the program does before every step."""
         self.w = Workload(s, image)
+        self.each_step = each_step
         self.steps = 0
         self.error: BaseException | None = None
+        self.pause_at = pause_at
+        self.go = threading.Event()
+        if pause_at is None:
+            self.go.set()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
             while self.steps < STEPS:
+                if self.steps == self.pause_at:
+                    self.go.wait()
+                if self.each_step is not None:
+                    self.each_step()
                 self.w.run(1)
                 self.steps += 1
         except BaseException as e:
@@ -78,15 +90,22 @@ class Guest:
         return self.w.result()
 
 
+def _live(c: ControlClient) -> list:
+    """The sessions a daemon serves (not the entries of those that migrated away, which only
+    redirect their guests and hold nothing)."""
+    return [x for x in c.sessions().sessions if x.state != "migrated"]
+
+
 def _no_sessions(d: DaemonProcess) -> None:
+    """Nothing runs on ``d`` and it holds no device memory."""
     with ControlClient(d.address) as c:
-        assert list(c.sessions().sessions) == []
+        assert _live(c) == []
         assert all(x.used_mem == 0 for x in c.devices().devices)
 
 
 def test_migrate_mid_run_is_bit_identical(trio: list[DaemonProcess], image: bytes) -> None:
     l4, a100, _ = trio
-    want = reference(l4.address, image)
+    want = reference(l4.address, image, STEPS)
     with Session(l4.address, client="moving") as s:
         g = Guest(s, image)
         g.wait_steps(5)
@@ -105,7 +124,7 @@ def test_migrate_mid_run_is_bit_identical(trio: list[DaemonProcess], image: byte
 
 def test_back_and_forth_across_three_models(trio: list[DaemonProcess], image: bytes) -> None:
     l4, a100, h100 = trio
-    want = reference(l4.address, image)
+    want = reference(l4.address, image, STEPS)
     with Session(l4.address, client="tour") as s:
         window = s.va_window
         g = Guest(s, image)
@@ -116,7 +135,7 @@ def test_back_and_forth_across_three_models(trio: list[DaemonProcess], image: by
             assert last.phase == "done", last.error
             assert last.downtime > 0 and last.total >= last.downtime
             with ControlClient(there.address) as c:
-                (info,) = c.sessions().sessions
+                (info,) = _live(c)
                 assert info.id == s.session_id and info.va_base == window[0]
             here = there
         got = g.finish()
@@ -130,7 +149,7 @@ def test_destination_killed_during_precopy_finishes_on_source(tmp_path: Path, im
     src = DaemonProcess(tmp_path / "s", ["sim:h100-80gb"])
     dst = DaemonProcess(tmp_path / "d", ["sim:h100-80gb"])
     try:
-        want = reference(src.address, image)
+        want = reference(src.address, image, STEPS)
         with Session(src.address, client="stays") as s:
             big = s.mem_alloc(256 << 20)  # gives pre-copy something to chew on
             s.memset_d8(big, 1, 256 << 20)
@@ -213,7 +232,7 @@ def test_destination_killed_during_switchover_finishes_on_source(
     monkeypatch.delenv(TEST_DELAY_FINAL_ACK_ENV)
     workers: set[int] = set()
     try:
-        want = reference(src.address, image)
+        want = reference(src.address, image, STEPS)
         with Session(src.address, client="stays") as s:
             g = Guest(s, image)
             g.wait_steps(5)
@@ -272,7 +291,7 @@ def test_migrate_while_a_neighbour_keeps_running(trio: list[DaemonProcess], imag
     """Moving one session must not disturb another on the same daemon (own worker, own window):
     both finish bit-identically, the neighbour never reconnects, the mover ends up alone."""
     l4, a100, _ = trio
-    want = reference(l4.address, image)
+    want = reference(l4.address, image, STEPS)
     with (
         Session(l4.address, client="moving") as s,
         Session(l4.address, client="neighbour") as n,
@@ -284,7 +303,7 @@ def test_migrate_while_a_neighbour_keeps_running(trio: list[DaemonProcess], imag
         assert last.phase == "done", last.error
         assert gs.steps < STEPS and gn.steps < STEPS  # both moved / ran mid-run
         with ControlClient(l4.address) as c:
-            (info,) = c.sessions().sessions
+            (info,) = _live(c)
             assert info.id == n.session_id and info.state in ("ready", "running")
         with ControlClient(a100.address) as c:
             (info,) = c.sessions().sessions
@@ -295,3 +314,167 @@ def test_migrate_while_a_neighbour_keeps_running(trio: list[DaemonProcess], imag
         assert n._t.address == l4.address and n._t.resumes == 0
     _wait_no_sessions(l4)
     _wait_no_sessions(a100)
+
+
+# ---- the daemon-to-daemon connection cut mid-transfer; guests on the daemon's relay path -------
+
+#: Incompressible device memory: what each round puts on the wire is then known to the byte.
+BIG = 32 << 20
+
+
+def _fill_random(s: Session) -> int:
+    big = s.mem_alloc(BIG)
+    s.memcpy_htod(big, os.urandom(BIG))
+    return big
+
+
+def _finishes_on_source(g: Guest, src: DaemonProcess, want: tuple[bytes, bytes, int]) -> None:
+    """After a failed migration: the session is served by ``src`` as if none had been tried,
+    and the program finishes there bit-identically, never having left."""
+    s = g.w.s
+    with ControlClient(src.address) as c:
+        (info,) = c.sessions().sessions
+    assert info.id == s.session_id and info.state in ("ready", "running") and not info.location
+    assert g.finish() == want
+    assert s._t.address == src.address and s._t.resumes == 0
+
+
+def _nothing_left(src: DaemonProcess, dst: DaemonProcess) -> None:
+    """The destination dropped what it had received; once the guest closed, neither daemon
+    holds a session or device memory."""
+    _wait_log(dst, "ended before switchover; released")
+    _wait_no_sessions(dst)
+    _wait_no_sessions(src)
+
+
+def _wait_held(proxy: CutProxy, migration: threading.Thread, dst: DaemonProcess) -> None:
+    """Until the transfer reaches the proxy's hold (failing early if the migration ended) and
+    the destination holds device memory for the incoming session (what a cut must free)."""
+    deadline = time.monotonic() + 60
+    while not proxy.holding.wait(0.02):
+        assert migration.is_alive(), "the migration ended before its transfer reached the hold"
+        assert time.monotonic() < deadline, "the transfer never reached the hold"
+    while True:
+        with ControlClient(dst.address) as c:
+            if any(d.used_mem for d in c.devices().devices):
+                return
+        assert time.monotonic() < deadline, "the destination never took the incoming memory"
+        time.sleep(0.02)
+
+
+def _wait_log(d: DaemonProcess, text: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in d.log_text():
+        assert time.monotonic() < deadline, f"{text!r} not in the log"
+        time.sleep(0.02)
+
+
+def test_connection_cut_during_precopy_finishes_on_source(
+    daemons: tuple[DaemonProcess, DaemonProcess],
+    image: bytes,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The daemons' connection is cut (both sides closed, reconnects refused) in the middle of
+    the first pre-copy round while the program runs: ``crane migrate`` fails naming the round,
+    the program finishes on the source bit-identically, neither daemon keeps a session."""
+    dst, src = daemons  # A100 -> H100 (the H100 offers every limit the A100 told)
+    want = reference(src.address, image, STEPS)
+    with (
+        Session(src.address, client="cut") as s,
+        CutProxy(dst.address, hold_at=BIG * 5 // 8) as proxy,
+    ):
+        _fill_random(s)
+        g = Guest(s, image, pause_at=10)
+        g.wait_steps(10)
+        argv = ["--daemon", src.address, "migrate", "--session", s.session_id]
+        rc: list[int] = []
+        t = threading.Thread(target=lambda: rc.append(crane_main([*argv, "--to", proxy.address])))
+        t.start()
+        _wait_held(proxy, t, dst)
+        g.go.set()
+        g.wait_steps(15)  # the program runs on during pre-copy
+        with ControlClient(src.address) as c:
+            (info,) = c.sessions().sessions
+        assert info.state == "migrating" and info.location == f"-> {proxy.address}"
+        proxy.close()  # the cut: 20 MiB into a 32 MiB round
+        t.join(60)
+        assert rc == [1]
+        err = capsys.readouterr().err
+        assert (
+            f"migration of session {s.session_id} failed: destination failed in round 0: "
+            "UNAVAILABLE" in err
+        ), err
+        _finishes_on_source(g, src, want)
+    _nothing_left(src, dst)
+
+
+def test_connection_cut_during_the_final_round_finishes_on_source(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes
+) -> None:
+    """The cut lands inside the stop-and-copy round, by byte count: one pre-copy round carries
+    the random 32 MiB, and the final round carries it again (the program writes to it every
+    step), so a cut at 48 MiB is in the middle of the final round. The guest, quiesced for the
+    switchover, resumes on the source and finishes bit-identically; the destination drops the
+    half-received session."""
+    dst, src = daemons  # A100 -> H100 (the H100 offers every limit the A100 told)
+    want = reference(src.address, image, STEPS)
+    with (
+        Session(src.address, client="cut-final") as s,
+        CutProxy(dst.address, hold_at=BIG * 5 // 8, cut_at=BIG + BIG // 2) as proxy,
+    ):
+        big = _fill_random(s)
+        g = Guest(s, image, pause_at=10, each_step=lambda: s.memset_d8(big, 7, 1))
+        g.wait_steps(10)
+        out: list = []
+        t = threading.Thread(
+            target=lambda: out.extend(
+                # one pre-copy round, then the final one (the dirty set is under stop_bytes)
+                migrate(src.address, s.session_id, proxy.address, max_rounds=2, stop_bytes=BIG)
+            )
+        )
+        t.start()
+        _wait_held(proxy, t, dst)
+        g.go.set()
+        g.wait_steps(12, timeout=15)  # the program ran (and wrote) during pre-copy
+        proxy.release()
+        t.join(60)
+        assert proxy.cut.is_set() and out, "the transfer ended before the cut"
+        assert out[-1].phase == "failed", out[-1]
+        assert "destination failed in round 1: UNAVAILABLE" in out[-1].error, out[-1].error
+        _finishes_on_source(g, src, want)
+        assert s.memcpy_dtoh(big, 1) == b"\x07"  # the program's writes stand
+    _nothing_left(src, dst)
+
+
+@pytest.mark.parametrize("via", ["unix-relay", "tcp"])
+def test_migrate_a_guest_on_the_relay_path(
+    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes, via: str
+) -> None:
+    """A guest whose calls go through the daemon (not the worker's socket): a local one that
+    asks for the relay, or one reaching the daemons over TCP, as a VM behind a forwarded port
+    does. It moves mid-run, follows the redirect, stays on the relay there and finishes
+    bit-identically."""
+    dst, src = daemons  # A100 -> H100
+    want = reference(src.address, image, STEPS)
+    if via == "tcp":
+        here, there, direct = tcp_address(src), tcp_address(dst), None
+    else:
+        here, there, direct = src.address, dst.address, False
+    with Session(here, client="relayed", direct=direct) as s:
+        assert s._t.path == "relay"
+        g = Guest(s, image)
+        g.wait_steps(5)
+        last = migrate(src.address, s.session_id, there)[-1]
+        assert last.phase == "done", last.error
+        assert g.steps < STEPS  # it moved mid-run
+        got = g.finish()
+        assert s._t.address == there and s._t.resumes == 1 and s._t.path == "relay"
+        with ControlClient(dst.address) as c:
+            (info,) = c.sessions().sessions
+        assert info.id == s.session_id and info.state == "running" and info.peer
+    assert got == want
+    _wait_no_sessions(src)
+    _wait_no_sessions(dst)
+    # a relayed batch that waited out the stop-and-copy met a parked session: the source's
+    # worker must refuse it quietly (the guest resends it to the destination), not crash
+    assert "Traceback" not in src.log_text()

@@ -72,3 +72,11 @@ class Workload:
         addr, _ = self.mod.globals["steps_done"]
         count = int.from_bytes(s.memcpy_dtoh(addr, 4), "little")
         return s.memcpy_dtoh(self.x, N * 4), s.memcpy_dtoh(self.y, N * 4), count
+
+
+def reference(address: str, image: bytes, steps: int) -> tuple[bytes, bytes, int]:
+    """The unmoved result of ``steps`` steps, computed on a session of its own."""
+    with Session(address, client="reference") as s:
+        w = Workload(s, image)
+        w.run(steps)
+        return w.result()
