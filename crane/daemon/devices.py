@@ -47,8 +47,8 @@ def _probe_gpus() -> tuple[list[GpuInfo], str]:
     except NvmlUnavailable as e:
         return [], str(e)
     if not gpus:
-        return [], "NVML found no GPU"
-    return gpus, f"NVML found {len(gpus)} GPU(s)"
+        return [], "the inventory found no GPU"
+    return gpus, f"the inventory found {len(gpus)} GPU(s)"
 
 
 def _cuda_backend_missing() -> str:
@@ -86,12 +86,21 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
     """Turn backend specs into devices; returns them and a human summary of the choice."""
     devices: list[Device] = []
     notes: list[str] = []
+    probed: dict[str, tuple[list[GpuInfo], str, str]] = {}
+
+    def probe() -> tuple[list[GpuInfo], str, str]:
+        """(GPUs, how they were found, why the cuda backend cannot run): asked once, since
+        without NVML the inventory is a child process."""
+        if not probed:
+            gpus, why = _probe_gpus()
+            probed["host"] = (gpus, why, _cuda_backend_missing() if gpus else "")
+        return probed["host"]
+
     for spec in specs:
         kind, _, arg = spec.partition(":")
         index = len(devices)
         if kind == "auto":
-            gpus, why = _probe_gpus()
-            missing = _cuda_backend_missing() if gpus else ""
+            gpus, why, missing = probe()
             if gpus and not missing:
                 notes.append(f"auto: {why} -> cuda:0")
                 kind, arg = "cuda", "0"
@@ -101,50 +110,32 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
                 notes.append(f"auto: {why} -> sim:{DEFAULT_SIM_PROFILE}")
                 kind, arg = "sim", DEFAULT_SIM_PROFILE
         if kind == "cuda":
-            gpus, why = _probe_gpus()
-            if not gpus:
-                raise ValueError(f"backend {spec!r}: {why}")
-            missing = _cuda_backend_missing()
-            if missing:
-                raise ValueError(f"backend {spec!r}: {missing}")
+            gpus, why, missing = probe()
+            if not gpus or missing:
+                raise ValueError(f"backend {spec!r}: {missing or why}")
             gpu = _pick_gpu(gpus, arg, spec)
             # CUDA numbers devices fastest-first by default; workers must agree with NVML.
             os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            ledger = Ledger(run_dir / f"device{index}.ledger", gpu.total_mem)
-            ledger.reset()
-            devices.append(
-                Device(
-                    index,
-                    "cuda",
-                    str(gpu.index),
-                    gpu.name,
-                    gpu.total_mem,
-                    gpu.cc,
-                    ledger,
-                    gpu.uuid,
-                    gpu.driver_version,
-                )
-            )
+            fields = ("cuda", str(gpu.index), gpu.name, gpu.total_mem, gpu.cc)
+            uuid, driver = gpu.uuid, gpu.driver_version
             notes.append(f"device {index}: cuda:{gpu.index} ({gpu.name}, {gpu.pci_bus_id})")
-            continue
-        if kind != "sim":
-            raise ValueError(f"unknown backend {spec!r}: use auto, cuda[:N] or sim:PROFILE")
-        profile = get_profile(arg or DEFAULT_SIM_PROFILE)
-        ledger = Ledger(run_dir / f"device{index}.ledger", profile.total_mem)
-        ledger.reset()
-        devices.append(
-            Device(
-                index,
+        elif kind == "sim":
+            profile = get_profile(arg or DEFAULT_SIM_PROFILE)
+            fields = (
                 "sim",
                 profile.key,
                 profile.name,
                 profile.total_mem,
                 profile.compute_capability,
-                ledger,
-                _uuid_text(profile.uuid_for(f"device{index}".encode())),
             )
-        )
-        notes.append(f"device {index}: sim:{profile.key} ({profile.name})")
+            uuid = _uuid_text(profile.uuid_for(f"device{index}".encode()))
+            driver = "crane-sim"
+            notes.append(f"device {index}: sim:{profile.key} ({profile.name})")
+        else:
+            raise ValueError(f"unknown backend {spec!r}: use auto, cuda[:N] or sim:PROFILE")
+        ledger = Ledger(run_dir / f"device{index}.ledger", fields[3])
+        ledger.reset()
+        devices.append(Device(index, *fields, ledger, uuid, driver))
     return devices, "; ".join(notes)
 
 

@@ -88,7 +88,6 @@ class CudaBackend(Backend):
         # batches run: the staging ring is the one shared piece, so it is taken under a lock.
         self._staging_lock = threading.Lock()
         self.aliases: dict[int, tuple[int, int]] = {}  # told address -> (size, real address)
-        self._allocs: dict[int, int] = {}
         self._stdout = _StdoutPipe()
 
     # ---- the context is current per thread: gRPC calls the worker on several threads --------
@@ -127,12 +126,11 @@ class CudaBackend(Backend):
         self.ledger.release(self.slot, self.window.unmap(addr))
 
     def mem_alloc(self, addr: int, size: int) -> None:
-        # Allocation bookkeeping (overlaps, double frees) is the worker's; the device only
-        # needs the chunk mapped, which the worker checked.
-        self._allocs[addr] = size
+        """Nothing to do on the device: the chunk is mapped, and allocation bookkeeping
+        (overlaps, double frees) is the worker's."""
 
     def mem_free(self, addr: int) -> None:
-        self._allocs.pop(addr, None)
+        """As :meth:`mem_alloc`: the memory stays mapped with its chunk."""
 
     def mem_info(self) -> tuple[int, int]:
         self._bind()
