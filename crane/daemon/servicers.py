@@ -23,6 +23,7 @@ from crane.migrate.daemon_side import wait_switchover
 from crane.v1 import common_pb2, control_pb2, guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.fingerprint import fingerprint
+from crane.wire.handlers import unary
 from crane.wire.status import DRIVER_VERSION, MAX_CHUNK
 from crane.worker.channel import ChannelClosed, Tag
 from crane.worker.executor import MODULE_AREA
@@ -208,24 +209,16 @@ class ControlServicer:
         )
 
 
-def _unary(fn: Callable[..., Any], req: Any, rep: Any) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=req.FromString, response_serializer=rep.SerializeToString
-    )
-
-
 def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
     """The Guest service; ``Calls`` carries raw bytes (the daemon never parses a batch)."""
     return grpc.method_handlers_generic_handler(
         "crane.v1.Guest",
         {
-            "OpenSession": grpc.unary_unary_rpc_method_handler(
-                servicer.OpenSession,
-                request_deserializer=guest_pb2.OpenSessionRequest.FromString,
-                response_serializer=guest_pb2.OpenSessionReply.SerializeToString,
+            "OpenSession": unary(
+                servicer.OpenSession, guest_pb2.OpenSessionRequest, guest_pb2.OpenSessionReply
             ),
             "Calls": grpc.stream_stream_rpc_method_handler(servicer.Calls),
-            "Resume": _unary(servicer.Resume, guest_pb2.ResumeRequest, guest_pb2.OpenSessionReply),
+            "Resume": unary(servicer.Resume, guest_pb2.ResumeRequest, guest_pb2.OpenSessionReply),
         },
     )
 
@@ -234,20 +227,18 @@ def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         "crane.v1.Control",
         {
-            "ListDevices": grpc.unary_unary_rpc_method_handler(
-                servicer.ListDevices,
-                request_deserializer=control_pb2.ListDevicesRequest.FromString,
-                response_serializer=control_pb2.ListDevicesReply.SerializeToString,
+            "ListDevices": unary(
+                servicer.ListDevices, control_pb2.ListDevicesRequest, control_pb2.ListDevicesReply
             ),
-            "ListSessions": grpc.unary_unary_rpc_method_handler(
+            "ListSessions": unary(
                 servicer.ListSessions,
-                request_deserializer=control_pb2.ListSessionsRequest.FromString,
-                response_serializer=control_pb2.ListSessionsReply.SerializeToString,
+                control_pb2.ListSessionsRequest,
+                control_pb2.ListSessionsReply,
             ),
-            "Checkpoint": _unary(
+            "Checkpoint": unary(
                 servicer.Checkpoint, control_pb2.CheckpointRequest, control_pb2.CheckpointReply
             ),
-            "Restore": _unary(
+            "Restore": unary(
                 servicer.Restore, control_pb2.RestoreRequest, control_pb2.RestoreReply
             ),
         },

@@ -16,6 +16,7 @@ from crane.daemon.sessions import SessionManager
 from crane.migrate import daemon_side
 from crane.migrate.stream import parse_chunk
 from crane.v1 import control_pb2, peer_pb2
+from crane.wire.handlers import unary, unary_stream
 
 __all__ = ["migration_handler", "peer_handler"]
 
@@ -91,21 +92,15 @@ def peer_handler(servicer: PeerServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         "crane.v1.Peer",
         {
-            "Preflight": grpc.unary_unary_rpc_method_handler(
-                servicer.Preflight,
-                request_deserializer=peer_pb2.PreflightRequest.FromString,
-                response_serializer=peer_pb2.PreflightReply.SerializeToString,
+            "Preflight": unary(
+                servicer.Preflight, peer_pb2.PreflightRequest, peer_pb2.PreflightReply
             ),
             "Transfer": grpc.stream_stream_rpc_method_handler(
                 servicer.Transfer,
                 request_deserializer=parse_chunk,  # the data field stays a view
                 response_serializer=peer_pb2.TransferAck.SerializeToString,
             ),
-            "Abort": grpc.unary_unary_rpc_method_handler(
-                servicer.Abort,
-                request_deserializer=peer_pb2.AbortRequest.FromString,
-                response_serializer=peer_pb2.AbortReply.SerializeToString,
-            ),
+            "Abort": unary(servicer.Abort, peer_pb2.AbortRequest, peer_pb2.AbortReply),
         },
     )
 
@@ -114,10 +109,8 @@ def migration_handler(servicer: MigrationServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         "crane.v1.Migration",
         {
-            "Migrate": grpc.unary_stream_rpc_method_handler(
-                servicer.Migrate,
-                request_deserializer=control_pb2.MigrateRequest.FromString,
-                response_serializer=control_pb2.MigrateProgress.SerializeToString,
+            "Migrate": unary_stream(
+                servicer.Migrate, control_pb2.MigrateRequest, control_pb2.MigrateProgress
             ),
         },
     )
