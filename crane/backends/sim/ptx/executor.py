@@ -50,6 +50,20 @@ def merge(a, b, n: int):
     return m
 
 
+def _rejoin(groups: dict, key: tuple, idx, n: int, wait_for_lower: bool) -> bool:
+    """The running group reached ``key``: True when it must stop running, because it merged
+    into a group already waiting there or, with ``wait_for_lower`` (after a jump or a return,
+    where a group at a lower program point may still arrive), because it now waits there."""
+    other = groups.pop(key, _NONE)
+    if other is not _NONE:
+        groups[key] = merge(other, idx, n)
+        return True
+    if wait_for_lower and any(k < key for k in groups):
+        groups[key] = idx
+        return True
+    return False
+
+
 def _split(mask: np.ndarray, idx):
     """Lanes of ``idx`` where ``mask`` (aligned with idx) is true / false; None if empty."""
     if idx is None:
@@ -111,23 +125,15 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                             else:
                                 _trap(ins)
                         pc += 1
-                        if groups:
-                            nk = (*stack, pc)
-                            other = groups.pop(nk, _NONE)
-                            if other is not _NONE:
-                                groups[nk] = merge(other, idx, n)
-                                break
+                        if groups and _rejoin(groups, (*stack, pc), idx, n, False):
+                            break
                         continue
                     if not m.all():
                         if not m.any():
                             # nobody takes it: fall through like a plain instruction
                             pc += 1
-                            if groups:
-                                nk = (*stack, pc)
-                                other = groups.pop(nk, _NONE)
-                                if other is not _NONE:
-                                    groups[nk] = merge(other, idx, n)
-                                    break
+                            if groups and _rejoin(groups, (*stack, pc), idx, n, False):
+                                break
                             continue
                         run_idx, skip_idx = _split(m, idx)
                         nk = (*stack, pc + 1)
@@ -136,25 +142,14 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                 if kind == PLAIN:
                     ins.fn(st, ins, idx)
                     pc += 1
-                    if groups:
-                        nk = (*stack, pc)
-                        other = groups.pop(nk, _NONE)
-                        if other is not _NONE:
-                            groups[nk] = merge(other, idx, n)
-                            break
+                    if groups and _rejoin(groups, (*stack, pc), idx, n, False):
+                        break
                     continue
                 if kind == BRA:
                     back = ins.x <= pc
                     pc = ins.x
-                    if groups:
-                        nk = (*stack, pc)
-                        other = groups.pop(nk, _NONE)
-                        if other is not _NONE:
-                            groups[nk] = merge(other, idx, n)
-                            break
-                        if any(k < nk for k in groups):
-                            groups[nk] = idx
-                            break
+                    if groups and _rejoin(groups, (*stack, pc), idx, n, True):
+                        break
                     if (
                         coop
                         and back
@@ -178,15 +173,8 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     _copy_params(st.pm[site.fid], st.pm[callee.fid], rets, idx)
                     pc = stack[-1] + 1
                     stack = stack[:-1]
-                    if groups:
-                        nk = (*stack, pc)
-                        other = groups.pop(nk, _NONE)
-                        if other is not _NONE:
-                            groups[nk] = merge(other, idx, n)
-                            break
-                        if any(k < nk for k in groups):
-                            groups[nk] = idx
-                            break
+                    if groups and _rejoin(groups, (*stack, pc), idx, n, True):
+                        break
                     continue
                 if kind == EXIT:
                     break
