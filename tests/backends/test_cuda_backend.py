@@ -70,3 +70,27 @@ def test_cuda_backend(check: str, driver_env: dict[str, str], fatbin: Path) -> N
         timeout=120,
     )
     assert p.returncode == 0 and p.stderr.rstrip().endswith("OK"), p.stderr[-4000:]
+
+
+def test_inventory_without_nvml_asks_cuda_in_a_child_process(
+    driver_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's fallback inventory (crane.backends.cuda.probe) through cuda-python."""
+    from crane.daemon import gpu_inventory
+
+    for key in ("LD_LIBRARY_PATH", "CRANE_DAEMON"):
+        if key in driver_env:
+            monkeypatch.setenv(key, driver_env[key])
+    monkeypatch.setattr(gpu_inventory, "_cuda_only", False)
+    gpus = gpu_inventory._cuda_inventory("NVML left out on purpose")
+    assert gpus and gpus[0].index == 0
+    g = gpus[0]
+    assert g.name and g.total_mem > 0 and g.cc >= (7, 0), g
+    assert g.uuid.startswith("GPU-") and len(g.uuid) == 40, g.uuid
+    assert g.pci_bus_id == g.pci_bus_id.lower() and g.pci_bus_id.count(":") == 2
+    assert g.driver_version.startswith("CUDA ")
+    assert gpu_inventory.gpu_status(0).utilization_pct == -1  # no live figures without NVML
+    monkeypatch.setenv("CRANE_DAEMON", "unix:///nonexistent/crane.sock")
+    if "LD_LIBRARY_PATH" in driver_env:  # Crane's library with no daemon: a reason, no GPU
+        with pytest.raises(gpu_inventory.NvmlUnavailable, match="NVML left out on purpose; CUDA"):
+            gpu_inventory._cuda_inventory("NVML left out on purpose")

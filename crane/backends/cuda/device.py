@@ -17,7 +17,7 @@ from crane.backends.base import DeviceSnapshot
 from crane.backends.cuda.driver import check
 from crane.backends.sim.profiles import CRANE_UUID_NAMESPACE
 
-__all__ = ["device_snapshot", "profile_key", "virtual_uuid"]
+__all__ = ["device_name", "device_snapshot", "pci_bus_id", "profile_key", "virtual_uuid"]
 
 _CC_MAJOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
@@ -36,10 +36,25 @@ def virtual_uuid(key: str, seed: bytes) -> bytes:
     return uuid.UUID(bytes=digest[:16], version=5).bytes
 
 
+def _c_string(raw: Any) -> str:
+    """A driver string: cuda-python hands back the whole NUL-padded buffer."""
+    if isinstance(raw, str):
+        return raw.split("\0", 1)[0].strip()
+    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+
+
+def device_name(drv: Any, dev: Any) -> str:
+    return _c_string(check("cuDeviceGetName", drv.cuDeviceGetName(256, dev)))
+
+
+def pci_bus_id(drv: Any, dev: Any) -> str:
+    """``domain:bus:device.function`` in lower case, as the simulator's profiles give it."""
+    return _c_string(check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))).lower()
+
+
 def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
     dev = check("cuDeviceGet", drv.cuDeviceGet(ordinal))
-    raw_name = check("cuDeviceGetName", drv.cuDeviceGetName(256, dev))
-    name = bytes(raw_name).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+    name = device_name(drv, dev)
     total = int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev)))
     attrs: dict[int, int] = {}
     for a in CUdevice_attribute:
@@ -52,8 +67,6 @@ def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
         err, value = drv.cuDeviceGetAttribute(native, dev)
         if int(err) == 0:  # attributes newer than the driver answer INVALID_VALUE: left out
             attrs[int(a)] = int(value)
-    bus = check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))
-    bus_id = bytes(bus).split(b"\0", 1)[0].decode().lower() if not isinstance(bus, str) else bus
     key = profile_key(name)
     return DeviceSnapshot(
         name=name,
@@ -62,5 +75,5 @@ def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
         cc=(attrs[int(_CC_MAJOR)], attrs[int(_CC_MINOR)]),
         attributes=attrs,
         profile=key,
-        pci_bus_id=bus_id,
+        pci_bus_id=pci_bus_id(drv, dev),
     )

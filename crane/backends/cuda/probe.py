@@ -13,6 +13,7 @@ import sys
 import uuid
 
 from crane.backends.cuda import driver
+from crane.backends.cuda.device import device_name, pci_bus_id
 from crane.backends.cuda.driver import check
 
 
@@ -23,7 +24,6 @@ def probe() -> dict:
     gpus = []
     for i in range(int(check("cuDeviceGetCount", drv.cuDeviceGetCount()))):
         dev = check("cuDeviceGet", drv.cuDeviceGet(i))
-        name = bytes(check("cuDeviceGetName", drv.cuDeviceGetName(256, dev)))
         raw_uuid = check("cuDeviceGetUuid", drv.cuDeviceGetUuid(dev))
         attr = drv.CUdevice_attribute
         major = check(
@@ -34,16 +34,14 @@ def probe() -> dict:
             "cuDeviceGetAttribute",
             drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
         )
-        bus = check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))
-        bus_text = bus if isinstance(bus, str) else bytes(bus).split(b"\0", 1)[0].decode()
         gpus.append(
             {
                 "index": i,
-                "name": name.split(b"\0", 1)[0].decode("utf-8", "replace").strip(),
+                "name": device_name(drv, dev),
                 "uuid": "GPU-" + str(uuid.UUID(bytes=bytes(raw_uuid.bytes)[:16])),
                 "total_mem": int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev))),
                 "cc": [int(major), int(minor)],
-                "pci_bus_id": bus_text.lower(),
+                "pci_bus_id": pci_bus_id(drv, dev),
                 "driver_version": f"CUDA {version // 1000}.{version % 1000 // 10}",
             }
         )
