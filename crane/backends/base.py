@@ -19,22 +19,10 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
+from crane.device.identity import DeviceSnapshot
 from crane.modules.image import ModuleImage
 
-__all__ = ["Backend", "DeviceSnapshot", "GlobalVar", "LoadedModule"]
-
-
-@dataclass(frozen=True)
-class DeviceSnapshot:
-    """The device identity a guest is given at session open (answers all device queries)."""
-
-    name: str
-    uuid: bytes
-    total_mem: int
-    cc: tuple[int, int]
-    attributes: dict[int, int]
-    profile: str
-    pci_bus_id: str
+__all__ = ["Backend", "GlobalVar", "LoadedModule"]
 
 
 @dataclass(frozen=True)

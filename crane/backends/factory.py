@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from crane.backends.base import Backend
+from crane.device.ledger import Ledger
 
 __all__ = ["WorkerConfig", "make_backend"]
 
@@ -33,20 +34,17 @@ class WorkerConfig:
 
 def make_backend(cfg: WorkerConfig) -> Backend:
     if cfg.backend == "sim":
-        from crane.backends.identity import sim_snapshot
         from crane.backends.sim.backend import SimBackend
-        from crane.backends.sim.ledger import Ledger
         from crane.backends.sim.profiles import get_profile
 
         profile = get_profile(cfg.profile)
         ledger = Ledger(cfg.ledger_path, profile.total_mem)
-        snapshot = sim_snapshot(profile, bytes.fromhex(cfg.uuid_seed))
+        snapshot = profile.snapshot(bytes.fromhex(cfg.uuid_seed))
         return SimBackend(profile, snapshot, (cfg.va_base, cfg.va_size), ledger, cfg.ledger_slot)
     if cfg.backend == "cuda":
         from crane.backends.cuda import driver
         from crane.backends.cuda.backend import CudaBackend
         from crane.backends.cuda.device import device_snapshot
-        from crane.backends.sim.ledger import Ledger
 
         drv = driver.load()
         driver.check("cuInit", drv.cuInit(0))

@@ -3,41 +3,77 @@
 ``auto`` means the first real GPU when NVML finds one and the cuda backend can run (cuda-python
 installed), else the simulated H100; the choice and its reason are logged, because an operator
 who expected a GPU must be able to see why a session runs on the simulator.
+
+A :class:`Device` is neutral: whatever backend drives it, it says what the device *reports*
+(name, memory, compute capability and, for a pre-flight, every attribute), so a restore or an
+incoming migration is checked against the device itself, never against a simulator profile.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from crane.backends.sim.ledger import Ledger
-from crane.backends.sim.profiles import get_profile
-from crane.daemon.gpu_inventory import GpuInfo, NvmlUnavailable, list_gpus
+from crane.backends.catalog import DEFAULT_MODEL_KEY, builtin_model
+from crane.daemon.gpu_inventory import GpuInfo, NvmlUnavailable, cuda_attributes, list_gpus
+from crane.device.identity import uuid_text
+from crane.device.ledger import Ledger
+from crane.modules.arch import format_cc
+from crane.state.preflight import Destination
 
 __all__ = ["DEFAULT_SIM_PROFILE", "Device", "resolve_devices"]
 
 log = logging.getLogger("craned")
 
-DEFAULT_SIM_PROFILE = "h100-80gb"
+DEFAULT_SIM_PROFILE = DEFAULT_MODEL_KEY
 
 
 @dataclass
 class Device:
     index: int
     backend: str  # "sim" or "cuda"
-    profile: str  # sim profile key, or the CUDA ordinal as text
+    #: What the session worker's backend opens: a simulator profile key, or the CUDA ordinal.
+    arg: str
     name: str
     total_mem: int
     cc: tuple[int, int]
     ledger: Ledger
     uuid: str
     driver_version: str = "crane-sim"
+    #: How to learn every attribute the device reports (asked once, when first needed).
+    read_attributes: Callable[[], dict[int, int]] = field(default=dict, repr=False)
+    _attributes: dict[int, int] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def ledger_path(self) -> str:
         return str(self.ledger.path)
+
+    @property
+    def label(self) -> str:
+        """How refusals and logs name the device's model: ``h200``, ``cuda:0 NVIDIA H100``."""
+        return self.arg if self.backend == "sim" else f"{self.backend}:{self.arg} {self.name}"
+
+    @property
+    def attributes(self) -> dict[int, int]:
+        """Every attribute the device reports, as its own backend reads them."""
+        with self._lock:
+            if self._attributes is None:
+                self._attributes = dict(self.read_attributes())
+            return self._attributes
+
+    def destination(self) -> Destination:
+        """The device as a pre-flight sees it (restores and incoming migrations alike)."""
+        return Destination(
+            where=f"device {self.index} ({self.label}, {format_cc(self.cc)})",
+            cc=self.cc,
+            attributes=self.attributes,
+            free_mem=self.total_mem - self.ledger.used(),
+        )
 
 
 def _probe_gpus() -> tuple[list[GpuInfo], str]:
@@ -82,6 +118,14 @@ def _pick_gpu(gpus: list[GpuInfo], arg: str, spec: str) -> GpuInfo:
     return gpus[int(arg)]
 
 
+def _gpu_attributes(gpu: GpuInfo) -> Callable[[], dict[int, int]]:
+    """The GPU's attributes: from the inventory when CUDA gave it, else asked of CUDA."""
+    if gpu.attributes:
+        known = dict(gpu.attributes)
+        return lambda: known
+    return lambda: cuda_attributes(gpu.index)
+
+
 def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]:
     """Turn backend specs into devices; returns them and a human summary of the choice."""
     devices: list[Device] = []
@@ -109,6 +153,7 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
                     why += f", but the cuda backend cannot run: {missing}"
                 notes.append(f"auto: {why} -> sim:{DEFAULT_SIM_PROFILE}")
                 kind, arg = "sim", DEFAULT_SIM_PROFILE
+        ledger_path = run_dir / f"device{index}.ledger"
         if kind == "cuda":
             gpus, why, missing = probe()
             if not gpus or missing:
@@ -116,29 +161,35 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
             gpu = _pick_gpu(gpus, arg, spec)
             # CUDA numbers devices fastest-first by default; workers must agree with NVML.
             os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            fields = ("cuda", str(gpu.index), gpu.name, gpu.total_mem, gpu.cc)
-            uuid, driver = gpu.uuid, gpu.driver_version
+            device = Device(
+                index=index,
+                backend="cuda",
+                arg=str(gpu.index),
+                name=gpu.name,
+                total_mem=gpu.total_mem,
+                cc=gpu.cc,
+                ledger=Ledger(ledger_path, gpu.total_mem),
+                uuid=gpu.uuid,
+                driver_version=gpu.driver_version,
+                read_attributes=_gpu_attributes(gpu),
+            )
             notes.append(f"device {index}: cuda:{gpu.index} ({gpu.name}, {gpu.pci_bus_id})")
         elif kind == "sim":
-            profile = get_profile(arg or DEFAULT_SIM_PROFILE)
-            fields = (
-                "sim",
-                profile.key,
-                profile.name,
-                profile.total_mem,
-                profile.compute_capability,
+            model = builtin_model(arg or DEFAULT_SIM_PROFILE)
+            device = Device(
+                index=index,
+                backend="sim",
+                arg=model.key,
+                name=model.name,
+                total_mem=model.total_mem,
+                cc=model.compute_capability,
+                ledger=Ledger(ledger_path, model.total_mem),
+                uuid=uuid_text(model.uuid_for(f"device{index}".encode())),
+                read_attributes=lambda m=model: dict(m.attributes),
             )
-            uuid = _uuid_text(profile.uuid_for(f"device{index}".encode()))
-            driver = "crane-sim"
-            notes.append(f"device {index}: sim:{profile.key} ({profile.name})")
+            notes.append(f"device {index}: sim:{model.key} ({model.name})")
         else:
             raise ValueError(f"unknown backend {spec!r}: use auto, cuda[:N] or sim:PROFILE")
-        ledger = Ledger(run_dir / f"device{index}.ledger", fields[3])
-        ledger.reset()
-        devices.append(Device(index, *fields, ledger, uuid, driver))
+        device.ledger.reset()
+        devices.append(device)
     return devices, "; ".join(notes)
-
-
-def _uuid_text(raw: bytes) -> str:
-    h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GpuInfo", "GpuStatus", "NvmlUnavailable", "gpu_status", "list_gpus"]
+__all__ = ["GpuInfo", "GpuStatus", "NvmlUnavailable", "cuda_attributes", "gpu_status", "list_gpus"]
 
 log = logging.getLogger("craned")
 
@@ -40,6 +40,8 @@ class GpuInfo:
     cc: tuple[int, int]
     pci_bus_id: str
     driver_version: str
+    #: Every device attribute, where CUDA gave the inventory (NVML does not know them).
+    attributes: dict[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class GpuStatus:
 _lock = threading.Lock()
 _nvml: Any = None
 _cuda_only = False  # the inventory came from CUDA: no live figures
+_attributes: dict[int, dict[int, int]] = {}  # GPU index -> its attributes, from CUDA
 
 
 def _load() -> Any:
@@ -100,7 +103,9 @@ def list_gpus() -> list[GpuInfo]:
     return out
 
 
-def _cuda_inventory(nvml_error: str) -> list[GpuInfo]:
+def _probe_cuda() -> dict[str, Any]:
+    """CUDA's answer (``crane.backends.cuda.probe``, in a child process); ``{"error": ...}``
+    when it cannot give one."""
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     try:
         done = subprocess.run(
@@ -112,24 +117,54 @@ def _cuda_inventory(nvml_error: str) -> list[GpuInfo]:
         )
         answer = json.loads(done.stdout or b"{}")
     except (OSError, subprocess.TimeoutExpired, ValueError) as e:
-        raise NvmlUnavailable(f"{nvml_error}; the CUDA probe failed too: {e}") from None
-    if "error" in answer or "gpus" not in answer:
-        why = answer.get("error", done.stderr.decode(errors="replace")[-300:])
-        raise NvmlUnavailable(f"{nvml_error}; CUDA: {why}")
+        return {"error": f"the CUDA probe failed: {e}"}
+    if "error" not in answer and "gpus" not in answer:
+        answer = {"error": done.stderr.decode(errors="replace")[-300:]}
+    return answer
+
+
+def _gpu(g: dict[str, Any]) -> GpuInfo:
+    return GpuInfo(
+        index=g["index"],
+        name=g["name"],
+        uuid=g["uuid"],
+        total_mem=g["total_mem"],
+        cc=(g["cc"][0], g["cc"][1]),
+        pci_bus_id=g["pci_bus_id"],
+        driver_version=g["driver_version"],
+        attributes={int(k): int(v) for k, v in g.get("attributes", {}).items()},
+    )
+
+
+def _cuda_inventory(nvml_error: str) -> list[GpuInfo]:
+    answer = _probe_cuda()
+    if "error" in answer:
+        raise NvmlUnavailable(f"{nvml_error}; CUDA: {answer['error']}")
     global _cuda_only
     _cuda_only = True
-    return [
-        GpuInfo(
-            index=g["index"],
-            name=g["name"],
-            uuid=g["uuid"],
-            total_mem=g["total_mem"],
-            cc=(g["cc"][0], g["cc"][1]),
-            pci_bus_id=g["pci_bus_id"],
-            driver_version=g["driver_version"],
-        )
-        for g in answer["gpus"]
-    ]
+    gpus = [_gpu(g) for g in answer["gpus"]]
+    with _lock:
+        _attributes.update({g.index: g.attributes for g in gpus if g.attributes})
+    return gpus
+
+
+def cuda_attributes(index: int) -> dict[int, int]:
+    """Every attribute CUDA reports for GPU ``index`` (NVML does not know them): asked once,
+    in a child process, so the daemon never holds a CUDA context. ``NvmlUnavailable`` (the
+    inventory's error) when CUDA cannot answer."""
+    with _lock:
+        cached = _attributes.get(index)
+    if cached is not None:
+        return cached
+    answer = _probe_cuda()
+    if "error" in answer:
+        raise NvmlUnavailable(f"CUDA cannot report GPU {index}'s attributes: {answer['error']}")
+    found = {g.index: g.attributes or {} for g in map(_gpu, answer["gpus"])}
+    with _lock:
+        _attributes.update(found)
+    if index not in found:
+        raise NvmlUnavailable(f"CUDA reports no GPU {index}")
+    return found[index]
 
 
 def gpu_status(index: int) -> GpuStatus:

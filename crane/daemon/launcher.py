@@ -28,8 +28,10 @@ class DaemonProcess:
         log_path: Path | str | None = None,
         prespawn: int = 1,
         extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
-        """``extra_args``: more craned flags (``--parked-ttl 2``, ...)."""
+        """``extra_args``: more craned flags (``--parked-ttl 2``, ...); ``env``: the daemon's
+        environment (default: this process's), which its workers inherit."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.address = f"unix://{self.run_dir / 'crane.sock'}"
@@ -52,7 +54,7 @@ class DaemonProcess:
         cmd += extra_args or []
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
         self._wait_ready()
 

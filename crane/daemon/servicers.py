@@ -157,7 +157,7 @@ class ControlServicer:
         for d in self.sessions.devices:
             util, mig = -1, "n/a"
             if d.backend == "cuda":
-                status = gpu_status(int(d.profile))
+                status = gpu_status(int(d.arg))
                 util, mig = status.utilization_pct, status.mig_mode
             out.devices.append(
                 common_pb2.DeviceInfo(
@@ -169,7 +169,7 @@ class ControlServicer:
                     used_mem=d.ledger.used(),
                     cc_major=d.cc[0],
                     cc_minor=d.cc[1],
-                    profile=d.profile,
+                    profile=d.arg,
                     sessions=sum(1 for s in sessions if s.device is d),
                     utilization_pct=util,
                     mig_mode=mig,

@@ -26,7 +26,7 @@ freeing its slot and window, and its waiting guest is answered NOT_FOUND with th
 stops waiting and fails its call); a migrated entry redirects for ``moved_ttl_s``. ``crane ps``
 lists both until then.
 
-A restore runs the checks a migration's destination runs (crane.migrate.preflight: limits the
+A restore runs the checks a migration's destination runs (crane.state.preflight: limits the
 guest was told, free memory, usable code for this device), all at once, before any memory is
 written, and the restored session keeps answering with the identity its guest was told.
 """
@@ -48,9 +48,8 @@ from crane.backends.factory import WorkerConfig
 from crane.daemon.devices import Device
 from crane.daemon.errors import DaemonError
 from crane.daemon.workers import WorkerPool, WorkerProcess
-from crane.migrate.preflight import check_code, check_limits, check_memory
-from crane.modules.arch import format_cc
 from crane.state.checkpoint import FORMAT_VERSION, CheckpointError, Head, read_head
+from crane.state.preflight import check_code, refusals
 from crane.state.told import Told, identity_to_json, told_from_meta, told_to_json
 from crane.v1 import common_pb2
 from crane.worker.channel import ChannelClosed, Tag
@@ -255,7 +254,7 @@ class SessionManager:
         cfg = WorkerConfig(
             session_id=sid,
             backend=device.backend,
-            profile=device.profile,
+            profile=device.arg,
             va_base=WINDOW_BASE + slot * WINDOW_SIZE,
             va_size=WINDOW_SIZE,
             uuid_seed=uuid_seed,
@@ -436,12 +435,12 @@ class SessionManager:
         if device_index >= len(self.devices):
             raise DaemonError("INVALID_ARGUMENT", f"no device {device_index} on this daemon")
         device = self.devices[device_index]
-        where = f"device {device.index} ({device.profile}, {format_cc(device.cc)})"
+        dest = device.destination()
         name = os.path.basename(path)
         code_refusals: list[str] = []
 
         def on_image(digest: bytes, image: bytes) -> None:
-            for msg in check_code(digest, image, device.cc, where):
+            for msg in check_code(digest, image, dest.cc, dest.where):
                 kind = "NO_BINARY_FOR_GPU" if "no usable code" in msg else "INVALID_IMAGE"
                 code_refusals.append(f"{msg} (CUDA_ERROR_{kind})")
 
@@ -500,15 +499,14 @@ class SessionManager:
                 replenish=False,  # after the restore: a worker's start would slow it down
             )
             session.state = "restoring"
-            # the pre-flight, against what the new worker's device offers (any backend)
-            refusals = code_refusals + check_memory(
-                needed, device.total_mem - device.ledger.used(), where
+            # the pre-flight, against what the device reports (any backend)
+            why = code_refusals + refusals(
+                device.destination(), told=told.limits, mem_needed=needed
             )
-            refusals += check_limits(told.limits, dict(session.identity.attributes), where)
-            if refusals:
+            if why:
                 self._release(session)
                 raise DaemonError(
-                    "FAILED_PRECONDITION", f"restore of {sid} refused: " + "; ".join(refusals)
+                    "FAILED_PRECONDITION", f"restore of {sid} refused: " + "; ".join(why)
                 )
             try:
                 with session.channel_lock:

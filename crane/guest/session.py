@@ -25,8 +25,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.launch_check import check_cooperative, check_launch
 from crane.api.ops import OPS_BY_NAME, Op
 from crane.api.results import CudaError
-from crane.backends.base import DeviceSnapshot
-from crane.backends.identity import snapshot_from_proto
+from crane.device.identity import DeviceSnapshot, snapshot_from_proto
 from crane.guest.handles import HandleAllocator, HandleKind
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError

@@ -38,8 +38,7 @@ from crane.daemon.sessions import (
     SessionManager,
     adopt_record,
 )
-from crane.migrate.preflight import check_code, check_limits, check_memory
-from crane.modules.arch import format_cc
+from crane.state.preflight import check_code, refusals
 from crane.v1 import peer_pb2
 from crane.worker.channel import ChannelClosed, Tag
 
@@ -305,7 +304,6 @@ def _refusals(
     if not 0 <= device < len(mgr.devices):
         return [f"no device {device} on this daemon"]
     dev = mgr.devices[device]
-    where = f"device {device} ({dev.profile})"
     with mgr._lock:
         live = mgr._sessions.get(sid)
         if live is not None and live.state != "parked":
@@ -320,28 +318,25 @@ def _refusals(
                 )
         if slot in mgr._starting:
             out.append(f"VA window slot {slot} is being opened on this daemon")
-    from crane.backends.sim.profiles import get_profile
-
-    out += check_memory(mem_needed, dev.total_mem - dev.ledger.used(), where)
-    out += check_limits(told, get_profile(dev.profile).attributes, where)
-    return out
+    # what the destination's device reports, whichever backend drives it
+    return out + refusals(dev.destination(), told=told, mem_needed=mem_needed)
 
 
 def preflight(mgr: SessionManager, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
     device = max(req.device, 0)
-    refusals = _refusals(mgr, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
+    why = _refusals(mgr, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
     reply = peer_pb2.PreflightReply()
     if device < len(mgr.devices):
         dev = mgr.devices[device]
-        reply.cc_major, reply.cc_minor, reply.profile = dev.cc[0], dev.cc[1], dev.profile
-        where = f"device {device} ({dev.profile}, {format_cc(dev.cc)})"
+        reply.cc_major, reply.cc_minor, reply.profile = dev.cc[0], dev.cc[1], dev.label
+        where = dev.destination().where
         for d in req.module_digests:
             path = mgr.module_cache / bytes(d).hex()
             if path.exists():
-                refusals += check_code(bytes(d), path.read_bytes(), dev.cc, where)
+                why += check_code(bytes(d), path.read_bytes(), dev.cc, where)
             else:
                 reply.missing_digests.append(d)
-    reply.refusals.extend(refusals)
+    reply.refusals.extend(why)
     return reply
 
 
@@ -361,9 +356,9 @@ def transfer(
                 ident = json.loads(chunk.identity_json)
                 device = max(chunk.device, 0)
                 told = {int(k): int(v) for k, v in ident.get("told", {}).items()}
-                refusals = _refusals(mgr, ident["id"], int(ident["slot"]), 0, told, device)
-                if refusals:
-                    raise DaemonError("FAILED_PRECONDITION", "; ".join(refusals))
+                why = _refusals(mgr, ident["id"], int(ident["slot"]), 0, told, device)
+                if why:
+                    raise DaemonError("FAILED_PRECONDITION", "; ".join(why))
                 with mgr._lock:
                     slot = int(ident["slot"])
                     mgr._starting.add(slot)

@@ -33,15 +33,15 @@ from typing import Any
 
 import grpc
 
-from crane.migrate.preflight import check_code
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
 from crane.state.checkpoint import CheckpointWriter, Kind
+from crane.state.preflight import check_code
 from crane.state.record import memory_regions, save_graph
 from crane.v1 import peer_pb2, peer_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 from crane.worker.session_state import WorkerSession
 
-__all__ = ["MigrationFailed", "migrate_out", "structure"]
+__all__ = ["MigrationFailed", "migrate_out", "preflight", "structure"]
 
 log = logging.getLogger("crane.worker")
 
@@ -67,6 +67,47 @@ def structure(graph: dict[str, Any]) -> dict[str, Any]:
     layout and counters): if these changed during pre-copy the final round is a full one."""
     skip = {"chunks", "allocations", "sticky", "done_seq", "calls"}
     return {k: v for k, v in graph.items() if k not in skip}
+
+
+def preflight(
+    stub: peer_pb2_grpc.PeerStub,
+    to: str,
+    ident: dict[str, Any],
+    digests: list[str],
+    mem_needed: int,
+    device: int,
+    image_of: Callable[[str], bytes | None],
+) -> set[str]:
+    """Ask the destination whether it can take the session (its own rules: window, memory,
+    the limits the guest was told, code in the images it holds), and check the images it
+    lacks here against its architecture. Raises :class:`MigrationFailed` with every reason;
+    returns the digests (hex) of the images the destination holds already."""
+    try:
+        pf = stub.Preflight(
+            peer_pb2.PreflightRequest(
+                session_id=ident["id"],
+                slot=ident["slot"],
+                mem_needed=mem_needed,
+                told={int(k): int(v) for k, v in ident["told"].items()},
+                module_digests=[bytes.fromhex(d) for d in digests],
+                device=device,
+            ),
+            timeout=30,
+        )
+    except grpc.RpcError as e:
+        raise MigrationFailed(f"destination {to} unreachable: {e.details()}") from None
+    refusals = list(pf.refusals)
+    missing = {bytes(d).hex() for d in pf.missing_digests}
+    where = f"{to} ({pf.profile})"
+    for d in digests:
+        if d in missing:
+            image = image_of(d)
+            if image is None:
+                raise MigrationFailed(f"module image {d[:16]} vanished from the cache")
+            refusals += check_code(bytes.fromhex(d), image, (pf.cc_major, pf.cc_minor), where)
+    if refusals:
+        raise MigrationFailed(f"{where} refused: " + "; ".join(refusals))
+    return set(digests) - missing
 
 
 def _chunks(addr: int, size: int) -> Iterator[tuple[int, int]]:
@@ -111,34 +152,15 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             st["session_bytes"] = sum(n for _, n in memory_regions(ex))
             mem_needed = ex.mem_used()
         # ---- pre-flight: the destination's own rules, plus code checks for images it lacks
-        try:
-            pf = stub.Preflight(
-                peer_pb2.PreflightRequest(
-                    session_id=ident["id"],
-                    slot=ident["slot"],
-                    mem_needed=mem_needed,
-                    told={int(k): int(v) for k, v in ident["told"].items()},
-                    module_digests=[bytes.fromhex(d) for d in digests],
-                    device=req.get("device", -1),
-                ),
-                timeout=30,
-            )
-        except grpc.RpcError as e:
-            raise MigrationFailed(f"destination {req['to']} unreachable: {e.details()}") from None
-        refusals = list(pf.refusals)
-        missing = {bytes(d).hex() for d in pf.missing_digests}
-        has_image = set(digests) - missing  # what the destination's module cache holds
-        where = f"{req['to']} ({pf.profile})"
-        for d in digests:
-            if d in missing:
-                refusals += check_code(
-                    bytes.fromhex(d),
-                    ex._image_bytes(bytes.fromhex(d), b""),
-                    (pf.cc_major, pf.cc_minor),
-                    where,
-                )
-        if refusals:
-            raise MigrationFailed(f"{where} refused: " + "; ".join(refusals))
+        has_image = preflight(
+            stub,
+            req["to"],
+            ident,
+            digests,
+            mem_needed,
+            req.get("device", -1),
+            lambda d: ex._image_bytes(bytes.fromhex(d), b""),
+        )
         # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
             "session_id": ident["id"],

@@ -20,7 +20,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.backends.base import GlobalVar, LoadedModule
-from crane.backends.sim.memory import CHUNK_GRANULARITY
+from crane.device.layout import CHUNK_GRANULARITY
 from crane.worker.executor import MODULE_AREA, Executor
 from crane.worker.objects import Owned
 

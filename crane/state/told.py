@@ -86,11 +86,11 @@ def told_from_meta(meta: Mapping[str, Any], version: int, name: str) -> Told:
 
 
 def _from_source(meta: Mapping[str, Any], name: str) -> Told:
-    from crane.backends.sim.profiles import get_profile
+    from crane.backends.catalog import builtin_model  # the simulator's models, by key
 
     profile = str((meta.get("source") or {}).get("profile", ""))
     try:
-        attrs = get_profile(profile).attributes
+        attrs = builtin_model(profile).attributes
     except KeyError:
         return Told(
             {},

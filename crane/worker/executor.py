@@ -30,7 +30,7 @@ from crane.api.launch_check import check_cooperative, check_launch
 from crane.api.ops import OPS, Op
 from crane.api.results import STICKY, CudaError
 from crane.backends.base import Backend, LoadedModule
-from crane.backends.sim.memory import CHUNK_GRANULARITY
+from crane.device.layout import CHUNK_GRANULARITY
 from crane.modules.errors import ImageError, NoCompatibleCode
 from crane.modules.image import ModuleImage, inspect_image
 from crane.state.dirty import SCAN_LIMIT, DirtyTracker

@@ -51,7 +51,7 @@ def serve(ch: Channel) -> int:
         return 1
     executor = Executor(backend, cfg.session_id, (cfg.va_base, cfg.va_size), Path(cfg.module_cache))
     ws = WorkerSession(executor, SessionStats(cfg.stats_path))
-    from crane.backends.identity import snapshot_to_proto
+    from crane.device.identity import snapshot_to_proto
 
     def end_session() -> None:
         ws.ended.set()
@@ -181,9 +181,9 @@ def _abandon_if_unattached(ws: WorkerSession, end: Callable[[], None]) -> None:
 #: each costs tens of milliseconds (more where bytecode is not cached), which would otherwise land
 #: on a session open, a restore or the first checkpoint. Optional backends may be missing.
 _PRELOAD = (
-    "crane.backends.identity",
+    "crane.device.identity",
     "crane.backends.sim.backend",
-    "crane.backends.sim.ledger",
+    "crane.device.ledger",
     "crane.backends.sim.profiles",
     "crane.migrate.worker_side",
     "crane.state.checkpoint",

@@ -23,7 +23,7 @@ from crane.api.results import CudaError
 from crane.backends.cuda import driver
 from crane.backends.cuda.backend import CudaBackend
 from crane.backends.cuda.device import device_snapshot
-from crane.backends.sim.ledger import Ledger
+from crane.device.ledger import Ledger
 from crane.modules.image import inspect_image
 
 #: Kernels of the checks (built by the test with nvcc: sm_90 code and PTX).

@@ -10,45 +10,17 @@ cannot show (timings, the real driver's JIT, its VA placement) is left to the GP
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from crane.daemon.launcher import DaemonProcess
 from tests.backends.cuda_checks import CHECKS, SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("cuda.bindings.driver", reason="cuda-python is not installed")
-
-
-def _real_gpu() -> bool:
-    return Path("/dev/nvidiactl").exists()
-
-
-@pytest.fixture(scope="module")
-def driver_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CRANE_TRACE", "CRANE_DAEMON")}
-    env["PYTHONPATH"] = str(ROOT)
-    if _real_gpu():
-        yield env
-        return
-    from crane.interposer import library_path
-
-    lib = library_path()
-    if not lib.exists():
-        pytest.skip(f"the interposer is not built ({lib})")
-    d = DaemonProcess(tmp_path_factory.mktemp("cuda-backend") / "run", ["sim:h100-80gb"])
-    try:
-        env["LD_LIBRARY_PATH"] = f"{lib.parent}:{env.get('LD_LIBRARY_PATH', '')}"
-        env["CRANE_DAEMON"] = d.address
-        yield env
-    finally:
-        d.stop()
 
 
 @pytest.fixture(scope="module")

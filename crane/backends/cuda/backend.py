@@ -36,11 +36,12 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.base import Backend, DeviceSnapshot, GlobalVar, LoadedModule
+from crane.backends.base import Backend, GlobalVar, LoadedModule
 from crane.backends.cuda.driver import check
 from crane.backends.cuda.staging import StagingRing
 from crane.backends.cuda.vmm import VaWindow
-from crane.backends.sim.ledger import Ledger
+from crane.device.identity import DeviceSnapshot
+from crane.device.ledger import Ledger
 from crane.modules.image import ModuleImage
 
 __all__ = ["CudaBackend", "CudaModule"]

@@ -8,16 +8,13 @@ physical UUID is the daemon's business (``crane devices``).
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute
-from crane.backends.base import DeviceSnapshot
 from crane.backends.cuda.driver import check
-from crane.backends.sim.profiles import CRANE_UUID_NAMESPACE
+from crane.device.identity import DeviceSnapshot, virtual_uuid
 
-__all__ = ["device_name", "device_snapshot", "pci_bus_id", "profile_key", "virtual_uuid"]
+__all__ = ["device_attributes", "device_name", "device_snapshot", "pci_bus_id", "profile_key"]
 
 _CC_MAJOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
@@ -26,14 +23,6 @@ _CC_MINOR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 def profile_key(name: str) -> str:
     """The profile text of a real GPU, e.g. ``cuda:NVIDIA H100 80GB HBM3``."""
     return f"cuda:{name}"
-
-
-def virtual_uuid(key: str, seed: bytes) -> bytes:
-    """RFC 4122 version 5 over Crane's namespace, the device key and the session seed."""
-    digest = hashlib.sha1(
-        CRANE_UUID_NAMESPACE.bytes + key.encode() + b"\0" + bytes(seed), usedforsecurity=False
-    ).digest()
-    return uuid.UUID(bytes=digest[:16], version=5).bytes
 
 
 def _c_string(raw: Any) -> str:
@@ -52,10 +41,8 @@ def pci_bus_id(drv: Any, dev: Any) -> str:
     return _c_string(check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))).lower()
 
 
-def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
-    dev = check("cuDeviceGet", drv.cuDeviceGet(ordinal))
-    name = device_name(drv, dev)
-    total = int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev)))
+def device_attributes(drv: Any, dev: Any) -> dict[int, int]:
+    """Every attribute cuda.h defines that this driver answers for ``dev``."""
     attrs: dict[int, int] = {}
     for a in CUdevice_attribute:
         if a.name == "CU_DEVICE_ATTRIBUTE_MAX":
@@ -67,6 +54,14 @@ def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
         err, value = drv.cuDeviceGetAttribute(native, dev)
         if int(err) == 0:  # attributes newer than the driver answer INVALID_VALUE: left out
             attrs[int(a)] = int(value)
+    return attrs
+
+
+def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
+    dev = check("cuDeviceGet", drv.cuDeviceGet(ordinal))
+    name = device_name(drv, dev)
+    total = int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev)))
+    attrs = device_attributes(drv, dev)
     key = profile_key(name)
     return DeviceSnapshot(
         name=name,

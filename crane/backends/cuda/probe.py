@@ -3,7 +3,9 @@
 The daemon's inventory comes from NVML. Where NVML is not available (a container given the CUDA
 driver but not libnvidia-ml) the daemon asks CUDA instead, in this short-lived process, so that
 the daemon itself never initializes CUDA: a driver context in the daemon would cost memory and
-is never used there (sessions run in their own worker processes).
+is never used there (sessions run in their own worker processes). The answer carries every
+device attribute too: a migration's or restore's pre-flight compares them with the limits a
+guest was told, and only CUDA knows them (NVML does not).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 import uuid
 
 from crane.backends.cuda import driver
-from crane.backends.cuda.device import device_name, pci_bus_id
+from crane.backends.cuda.device import device_attributes, device_name, pci_bus_id
 from crane.backends.cuda.driver import check
 
 
@@ -43,6 +45,7 @@ def probe() -> dict:
                 "cc": [int(major), int(minor)],
                 "pci_bus_id": pci_bus_id(drv, dev),
                 "driver_version": f"CUDA {version // 1000}.{version % 1000 // 10}",
+                "attributes": {str(k): v for k, v in device_attributes(drv, dev).items()},
             }
         )
     return {"gpus": gpus}

@@ -19,10 +19,12 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.base import Backend, DeviceSnapshot, GlobalVar, LoadedModule
-from crane.backends.sim.ledger import Ledger
+from crane.backends.base import Backend, GlobalVar, LoadedModule
 from crane.backends.sim.memory import MemoryFault, SimMemory
-from crane.backends.sim.profiles import DeviceProfile
+from crane.device.identity import DeviceSnapshot
+from crane.device.layout import CHUNK_GRANULARITY
+from crane.device.ledger import Ledger
+from crane.device.model import DeviceModel
 from crane.modules.image import ModuleImage
 
 __all__ = ["SimBackend", "SimEvent", "SimStream"]
@@ -68,7 +70,7 @@ class SimBackend(Backend):
 
     def __init__(
         self,
-        profile: DeviceProfile,
+        profile: DeviceModel,
         snapshot: DeviceSnapshot,
         window: tuple[int, int],
         ledger: Ledger,
@@ -274,7 +276,6 @@ class SimBackend(Backend):
         device like any memory; the interpreter zeroes it before each launch. Kept out of the
         worker's tables on purpose: nothing in it outlives a launch, so a checkpoint need not
         carry it and a restored session maps it again on its next cooperative launch."""
-        from crane.backends.sim.memory import CHUNK_GRANULARITY
         from crane.backends.sim.ptx.program import GRID_SYNC_BYTES
 
         chunk = self.memory.base + self.memory.size - CHUNK_GRANULARITY

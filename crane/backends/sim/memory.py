@@ -25,15 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CHUNK_GRANULARITY", "Allocation", "MemoryFault", "SimMemory"]
+from crane.device.layout import CHUNK_GRANULARITY
+
+__all__ = ["Allocation", "MemoryFault", "SimMemory"]
 
 #: Linux's MAP_NORESERVE; CPython 3.11 does not export the constant on every build.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 _MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
-
-#: Mapping granularity, as the CUDA VMM API reports for current GPUs (2 MiB).
-CHUNK_GRANULARITY = 2 << 20
 
 
 class MemoryFault(Exception):

@@ -74,7 +74,7 @@ def test_cuda_devices_use_the_inventory_and_pci_order(
     monkeypatch.setattr(devices, "_cuda_backend_missing", lambda: "")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     found, note = devices.resolve_devices(["cuda:1", "auto", "sim:l4"], tmp_path)
-    assert [(d.backend, d.profile, d.name) for d in found] == [
+    assert [(d.backend, d.arg, d.name) for d in found] == [
         ("cuda", "1", "NVIDIA H200"),
         ("cuda", "0", "NVIDIA H100 80GB HBM3"),
         ("sim", "l4", found[2].name),

@@ -9,14 +9,16 @@ import pytest
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as A
 from crane.backends.sim.profiles import (
-    CUDART13_QUERIED_ATTRIBUTES,
     DEFAULT_PROFILE_KEY,
-    DEVICE_ATTRIBUTES,
-    NVIDIA_PCI_VENDOR_ID,
     PROFILES,
-    DeviceProfile,
     UnknownProfileError,
     get_profile,
+)
+from crane.device.model import (
+    CUDART13_QUERIED_ATTRIBUTES,
+    DEVICE_ATTRIBUTES,
+    NVIDIA_PCI_VENDOR_ID,
+    DeviceModel,
 )
 
 # key -> (cuDeviceGetName, compute capability, SM count, nominal memory in GiB)
@@ -54,7 +56,7 @@ def test_required_attribute_set_matches_the_facts_file() -> None:
 
 
 @ALL_PROFILES
-def test_identity_matches_the_product(profile: DeviceProfile) -> None:
+def test_identity_matches_the_product(profile: DeviceModel) -> None:
     name, cc, sm_count, _ = EXPECTED[profile.key]
     assert profile.name == name
     assert profile.compute_capability == cc
@@ -66,14 +68,14 @@ def test_identity_matches_the_product(profile: DeviceProfile) -> None:
 
 
 @ALL_PROFILES
-def test_every_attribute_is_answered(profile: DeviceProfile) -> None:
+def test_every_attribute_is_answered(profile: DeviceModel) -> None:
     assert profile.attributes.keys() >= CUDART13_QUERIED_ATTRIBUTES
     assert set(profile.attributes) == DEVICE_ATTRIBUTES
     assert all(type(v) is int and -(2**31) <= v < 2**31 for v in profile.attributes.values())
 
 
 @ALL_PROFILES
-def test_values_are_plausible(profile: DeviceProfile) -> None:
+def test_values_are_plausible(profile: DeviceModel) -> None:
     attrs = profile.attributes
     for attribute in BOOLEAN:
         assert attrs[attribute] in (0, 1), A(attribute).name
@@ -99,7 +101,7 @@ def test_values_are_plausible(profile: DeviceProfile) -> None:
 
 
 @ALL_PROFILES
-def test_internal_consistency(profile: DeviceProfile) -> None:
+def test_internal_consistency(profile: DeviceModel) -> None:
     attrs = profile.attributes
     x, y, z = profile.max_block
     assert max(x, y, z) <= profile.max_threads_per_block
@@ -140,14 +142,14 @@ def test_internal_consistency(profile: DeviceProfile) -> None:
 
 
 @ALL_PROFILES
-def test_memory_size(profile: DeviceProfile) -> None:
+def test_memory_size(profile: DeviceModel) -> None:
     nominal = EXPECTED[profile.key][3] * 2**30
     # cuDeviceTotalMem excludes what the driver reserves, never more than ~10% of the board.
     assert 0.9 * nominal <= profile.total_mem <= nominal
 
 
 @ALL_PROFILES
-def test_pci_identity(profile: DeviceProfile) -> None:
+def test_pci_identity(profile: DeviceModel) -> None:
     attrs = profile.attributes
     for attribute in (
         A.CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID,
@@ -172,7 +174,7 @@ def test_distinct_products_have_distinct_pci_device_ids() -> None:
 
 
 @ALL_PROFILES
-def test_uuid_stable_per_seed(profile: DeviceProfile) -> None:
+def test_uuid_stable_per_seed(profile: DeviceModel) -> None:
     first = profile.uuid_for(b"session-1")
     assert len(first) == 16
     assert profile.uuid_for(b"session-1") == first
@@ -212,6 +214,6 @@ def test_invalid_profile_is_rejected() -> None:
     good = get_profile("a100-40gb")
     missing = {k: v for k, v in good.attributes.items() if k != A.CU_DEVICE_ATTRIBUTE_WARP_SIZE}
     with pytest.raises(ValueError, match="missing attributes"):
-        DeviceProfile("x", "X", (8, 0), good.total_mem, missing)
+        DeviceModel("x", "X", (8, 0), good.total_mem, missing)
     with pytest.raises(ValueError, match="compute_capability"):
-        DeviceProfile("x", "X", (9, 0), good.total_mem, good.attributes)
+        DeviceModel("x", "X", (9, 0), good.total_mem, good.attributes)

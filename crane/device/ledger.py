@@ -1,4 +1,4 @@
-"""Device-memory accounting shared by every session on one simulated device.
+"""Device-memory accounting shared by every session on one device (simulated or real).
 
 Each session runs in its own worker process (invariant 4), but ``cuMemGetInfo`` and
 out-of-memory must reflect the whole device, as on a real GPU. The ledger is a small file in the
