@@ -13,8 +13,12 @@ spec only says, per (name, ABI version), *who* answers:
   export tables, current context, primary-context reference counts, host memory.
 
 Every other driver symbol is still exported and returns CUDA_ERROR_NOT_SUPPORTED with one log
-line naming it. ``_ptds``/``_ptsz`` variants follow their base entry automatically (the generator
-maps a NULL stream to CU_STREAM_PER_THREAD). The ``local`` flag documents calls answered in the
+line naming it. Entries marked with :func:`teardown` still run after a sticky fault (every other
+call then fails with the fault, as on a GPU): they name the wire ops they may send, each of which
+the call table (:mod:`crane.api.ops`) must mark ``teardown`` too, so the guest and the worker
+agree on what a faulted context may still do (tests/unit/api checks it). ``_ptds``/``_ptsz``
+variants follow their base entry automatically (the generator maps a NULL stream to
+CU_STREAM_PER_THREAD). The ``local`` flag documents calls answered in the
 guest without a round trip (from the session's snapshot or local tables).
 
 Rules: entries are keyed by name and version, so adding one never renumbers anything; the
@@ -26,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["SPEC", "Entry", "How", "spec_key"]
+__all__ = ["SPEC", "Entry", "How", "spec_key", "teardown"]
 
 
 class How(Enum):
@@ -40,17 +44,37 @@ class Entry:
     version: int
     how: How
     local: bool = False  # answered in the guest, never a round trip
+    #: Still served after a sticky fault (tearing down is always allowed).
+    teardown: bool = False
+    #: For teardown entries: the wire ops (crane.api.ops names) the call may send.
+    sends: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Teardown:
+    item: str
+    sends: tuple[str, ...]
+
+
+def teardown(item: str, sends: str = "") -> _Teardown:
+    """Mark ``item`` (``name@versions``) as served after a sticky fault; ``sends`` names the
+    wire ops it may send (space-separated), which must be teardown ops of the call table."""
+    return _Teardown(item, tuple(sends.split()))
 
 
 def spec_key(name: str, version: int) -> str:
     return f"{name}@{version}"
 
 
-def _e(how: How, local: bool, *items: str) -> list[Entry]:
+def _e(how: How, local: bool, *items: str | _Teardown) -> list[Entry]:
     out = []
     for item in items:
-        name, _, versions = item.partition("@")
-        out += [Entry(name, int(v), how, local) for v in versions.split(",")]
+        mark = item if isinstance(item, _Teardown) else None
+        name, _, versions = (mark.item if mark else item).partition("@")  # type: ignore[union-attr]
+        out += [
+            Entry(name, int(v), how, local, mark is not None, mark.sends if mark else ())
+            for v in versions.split(",")
+        ]
     return out
 
 
@@ -92,7 +116,9 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuStreamGetCtx@9020", "cuStreamGetId@12000")
     # -- Python, through the session (batched unless the call must wait) -----------------------
     + _e(PY, False,
-         "cuCtxCreate@3020,12050", "cuCtxDestroy@4000", "cuCtxSynchronize@2000,13000",
+         "cuCtxCreate@3020,12050",
+         teardown("cuCtxDestroy@4000", sends="CTX_DESTROY MEM_FREE MEM_UNMAP_CHUNK"),
+         "cuCtxSynchronize@2000,13000",
          "cuMemAlloc@3020", "cuMemFree@3020", "cuMemGetInfo@3020", "cuMemAllocPitch@3020",
          "cuMemAllocAsync@11020", "cuMemFreeAsync@11020",
          "cuMemcpy@4000", "cuMemcpyAsync@4000", "cuMemcpyHtoD@3020", "cuMemcpyDtoH@3020",
@@ -102,13 +128,17 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuMemsetD8@3020", "cuMemsetD16@3020", "cuMemsetD32@3020", "cuMemsetD8Async@3020",
          "cuMemsetD16Async@3020", "cuMemsetD32Async@3020",
          "cuModuleLoad@2000", "cuModuleLoadData@2000", "cuModuleLoadDataEx@2010",
-         "cuModuleLoadFatBinary@2000", "cuModuleUnload@2000",
-         "cuLibraryLoadData@12000", "cuLibraryLoadFromFile@12000", "cuLibraryUnload@12000",
+         "cuModuleLoadFatBinary@2000",
+         teardown("cuModuleUnload@2000", sends="MODULE_UNLOAD"),
+         "cuLibraryLoadData@12000", "cuLibraryLoadFromFile@12000",
+         teardown("cuLibraryUnload@12000", sends="MODULE_UNLOAD"),
          "cuLaunchKernel@4000", "cuLaunchKernelEx@11060", "cuLaunchCooperativeKernel@9000",
          "cuLaunchHostFunc@10000", "cuStreamAddCallback@5000",
-         "cuStreamCreate@2000", "cuStreamCreateWithPriority@5050", "cuStreamDestroy@4000",
+         "cuStreamCreate@2000", "cuStreamCreateWithPriority@5050",
+         teardown("cuStreamDestroy@4000", sends="STREAM_DESTROY"),
          "cuStreamSynchronize@2000", "cuStreamQuery@2000", "cuStreamWaitEvent@3020",
-         "cuEventCreate@2000", "cuEventDestroy@4000", "cuEventRecord@2000",
+         "cuEventCreate@2000", teardown("cuEventDestroy@4000", sends="EVENT_DESTROY"),
+         "cuEventRecord@2000",
          "cuEventRecordWithFlags@11010", "cuEventSynchronize@2000", "cuEventQuery@2000",
          "cuEventElapsedTime@2000,12080")
     # -- Python, virtual memory management (h_vmm, crane.guest.vmm): reservations and handles
@@ -128,7 +158,8 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuStreamGetCaptureInfo@10010,11030,12030",
          "cuStreamUpdateCaptureDependencies@11030,12030",
          "cuThreadExchangeStreamCaptureMode@10010",
-         "cuGraphCreate@10000", "cuGraphDestroy@10000", "cuGraphAddKernelNode@10000,12000",
+         "cuGraphCreate@10000", teardown("cuGraphDestroy@10000"),
+         "cuGraphAddKernelNode@10000,12000",
          "cuGraphAddMemcpyNode@10000", "cuGraphAddMemsetNode@10000", "cuGraphAddHostNode@10000",
          "cuGraphAddEmptyNode@10000", "cuGraphAddEventRecordNode@11010",
          "cuGraphAddEventWaitNode@11010", "cuGraphAddDependencies@10000,12030",
@@ -140,7 +171,7 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuGraphMemcpyNodeSetParams@10000", "cuGraphHostNodeGetParams@10000",
          "cuGraphHostNodeSetParams@10000", "cuGraphInstantiate@10000,11000",
          "cuGraphInstantiateWithFlags@11040", "cuGraphInstantiateWithParams@12000",
-         "cuGraphExecDestroy@10000", "cuGraphExecGetFlags@12000", "cuGraphUpload@11010",
+         teardown("cuGraphExecDestroy@10000"), "cuGraphExecGetFlags@12000", "cuGraphUpload@11010",
          "cuGraphLaunch@10000", "cuGraphExecKernelNodeSetParams@10010,12000",
          "cuGraphExecUpdate@10020,12000")
 )

@@ -18,7 +18,8 @@ import grpc
 from crane import __version__
 from crane.daemon.errors import DaemonError
 from crane.daemon.gpu_inventory import gpu_status
-from crane.daemon.sessions import WINDOW_SIZE, Session, SessionManager, SessionMoved
+from crane.daemon.sessions import Session, SessionManager, SessionMoved
+from crane.device.layout import CHUNK_GRANULARITY, GUEST_SPAN
 from crane.migrate.daemon_side import wait_switchover
 from crane.v1 import common_pb2, control_pb2, guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
@@ -26,7 +27,6 @@ from crane.wire.fingerprint import fingerprint
 from crane.wire.handlers import unary
 from crane.wire.status import DRIVER_VERSION, MAX_CHUNK
 from crane.worker.channel import ChannelClosed, Tag
-from crane.worker.executor import MODULE_AREA
 
 __all__ = ["control_handler", "guest_handler"]
 
@@ -136,10 +136,10 @@ def _opened(s: Session) -> guest_pb2.OpenSessionReply:
         session_id=s.id,
         resume_token=s.token,
         va_base=s.va_base,
-        va_size=WINDOW_SIZE - MODULE_AREA,
+        va_size=GUEST_SPAN,
         device=s.identity,
         driver_version=DRIVER_VERSION,
-        chunk_granularity=2 << 20,
+        chunk_granularity=CHUNK_GRANULARITY,
         max_batch_bytes=MAX_CHUNK,
         daemon_version=__version__,
         direct_address=f"unix://{s.direct_socket}" if s.direct_socket else "",

@@ -48,18 +48,20 @@ from crane.backends.factory import WorkerConfig
 from crane.daemon.devices import Device
 from crane.daemon.errors import DaemonError
 from crane.daemon.workers import WorkerPool, WorkerProcess
+from crane.device.layout import (
+    WINDOW_SIZE,
+    WINDOW_SLOTS,
+    module_area_base,
+    window_base,
+)
 from crane.state.checkpoint import FORMAT_VERSION, CheckpointError, Head, read_head
 from crane.state.preflight import check_code, refusals
 from crane.state.told import Told, identity_to_json, told_from_meta, told_to_json
 from crane.v1 import common_pb2
 from crane.worker.channel import ChannelClosed, Tag
-from crane.worker.executor import MODULE_AREA
 from crane.worker.stats import MODE_DIRECT, SessionStats
 
 __all__ = [
-    "WINDOW_BASE",
-    "WINDOW_SIZE",
-    "WINDOW_SLOTS",
     "Gone",
     "Session",
     "SessionManager",
@@ -68,14 +70,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("craned")
-
-#: Session VA windows: 1 TiB each in [16 TiB, 64 TiB), below where Linux places PIE executables
-#: and their heaps (0x55.., 0x56..) and mmaps (0x7f..), so a guest process can reserve its window
-#: without colliding with host memory. A slot is picked at random per session so that sessions of
-#: different daemons rarely collide (a restore needs its window free on the target).
-WINDOW_BASE = 0x1000_0000_0000
-WINDOW_SIZE = 1 << 40
-WINDOW_SLOTS = 48
 
 
 class SessionMoved(DaemonError):
@@ -115,7 +109,7 @@ class Session:
 
     @property
     def va_base(self) -> int:
-        return WINDOW_BASE + self.slot * WINDOW_SIZE
+        return window_base(self.slot)
 
     def require(self, *states: str) -> None:
         if self.state not in states:
@@ -255,7 +249,7 @@ class SessionManager:
             session_id=sid,
             backend=device.backend,
             profile=device.arg,
-            va_base=WINDOW_BASE + slot * WINDOW_SIZE,
+            va_base=window_base(slot),
             va_size=WINDOW_SIZE,
             uuid_seed=uuid_seed,
             ledger_path=device.ledger_path,
@@ -474,7 +468,7 @@ class SessionManager:
                 if other.slot == slot and other is not old:
                     raise DaemonError(
                         "FAILED_PRECONDITION",
-                        f"VA window slot {slot} ({WINDOW_BASE + slot * WINDOW_SIZE:#x}) that "
+                        f"VA window slot {slot} ({window_base(slot):#x}) that "
                         f"session {sid} needs is taken by session {other.id} on this daemon",
                     )
             if slot in self._starting:
@@ -680,7 +674,7 @@ def _mem_needed(head: Head) -> int:
     g = head.graph or {}
     window = g.get("window") or [0, 0]
     area = g.get("module_area") or {}
-    base = int(window[0]) + int(window[1]) - MODULE_AREA
+    base = module_area_base((int(window[0]), int(window[1])))
     chunks = sum(int(c["size"]) for c in g.get("chunks", []))
     return chunks + max(int(area.get("chunk_end", base)) - base, 0)
 

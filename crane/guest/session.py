@@ -552,7 +552,7 @@ class Session:
             self._stream(stream)
         self._t.enqueue(
             op,
-            op.pack(function.handle, *g, *b, shared, stream),
+            op.pack(function.handle, (g, b, shared), stream),
             buf if type(buf) is bytes else bytes(buf),
             expect=False,
         )

@@ -33,9 +33,6 @@ from crane.interposer.runtime import RT
 __all__ = ["install", "wrap"]
 
 _UNKNOWN = 999
-#: Calls that still run after a sticky fault: tearing down is always allowed.
-_TEARDOWN = frozenset({"cuCtxDestroy", "cuModuleUnload", "cuLibraryUnload", "cuStreamDestroy",
-                       "cuEventDestroy", "cuGraphDestroy", "cuGraphExecDestroy"})  # fmt: skip
 
 
 def wrap(name: str, fn: Callable[..., object], local: bool = False) -> Callable[..., int]:
@@ -70,7 +67,8 @@ def install(ffi: Any, lib: Any) -> None:
         if e.how is How.PY:
             c_name = f"crane_py_{e.name}_{e.version}"
             handler = HANDLERS[spec_key(e.name, e.version)]
-            ffi.def_extern(name=c_name)(wrap(e.name, handler, e.local or e.name in _TEARDOWN))
+            # teardown entries (crane.api.driver_spec) still run after a sticky fault
+            ffi.def_extern(name=c_name)(wrap(e.name, handler, e.local or e.teardown))
     ffi.def_extern(name="crane_py_primary_reset")(
         wrap("primary_reset", h_context.primary_reset, local=True)
     )

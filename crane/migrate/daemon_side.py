@@ -30,16 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from crane.daemon.errors import DaemonError
-from crane.daemon.sessions import (
-    WINDOW_BASE,
-    WINDOW_SIZE,
-    WINDOW_SLOTS,
-    Session,
-    SessionManager,
-    adopt_record,
-)
+from crane.daemon.sessions import Session, SessionManager, adopt_record
+from crane.device.layout import WINDOW_SLOTS, window_base
 from crane.state.preflight import check_code, refusals
 from crane.v1 import peer_pb2
+from crane.wire.fingerprint import fingerprint
 from crane.worker.channel import ChannelClosed, Tag
 
 __all__ = [
@@ -313,8 +308,7 @@ def _refusals(
         for other in mgr._sessions.values():
             if other.slot == slot and other is not live:
                 out.append(
-                    f"VA window slot {slot} ({WINDOW_BASE + slot * WINDOW_SIZE:#x}) is taken by "
-                    f"session {other.id}"
+                    f"VA window slot {slot} ({window_base(slot):#x}) is taken by session {other.id}"
                 )
         if slot in mgr._starting:
             out.append(f"VA window slot {slot} is being opened on this daemon")
@@ -325,6 +319,12 @@ def _refusals(
 def preflight(mgr: SessionManager, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
     device = max(req.device, 0)
     why = _refusals(mgr, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
+    if req.fingerprint != fingerprint():
+        why.insert(
+            0,
+            f"protocol fingerprint mismatch: source {req.fingerprint!r}, destination "
+            f"{fingerprint()!r}; the two daemons come from different Crane builds",
+        )
     reply = peer_pb2.PreflightReply()
     if device < len(mgr.devices):
         dev = mgr.devices[device]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,10 +34,12 @@ import grpc
 
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
 from crane.state.checkpoint import CheckpointWriter, Kind
+from crane.state.park import pack_replies
 from crane.state.preflight import check_code
-from crane.state.record import memory_regions, save_graph
+from crane.state.record import save_graph
 from crane.v1 import peer_pb2, peer_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.fingerprint import fingerprint
 from crane.worker.session_state import WorkerSession
 
 __all__ = ["MigrationFailed", "migrate_out", "preflight", "structure"]
@@ -91,6 +92,7 @@ def preflight(
                 told={int(k): int(v) for k, v in ident["told"].items()},
                 module_digests=[bytes.fromhex(d) for d in digests],
                 device=device,
+                fingerprint=fingerprint(),
             ),
             timeout=30,
         )
@@ -115,15 +117,9 @@ def _chunks(addr: int, size: int) -> Iterator[tuple[int, int]]:
         yield addr + off, min(READ_CHUNK, size - off)
 
 
-def _replies(replies: list[bytes]) -> bytes:
-    return struct.pack("<I", len(replies)) + b"".join(
-        struct.pack("<I", len(m)) + m for m in replies
-    )
-
-
 def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> None:
     """Run one migration to ``req["to"]``; raises :class:`MigrationFailed` (source intact)."""
-    ex = ws.executor
+    dev, calls = ws.engine.device, ws.engine.log
     t0 = time.monotonic()
     st: dict[str, Any] = {
         "phase": "preflight",
@@ -142,15 +138,14 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
     outbox = Outbox()
     responses = None
     held = False
-    stream = ex._default_stream
     try:
         with ws.lock:
             if ws.parked:
                 raise MigrationFailed("the session is parked")
-            graph0: dict[str, Any] | None = save_graph(ex)
+            graph0: dict[str, Any] | None = save_graph(dev, calls)
             digests = list(dict.fromkeys(m["digest"] for m in graph0["modules"]))
-            st["session_bytes"] = sum(n for _, n in memory_regions(ex))
-            mem_needed = ex.mem_used()
+            st["session_bytes"] = sum(n for _, n in dev.memory_regions())
+            mem_needed = dev.mem_used()
         # ---- pre-flight: the destination's own rules, plus code checks for images it lacks
         has_image = preflight(
             stub,
@@ -159,7 +154,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             digests,
             mem_needed,
             req.get("device", -1),
-            lambda d: ex._image_bytes(bytes.fromhex(d), b""),
+            lambda d: dev.image(bytes.fromhex(d)),
         )
         # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
@@ -193,13 +188,13 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             w.json(Kind.META, {"format": "crane-checkpoint", "session": ident, "mode": "base"})
             for d in dict.fromkeys(m["digest"] for m in graph["modules"]):
                 if d not in has_image:
-                    image = ex._image_bytes(bytes.fromhex(d), b"")
+                    image = dev.image(bytes.fromhex(d))
                     if image is None:
                         raise MigrationFailed(f"module image {d[:16]} vanished from the cache")
                     w.section(Kind.IMAGE, bytes.fromhex(d) + image)
                     has_image.add(d)  # the destination's worker keeps it in its cache
             w.json(Kind.OBJECTS, graph)
-            w.section(Kind.REPLIES, _replies(replies))
+            w.section(Kind.REPLIES, pack_replies(replies))
 
         def send_running(
             w: CheckpointWriter, regions: list[tuple[int, int]], resend: set[int]
@@ -209,11 +204,11 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
                 for a, n in _chunks(addr, size):
                     with ws.lock:
                         try:
-                            data = bytes(ex.backend.memcpy_dtoh(a, n, stream))
+                            data = bytes(dev.read(a, n))
                         except Exception:  # freed under us: the final round settles it
                             resend.add(addr)
                             break
-                        ex.dirty.contents(a, data)  # tables kernels wrote (crane.state.dirty)
+                        dev.dirty.contents(a, data)  # tables kernels wrote (crane.engine.dirty)
                     w.memory(a, data)
 
         max_rounds = max(int(req.get("max_rounds") or DEFAULT_ROUNDS), 1)
@@ -230,10 +225,10 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             st["phase"] = "precopy"
             progress(st)
             with ws.lock:
-                graph0 = save_graph(ex)
-                replies0 = list(ex.last_replies)
-                ex.dirty.mark()
-                regions = memory_regions(ex)
+                graph0 = save_graph(dev, calls)
+                replies0 = list(calls.last_replies)
+                dev.dirty.mark()
+                regions = dev.memory_regions()
                 base_allocs = {a["addr"]: a["size"] for a in graph0["allocations"]}
             sink.begin(0, True, False)
             r0 = time.monotonic()
@@ -251,8 +246,8 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             last_dirty: int | None = None
             while True:
                 with ws.lock:
-                    dirty, _ = ex.dirty.mark()
-                    allocs_now = {a: n for a, (_, n) in ex.allocations.items()}
+                    dirty, _ = dev.dirty.mark()
+                    allocs_now = {a: n for a, (_, n) in dev.allocations.items()}
                 pending |= dirty
                 sendable = sorted(
                     a for a in pending if a in allocs_now and base_allocs.get(a) == allocs_now[a]
@@ -287,10 +282,10 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         ws.lock.acquire()
         held = True
         stop = time.monotonic()
-        ex.backend.synchronize()
-        dirty, _ = ex.dirty.mark()
+        dev.synchronize()
+        dirty, _ = dev.dirty.mark()
         pending |= dirty | resend
-        graph1 = save_graph(ex)
+        graph1 = save_graph(dev, calls)
         fresh = graph0 is None or structure(graph1) != structure(graph0)
         sink.begin(round_, fresh, True)
         waited = outbox.waited
@@ -300,21 +295,21 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         if fresh:  # nothing pre-copied, or objects other than memory changed: everything
             if graph0 is not None:
                 log.info("object graph changed during pre-copy; final round carries everything")
-            base(w, graph1, ex.last_replies)
-            regions = memory_regions(ex)
+            base(w, graph1, calls.last_replies)
+            regions = dev.memory_regions()
         else:
             w.json(Kind.META, {"format": "crane-checkpoint", "mode": "final"})
             w.json(Kind.OBJECTS, graph1)
-            w.section(Kind.REPLIES, _replies(ex.last_replies))
+            w.section(Kind.REPLIES, pack_replies(calls.last_replies))
             sizes = {a["addr"]: a["size"] for a in graph1["allocations"]}
             final = {a for a in pending if a in sizes}
             final |= {a for a, n in sizes.items() if base_allocs.get(a) != n}
             regions = [(a, sizes[a]) for a in sorted(final)]
-            regions += [r for r in memory_regions(ex) if r[0] not in sizes]  # module variables
+            regions += [r for r in dev.memory_regions() if r[0] not in sizes]  # module variables
         st["dirty_bytes"] = sum(n for _, n in regions)
         for addr, size in regions:
             for a, n in _chunks(addr, size):
-                w.memory(a, ex.backend.memcpy_dtoh(a, n, stream))  # stopped: no snapshot
+                w.memory(a, dev.read(a, n))  # stopped: no snapshot
         w.finish()
         sink.end()
         sent = time.monotonic()

@@ -15,11 +15,12 @@ import json
 import threading
 from typing import Any
 
+from crane.engine.codec import CallLog
+from crane.engine.model import SessionDevice
 from crane.migrate.stream import FrameReader
 from crane.state.checkpoint import CheckpointError, CheckpointReader, Kind
-from crane.state.park import _replies, restore_checkpoint
-from crane.state.record import restore_sticky, save_graph
-from crane.worker.executor import Executor
+from crane.state.park import restore_checkpoint, unpack_replies
+from crane.state.record import restore_progress, restore_sticky, save_graph
 
 __all__ = ["RoundApplier", "patch_graph"]
 
@@ -27,30 +28,30 @@ __all__ = ["RoundApplier", "patch_graph"]
 _VIEW_MIN = 64 << 10
 
 
-def patch_graph(ex: Executor, old: dict[str, Any], new: dict[str, Any]) -> None:
+def patch_graph(dev: SessionDevice, log: CallLog, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Bring the memory layout from ``old`` to ``new``: frees, unmaps, maps, allocations."""
     old_a = {(a["addr"], a["size"]) for a in old["allocations"]}
     new_a = {(a["addr"], a["size"]): a for a in new["allocations"]}
     old_c = {(c["addr"], c["size"]) for c in old["chunks"]}
     new_c = {(c["addr"], c["size"]) for c in new["chunks"]}
     for addr, _ in sorted(old_a - set(new_a)):
-        ex.mem_free(addr)
+        dev.mem_free(addr)
     for addr, _ in sorted(old_c - new_c):
-        ex.mem_unmap_chunk(addr)
+        dev.mem_unmap_chunk(addr)
     for addr, size in sorted(new_c - old_c):
-        ex.mem_map_chunk(addr, size)
+        dev.mem_map_chunk(addr, size)
     for key in sorted(set(new_a) - old_a):
-        ex.mem_alloc(new_a[key]["ctx"], key[0], key[1])
-    restore_sticky(ex, new["sticky"])
-    ex.done_seq = new["done_seq"]
-    ex.calls = new["calls"]
+        dev.mem_alloc(new_a[key]["ctx"], key[0], key[1])
+    restore_sticky(dev, new["sticky"])
+    restore_progress(log, new)
 
 
 class RoundApplier:
     """Applies rounds on a thread while the worker's loop feeds it bytes from the channel."""
 
-    def __init__(self, ex: Executor) -> None:
-        self.ex = ex
+    def __init__(self, dev: SessionDevice, log: CallLog) -> None:
+        self.dev = dev
+        self.log = log
         self.graph: dict[str, Any] | None = None
         self.reader: FrameReader | None = None
         self._thread: threading.Thread | None = None
@@ -82,11 +83,11 @@ class RoundApplier:
         name = f"migration round {round_}"
         try:
             if fresh:
-                restore_checkpoint(self.ex, self.reader, name)  # type: ignore[arg-type]
-                self.graph = save_graph(self.ex)
+                restore_checkpoint(self.dev, self.log, self.reader, name)  # type: ignore[arg-type]
+                self.graph = save_graph(self.dev, self.log)
             else:
                 self._apply(name)
-            self._result = {"done_seq": self.ex.done_seq}
+            self._result = {"done_seq": self.log.done_seq}
         except CheckpointError as e:
             self._result = {"error": str(e)}
         except Exception as e:  # CudaError and bugs alike: the round is refused, not fatal
@@ -100,24 +101,22 @@ class RoundApplier:
     def _apply(self, name: str) -> None:
         if self.graph is None:
             raise CheckpointError(f"{name}: no base round was applied")
-        ex = self.ex
+        dev = self.dev
         r = CheckpointReader(self.reader, name)  # type: ignore[arg-type]
         r.expect(Kind.META)
-        stream = ex._default_stream
         for s in r.sections():
             if s.kind == Kind.MEMORY:
                 addr, data = s.memory()  # a stored chunk: a view of its wire message
-                ex.backend.memcpy_htod(addr, data, stream)
-                ex.dirty.contents(addr, data)  # pointer tables (crane.state.dirty)
+                dev.write(addr, data)  # pointer tables in it are learnt again
             elif s.kind == Kind.OBJECTS:
                 try:
                     graph = json.loads(bytes(s.payload))
                 except ValueError as e:
                     msg = f"{name}: OBJECTS section is not valid JSON: {e}"
                     raise CheckpointError(msg) from None
-                patch_graph(ex, self.graph, graph)
+                patch_graph(dev, self.log, self.graph, graph)
                 self.graph = graph
             elif s.kind == Kind.REPLIES:
-                ex.last_replies = _replies(bytes(s.payload), name)
-        ex.backend.synchronize()
-        ex.dirty.mark()
+                self.log.last_replies = unpack_replies(bytes(s.payload), name)
+        dev.synchronize()
+        dev.dirty.mark()

@@ -42,7 +42,7 @@ class MigrationFrames:
     def __init__(self, ws: WorkerSession, progress_path: Path) -> None:
         self.ws = ws
         self.progress_path = progress_path
-        self.applier = RoundApplier(ws.executor)
+        self.applier = RoundApplier(ws.engine.device, ws.engine.log)
         self.final = False
 
     def frame(self, tag: int, raw: bytes) -> dict[str, Any] | None:

@@ -1,26 +1,40 @@
 """Protocol fingerprint: both ends must be built from the same wire definition.
 
-It hashes the compiled proto descriptors and the call table, so a guest and a daemon whose
-messages or op ids differ refuse each other at session open with a clear message, instead of
-misreading arguments (the failure mode of hand-numbered remoting protocols).
+It hashes the compiled descriptors of every proto file the guest, the daemons and their peers
+speak (every ``*_pb2`` module of :mod:`crane.v1`, found, not listed, so a new proto file is
+covered the day it is added) and the call table, so a guest and a daemon, or two daemons, whose
+messages or op ids differ refuse each other with a clear message instead of misreading
+arguments (the failure mode of hand-numbered remoting protocols).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import pkgutil
 from functools import cache
 
-__all__ = ["fingerprint"]
+__all__ = ["fingerprint", "proto_modules"]
+
+
+def proto_modules() -> list[str]:
+    """Names of every generated message module (``crane.v1.*_pb2``), sorted."""
+    import crane.v1
+
+    return sorted(
+        f"crane.v1.{m.name}"
+        for m in pkgutil.iter_modules(crane.v1.__path__)
+        if m.name.endswith("_pb2")
+    )
 
 
 @cache
 def fingerprint() -> str:
     from crane.api.ops import OPS
-    from crane.v1 import common_pb2, control_pb2, diag_pb2, guest_pb2
 
     h = hashlib.sha256()
-    for mod in (common_pb2, guest_pb2, control_pb2, diag_pb2):
-        h.update(mod.DESCRIPTOR.serialized_pb)
+    for name in proto_modules():
+        h.update(importlib.import_module(name).DESCRIPTOR.serialized_pb)
     for o in OPS:
         h.update(o.signature().encode())
     return h.hexdigest()[:16]

@@ -4,7 +4,7 @@ The daemon offers each session's worker socket in OpenSessionReply.direct_addres
 can reach it (same host, same filesystem view) carries its call stream straight to the process
 that executes it, so a synchronizing call costs one gRPC round trip and nothing more, and bulk
 copies are not copied through the daemon. Guests that cannot reach it (a VM behind one forwarded
-port, a remote host) use the daemon's address and its relay; both paths run the same executor.
+port, a remote host) use the daemon's address and its relay; both paths run the same engine.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def start_direct_server(
                 except SessionParked:
                     context.abort(grpc.StatusCode.UNAVAILABLE, f"session {session_id} is parked")
                 yield from msgs
-                if ws.executor.closed:
+                if ws.engine.device.closed:
                     return
         finally:
             # A parked (or migrated) session's worker must live until the daemon has its

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crane.backends.factory import WorkerConfig, make_backend
+from crane.engine.engine import Engine
+from crane.modules.store import ImageStore
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.malloc import tune_malloc
 from crane.worker.channel import Channel, ChannelClosed, Tag
 from crane.worker.direct import start_direct_server
-from crane.worker.executor import Executor
 from crane.worker.session_state import SessionParked, WorkerSession
 from crane.worker.stats import MODE_RELAY, SessionStats
 
@@ -49,8 +50,10 @@ def serve(ch: Channel) -> int:
         log.exception("cannot start the backend")
         ch.send(Tag.CLOSE, f"backend failed to start: {e}".encode())
         return 1
-    executor = Executor(backend, cfg.session_id, (cfg.va_base, cfg.va_size), Path(cfg.module_cache))
-    ws = WorkerSession(executor, SessionStats(cfg.stats_path))
+    engine = Engine.create(
+        backend, cfg.session_id, (cfg.va_base, cfg.va_size), ImageStore(cfg.module_cache)
+    )
+    ws = WorkerSession(engine, cfg.session_id, SessionStats(cfg.stats_path))
     from crane.device.identity import snapshot_to_proto
 
     def end_session() -> None:
@@ -114,7 +117,7 @@ def serve(ch: Channel) -> int:
             last = len(msgs) - 1 if peek_flags(raw) & EXPECTS_REPLY else -1
             for i, msg in enumerate(msgs):
                 ch.send(Tag.REPLY_LAST if i == last else Tag.REPLY, msg)
-            if executor.closed:
+            if engine.device.closed:
                 ch.send(Tag.CLOSE)
                 break
     except ChannelClosed:
@@ -146,7 +149,8 @@ def _control(ws: WorkerSession, tag: int, req: dict) -> dict:
                 tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
                 try:
                     with open(tmp, "wb", buffering=1 << 20) as f:
-                        counts = write_checkpoint(ws.executor, f, req["identity"])
+                        eng = ws.engine
+                        counts = write_checkpoint(eng.device, eng.log, f, req["identity"])
                         f.flush()
                         os.fsync(f.fileno())
                     tmp.replace(path)  # a checkpoint file is complete or absent
@@ -157,9 +161,9 @@ def _control(ws: WorkerSession, tag: int, req: dict) -> dict:
                 log.info("checkpoint written to %s (%d bytes)", path, counts["bytes"])
                 return counts
             with open(path, "rb", buffering=1 << 20) as f:
-                meta = restore_checkpoint(ws.executor, f, path.name)
+                meta = restore_checkpoint(ws.engine.device, ws.engine.log, f, path.name)
             log.info("restored from %s", path)
-            return {"meta": meta, "done_seq": ws.executor.done_seq}
+            return {"meta": meta, "done_seq": ws.engine.log.done_seq}
         except CheckpointError as e:
             return {"error": str(e)}
         except CudaError as e:

@@ -1,4 +1,4 @@
-"""The worker's side of one session: the executor plus who is attached to it.
+"""The worker's side of one session: the engine plus who is attached to it.
 
 A guest reaches its worker either through the daemon's relay (batches arrive on the channel) or
 directly, over the worker's own socket (:mod:`crane.worker.direct`). Exactly one call stream may
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from crane.worker.executor import Executor
+from crane.engine.engine import Engine
 from crane.worker.stats import MODE_RELAY, SessionStats
 
 __all__ = ["SessionParked", "WorkerSession"]
@@ -20,8 +20,9 @@ class SessionParked(Exception):
 
 
 class WorkerSession:
-    def __init__(self, executor: Executor, stats: SessionStats) -> None:
-        self.executor = executor
+    def __init__(self, engine: Engine, session_id: str, stats: SessionStats) -> None:
+        self.engine = engine
+        self.session_id = session_id
         self.stats = stats
         self.lock = threading.Lock()  # one batch at a time, whichever path it came from
         self.mode = 0
@@ -42,10 +43,10 @@ class WorkerSession:
     def run(self, raw: bytes) -> list[bytes]:
         with self.lock:
             if self.parked:
-                raise SessionParked(self.executor.session_id)
-            msgs = self.executor.run_batch(raw)
-            ex = self.executor
-            self.stats.write(ex.calls, ex.mem_used(), ex.done_seq)
+                raise SessionParked(self.session_id)
+            msgs = self.engine.run_batch(raw)
+            log = self.engine.log
+            self.stats.write(log.calls, self.engine.device.mem_used(), log.done_seq)
             return msgs
 
     @property

@@ -59,7 +59,7 @@ extern "C" __global__ void wild(int *p) { p[1 << 28] = 1; }
 """
 
 CHUNK = 2 << 20
-WINDOW = 128 << 30  # the executor keeps the top 64 GiB for the simulator's module variables
+WINDOW = 128 << 30  # the session keeps the top 64 GiB for the simulator's module variables
 
 
 def _window(drv) -> tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -249,19 +249,21 @@ def check_bad_module(b: CudaBackend, fatbin: Path) -> None:
 
 
 def check_checkpoint_roundtrip(b: CudaBackend, fatbin: Path) -> None:
-    """Through the worker's executor and the checkpoint format: a session written from one
+    """Through the worker's engine and the checkpoint format: a session written from one
     backend and restored onto a second one (a new worker's) reads back the same memory and
     module variables, at the addresses the guest was told."""
     import hashlib
 
+    from crane.engine.engine import Engine
+    from crane.modules.store import ImageStore
     from crane.state.park import restore_checkpoint, write_checkpoint
-    from crane.worker.executor import Executor
 
     tmp = Path(tempfile.mkdtemp())
     cache = tmp / "modules"
     cache.mkdir()
     window = (b.window.base, b.window.size)
-    ex = Executor(b, "s1", window, cache)
+    eng = Engine.create(b, "s1", window, ImageStore(cache))
+    ex = eng.device
     ctx = 1
     ex.ctx_create(ctx, 0)
     data = fatbin.read_bytes()
@@ -275,12 +277,13 @@ def check_checkpoint_roundtrip(b: CudaBackend, fatbin: Path) -> None:
     ex.memcpy_htod(told.addr, 0, struct.pack("<4i", 5, 6, 7, 8))
     path = tmp / "s.ckpt"
     with path.open("wb") as f:
-        write_checkpoint(ex, f, {"id": "s1"})
+        write_checkpoint(ex, eng.log, f, {"id": "s1"})
     b.close()
     b2 = make_backend(tmp, window)
-    ex2 = Executor(b2, "s1", window, cache)
+    eng2 = Engine.create(b2, "s1", window, ImageStore(cache))
+    ex2 = eng2.device
     with path.open("rb") as f:
-        restore_checkpoint(ex2, f, "s1")
+        restore_checkpoint(ex2, eng2.log, f, "s1")
     assert bytes(ex2.memcpy_dtoh(window[0], 4096, 0)) == payload
     g = ex2.modules.get(0x100).obj.globals["counter"]
     assert g.addr == told.addr, "the guest's address of a module variable changed"

@@ -17,7 +17,7 @@ from crane.api.ops import OPS_BY_NAME as O
 from crane.api.results import CudaError
 from crane.daemon.launcher import DaemonProcess
 from crane.guest.session import Session
-from crane.v1 import guest_pb2, guest_pb2_grpc
+from crane.v1 import guest_pb2, guest_pb2_grpc, peer_pb2, peer_pb2_grpc
 from crane.wire.address import to_grpc_target
 from crane.wire.fingerprint import fingerprint
 
@@ -127,6 +127,17 @@ def test_fingerprint_mismatch_is_refused(daemon: DaemonProcess) -> None:
         guest_pb2_grpc.GuestStub(ch).OpenSession(guest_pb2.OpenSessionRequest(fingerprint="0" * 16))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "different Crane builds" in e.value.details()
+
+
+def test_a_migration_from_another_build_is_refused(daemon: DaemonProcess) -> None:
+    """Daemons speak the Peer protocol to each other: its fingerprint is checked too."""
+    with grpc.insecure_channel(to_grpc_target(daemon.address)) as ch:
+        stub = peer_pb2_grpc.PeerStub(ch)
+        ok = stub.Preflight(peer_pb2.PreflightRequest(slot=1, fingerprint=fingerprint()))
+        assert not ok.refusals
+        other = stub.Preflight(peer_pb2.PreflightRequest(slot=1, fingerprint="0" * 16))
+    assert "protocol fingerprint mismatch" in other.refusals[0], other.refusals
+    assert "different Crane builds" in other.refusals[0]
 
 
 def test_truncated_stream_reaps_the_session(daemon: DaemonProcess) -> None:

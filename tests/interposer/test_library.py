@@ -219,8 +219,8 @@ def test_spec_entries_are_unique() -> None:
 
 def test_guest_and_worker_share_one_sticky_set() -> None:
     from crane.api.results import STICKY
+    from crane.engine import dispatch
     from crane.interposer import runtime
-    from crane.worker import executor
 
-    assert runtime.STICKY is STICKY and executor.STICKY is STICKY
+    assert runtime.STICKY is STICKY and dispatch.STICKY is STICKY
     assert {int(c) for c in STICKY} >= {700, 710, 716, 719}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from crane.state.dirty import DirtyTracker
+from crane.engine.dirty import DirtyTracker
 
 
 def test_new_allocations_are_dirty_and_mark_starts_anew() -> None:

@@ -1,0 +1,175 @@
+"""The worker's wire codec: serialized call batches in, serialized reply batches out.
+
+Error rules of the data path (every call is answered by these, never by a crash):
+
+* asynchronous calls that fail get a reply with their sequence number (the guest surfaces it at
+  its next synchronizing call); synchronous calls always get a reply;
+* a call refused after a sticky fault is answered with the fault, without a log line (the
+  fault was logged when it happened);
+* malformed input (undecodable batch, unknown op, bad argument bytes) is answered with
+  CUDA_ERROR_INVALID_VALUE / CUDA_ERROR_NOT_SUPPORTED and a log line;
+* anything else a backend raises is a bug: logged with its traceback, answered with
+  CUDA_ERROR_UNKNOWN, and the session keeps serving.
+
+The :class:`CallLog` is how far the session has executed: the guest's last sequence number and
+the answers to its last batch that expected one, which a guest that reconnects (after a park or
+a migration) may ask for again; the state record carries it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.results import CudaError
+from crane.engine.dispatch import Dispatcher, Refused
+from crane.v1 import guest_pb2
+from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
+from crane.wire.replies import encode_data_reply
+from crane.wire.status import MAX_CHUNK
+
+__all__ = ["BatchCodec", "CallLog"]
+
+log = logging.getLogger("crane.worker")
+
+#: Reads at least this large are sent as their own hand-encoded reply (one copy, not three).
+_BULK = 64 << 10
+
+
+@dataclass
+class CallLog:
+    """How far the session's call stream has executed."""
+
+    #: Calls executed.
+    calls: int = 0
+    #: Sequence number of the last call executed.
+    done_seq: int = 0
+    #: The messages answering the last batch that expected a reply: a guest that reconnects
+    #: resends that batch if the answer never reached it (see :meth:`BatchCodec.run_batch`).
+    last_replies: list[bytes] = field(default_factory=list)
+
+
+class BatchCodec:
+    """Decodes one session's batches, runs each call, encodes the answers."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, session_id: str, take_stdout: Callable[[], bytes]
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.session_id = session_id
+        self.take_stdout = take_stdout
+        self.log = CallLog()
+
+    def run_batch(self, raw: bytes) -> list[bytes]:
+        """Execute one serialized CallBatch; return the serialized ReplyBatch messages to send.
+
+        A batch flagged EXPECTS_REPLY always gets at least one message (the sender waits for
+        it); others get one only if a call failed or a kernel printed.
+        """
+        cl = self.log
+        out: list[bytes] = []
+        replies = guest_pb2.ReplyBatch()
+        pending = 0
+        try:
+            batch = guest_pb2.CallBatch.FromString(raw)
+        except DecodeError as e:
+            log.warning(
+                "session %s: malformed call batch (%d bytes): %s", self.session_id, len(raw), e
+            )
+            replies.replies.add(
+                seq=0, result=CUresult.CUDA_ERROR_INVALID_VALUE, detail=f"malformed call batch: {e}"
+            )
+            replies.done_seq = cl.done_seq
+            return [replies.SerializeToString()]
+        expects = bool(peek_flags(raw) & EXPECTS_REPLY)
+        fresh = [c for c in batch.calls if c.seq > cl.done_seq]
+        if not fresh and len(batch.calls) and expects:
+            # a resent batch (the guest reconnected): everything in it ran before, its answer
+            # may never have arrived; answer again (the guest drops what it already has)
+            replies.done_seq = cl.done_seq
+            return [*cl.last_replies, replies.SerializeToString()]
+        device = self.dispatcher.device
+        for call in fresh:
+            reply = self._run_call(call)
+            cl.calls += 1
+            cl.done_seq = call.seq
+            if isinstance(reply, bytes):  # a bulk read, already a serialized ReplyBatch
+                if len(replies.replies):
+                    out.append(self._finish(replies))
+                    replies = guest_pb2.ReplyBatch()
+                    pending = 0
+                out.append(reply)
+            elif reply is not None:
+                replies.replies.append(reply)
+                pending += len(reply.data) + 64
+                if pending >= MAX_CHUNK:
+                    out.append(self._finish(replies))
+                    replies = guest_pb2.ReplyBatch()
+                    pending = 0
+            if device.closed:
+                break
+        if len(replies.replies) or (not out and expects):
+            out.append(self._finish(replies))
+        else:
+            text = self.take_stdout()
+            if text:
+                out.append(
+                    guest_pb2.ReplyBatch(done_seq=cl.done_seq, stdout=text).SerializeToString()
+                )
+        if expects:
+            cl.last_replies = out
+        return out
+
+    def _finish(self, replies: guest_pb2.ReplyBatch) -> bytes:
+        replies.done_seq = self.log.done_seq
+        text = self.take_stdout()
+        if text:
+            replies.stdout = text
+        return replies.SerializeToString()
+
+    def _run_call(self, call: guest_pb2.Call) -> guest_pb2.Reply | bytes | None:
+        b = self.dispatcher.bound.get(call.op)
+        if b is None:
+            e = CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, f"unknown op {call.op}")
+            return self._error(call, f"op#{call.op}", e)
+        o = b.op
+        try:
+            result = self.dispatcher.invoke(b, call.args, call.data)
+        except Refused as r:
+            return self._error(call, o.name, r.fault, quiet=True)
+        except CudaError as e:
+            return self._error(call, o.name, e)
+        except Exception as e:  # a bug in a backend: report, log, keep serving
+            log.exception("session %s: %s failed unexpectedly", self.session_id, o.name)
+            return self._error(call, o.name, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
+        if not b.replies:
+            return None
+        if isinstance(result, memoryview) and result.nbytes >= _BULK:
+            return encode_data_reply(call.seq, result, call.seq)
+        reply = guest_pb2.Reply(seq=call.seq, result=0)
+        if isinstance(result, tuple):
+            reply.out = o.pack_results(*result)
+        elif isinstance(result, bytes | bytearray | memoryview):
+            reply.data = bytes(result)
+        elif isinstance(result, int) and result:
+            reply.result = result
+        return reply
+
+    def _error(
+        self, call: guest_pb2.Call, what: str, e: CudaError, quiet: bool = False
+    ) -> guest_pb2.Reply:
+        code = int(e.code)
+        if not quiet:
+            log.warning(
+                "session %s: seq %d %s -> %s: %s",
+                self.session_id,
+                call.seq,
+                what,
+                e.code.name if isinstance(e.code, CUresult) else code,
+                e.message,
+            )
+        return guest_pb2.Reply(seq=call.seq, result=code, detail=e.message)
