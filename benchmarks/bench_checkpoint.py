@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crane.cli.control_client import ControlClient
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.state.checkpoint import read_meta
 from crane.v1 import guest_pb2_grpc

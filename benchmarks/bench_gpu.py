@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from crane.cli.demo import find_nvcc  # noqa: E402
-from crane.daemon.launcher import DaemonProcess  # noqa: E402
+from crane.craned.launcher import DaemonProcess  # noqa: E402
 from tests.gpu.harness import (  # noqa: E402
     Run,
     Target,

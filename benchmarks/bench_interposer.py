@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_core import Bare  # noqa: E402
 
 from crane.cli.demo import find_nvcc  # noqa: E402
-from crane.daemon.launcher import DaemonProcess  # noqa: E402
+from crane.craned.launcher import DaemonProcess  # noqa: E402
 
 PROGRAM = r"""
 #include <chrono>

@@ -132,7 +132,7 @@ EOF
         fi
     fi
     local check='import cffi, setuptools, grpc, google.protobuf, zstandard, lz4, numpy, rich
-import crane.v1.guest_pb2_grpc, crane.v1.control_pb2_grpc, crane.daemon.main, crane.cli.main'
+import crane.v1.guest_pb2_grpc, crane.v1.control_pb2_grpc, crane.craned.main, crane.cli.main'
     SITE=""
     if ! "$PY" -c "$check" >>"$LOG" 2>&1; then
         if ! ls .gpu/wheels/*.whl >/dev/null 2>&1; then

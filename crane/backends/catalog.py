@@ -1,8 +1,10 @@
-"""Device models known by name: what ``sim:KEY`` (and a format 1 checkpoint's source) means.
+"""What the backends offer a daemon choosing its devices: models by name, and whether the cuda
+backend can run here.
 
 The daemon resolves its ``--backend`` settings and reads old checkpoints through this one
-front, not through the simulator's modules: the built-in models are the simulator's profiles
-today, and the lookup stays the same wherever models come from.
+front, not through the backends' own modules: ``sim:KEY`` names a built-in model (the
+simulator's profiles today; the lookup stays the same wherever models come from), and
+:func:`cuda_unavailable` says why ``cuda:N`` cannot be served.
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ from __future__ import annotations
 from crane.backends.sim.profiles import DEFAULT_PROFILE_KEY, PROFILES, UnknownProfileError
 from crane.device.model import DeviceModel
 
-__all__ = ["DEFAULT_MODEL_KEY", "UnknownModelError", "builtin_model", "builtin_model_keys"]
+__all__ = [
+    "DEFAULT_MODEL_KEY",
+    "UnknownModelError",
+    "builtin_model",
+    "builtin_model_keys",
+    "cuda_unavailable",
+]
 
 DEFAULT_MODEL_KEY = DEFAULT_PROFILE_KEY
 
@@ -28,3 +36,15 @@ def builtin_model(key: str) -> DeviceModel:
 
 def builtin_model_keys() -> list[str]:
     return sorted(PROFILES)
+
+
+def cuda_unavailable() -> str:
+    """Why the cuda backend cannot run sessions here ("" when it can): cuda-python missing or
+    broken. (Whether a GPU is there is the inventory's question.)"""
+    try:
+        from crane.backends.cuda import driver
+
+        driver.load()
+    except Exception as e:  # DriverUnavailable, or a broken cuda-python install
+        return str(e)
+    return ""

@@ -24,7 +24,7 @@ import numpy as np
 from crane.api.results import CudaError
 from crane.cli.control_client import ControlClient
 from crane.cli.inventory import format_bytes
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 
 __all__ = ["cmd_demo", "find_nvcc"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 
 __all__ = ["ITERATIVE_PROGRAM", "demo_migration", "reference_checksum"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crane.backends.catalog import DEFAULT_MODEL_KEY, builtin_model
+from crane.backends.catalog import DEFAULT_MODEL_KEY, builtin_model, cuda_unavailable
 from crane.daemon.gpu_inventory import GpuInfo, NvmlUnavailable, cuda_attributes, list_gpus
 from crane.device.identity import uuid_text
 from crane.device.ledger import Ledger
@@ -89,13 +89,7 @@ def _probe_gpus() -> tuple[list[GpuInfo], str]:
 
 def _cuda_backend_missing() -> str:
     """Why the cuda backend cannot run sessions here ("" when it can)."""
-    try:
-        from crane.backends.cuda import driver
-
-        driver.load()
-    except Exception as e:  # DriverUnavailable, or a broken cuda-python install
-        return str(e)
-    return ""
+    return cuda_unavailable()
 
 
 def _pick_gpu(gpus: list[GpuInfo], arg: str, spec: str) -> GpuInfo:

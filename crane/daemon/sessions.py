@@ -1,155 +1,76 @@
-"""Sessions: who is connected, on which device, in which VA window, served by which worker.
+"""The daemon's sessions: opening, attaching, closing, and the surface the rest of craned uses.
 
-Each session moves through an explicit state machine; operations name the states they accept
-and refuse others by name (so a second stream on a session, or a stream on a closing one, gets a
-clear error rather than a race):
+Who is connected, on which device, in which VA window, served by which worker. Each session
+moves through the lifecycle of :mod:`crane.daemon.lifecycle` (every change through
+:meth:`DaemonSession.move`, every operation refused by name in a state that forbids it). The
+other jobs live beside this module: the table and window slots (:mod:`~crane.daemon.registry`),
+talking to workers (:mod:`~crane.daemon.worker_control`), checkpoint and restore
+(:mod:`~crane.daemon.checkpoints`), expiry of entries that left
+(:mod:`~crane.daemon.expiry`) and what ``crane ps`` shows (:mod:`~crane.daemon.render`).
 
-    opening ──► ready ──► running ──► closing ──► closed
-                  └───────────────────────┘ (guest never attached / disconnected)
-
-    ready/running ──► checkpointing ──► ready/running      (Checkpoint)
-                                   └──► parked             (Checkpoint with release: the worker
-                                                            and its device memory are gone; the
-                                                            entry keeps the id, token and window)
-    parked ──► restoring ──► ready                         (Restore on this daemon)
-    (none) ──► restoring ──► ready                         (Restore of another daemon's session)
-    ready/running ──► migrating ──► migrated               (live migration out: crane.migrate;
-                               └──► ready/running           a tombstone redirects Resume)
-    (none) ──► incoming ──► ready                          (migration in, at the final ack)
-
-A parked session's guest finds its stream broken, asks ``Resume`` (answered UNAVAILABLE while
-parked) and reconnects once the session is ready again, here or on another daemon.
-
-Entries for sessions that left do not stay forever (:meth:`SessionManager.expire`, run by a
-sweeper thread and on access): a parked entry not restored within ``parked_ttl_s`` is dropped,
-freeing its slot and window, and its waiting guest is answered NOT_FOUND with the reason (it
-stops waiting and fails its call); a migrated entry redirects for ``moved_ttl_s``. ``crane ps``
-lists both until then.
-
-A restore runs the checks a migration's destination runs (crane.state.preflight: limits the
-guest was told, free memory, usable code for this device), all at once, before any memory is
-written, and the restored session keeps answering with the identity its guest was told.
+:class:`SessionManager` is also the interface live migration works through
+(:class:`crane.daemon.host.SessionHost`): it starts and admits sessions, claims them for an
+operation, releases their workers, and keeps the progress board a guest's Resume waits on
+during a switchover.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import random
 import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from crane.backends.factory import WorkerConfig
+from crane.api.errors import ProtocolError
+from crane.daemon import checkpoints
 from crane.daemon.devices import Device
-from crane.daemon.errors import DaemonError
-from crane.daemon.workers import WorkerPool, WorkerProcess
-from crane.device.layout import (
-    WINDOW_SIZE,
-    WINDOW_SLOTS,
-    module_area_base,
-    window_base,
+from crane.daemon.expiry import Expiry
+from crane.daemon.lifecycle import (
+    ENDS_NOTHING,
+    RETRY_LATER,
+    WORKER_MAY_EXIT,
+    SessionState,
 )
-from crane.state.checkpoint import FORMAT_VERSION, CheckpointError, Head, read_head
-from crane.state.preflight import check_code, refusals
-from crane.state.told import Told, identity_to_json, told_from_meta, told_to_json
-from crane.v1 import common_pb2
-from crane.worker.channel import ChannelClosed, Tag
-from crane.worker.stats import MODE_DIRECT, SessionStats
+from crane.daemon.registry import SessionTable
+from crane.daemon.session import DaemonSession, SessionMoved
+from crane.daemon.worker_control import configure
+from crane.daemon.workers import WorkerPool
+from crane.device.layout import WINDOW_SIZE
+from crane.host.messages import WorkerConfig
+from crane.host.stats import MODE_DIRECT, SessionStats
+from crane.modules.store import ImageStore
+from crane.state.session_record import SessionRecord
 
-__all__ = [
-    "Gone",
-    "Session",
-    "SessionManager",
-    "SessionMoved",
-    "adopt_record",
-]
+__all__ = ["SWITCHOVER_WAIT_S", "Changes", "SessionManager"]
 
 log = logging.getLogger("craned")
 
-
-class SessionMoved(DaemonError):
-    """The session migrated to another daemon: a resuming guest is redirected there."""
-
-    def __init__(self, sid: str, to: str) -> None:
-        super().__init__("NOT_FOUND", f"session {sid} moved to {to}")
-        self.to = to
+#: Longest a guest's Resume waits for a switchover in progress before it is told to retry.
+SWITCHOVER_WAIT_S = 10.0
+#: How often a waiter looks again without being woken.
+_POLL_S = 0.05
 
 
-@dataclass
-class Session:
-    id: str
-    token: bytes
-    device: Device
-    slot: int
-    worker: WorkerProcess
-    identity: common_pb2.DeviceIdentity
-    client: str
-    stats: SessionStats
-    stats_path: Path
-    state: str = "opening"
-    peer: str = ""
-    direct_socket: Path | None = None
-    opened_at: float = field(default_factory=time.time)
-    uuid_seed: str = ""
-    #: Held by whoever talks on the worker channel (the relay, per batch; a checkpoint).
-    channel_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Worker frames a checkpoint read while the relay waited (async failures); relayed next.
-    pending: list[bytes] = field(default_factory=list)
-    parked_at: str = ""  # the checkpoint file of a parked session
-    parked_since: float = 0.0  # time.monotonic() when it was parked
-    #: Limits the guest was told at open (kept across moves: the pre-flight compares them).
-    told: dict[int, int] = field(default_factory=dict)
-    location: str = ""  # migrating: "-> ADDR" (crane ps)
-    migration: dict = field(default_factory=dict)  # the latest progress of a migration out
+class Changes:
+    """A counter bumped on every migration update, for waiters (progress streams, resumes)."""
 
-    @property
-    def va_base(self) -> int:
-        return window_base(self.slot)
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.version = 0
 
-    def require(self, *states: str) -> None:
-        if self.state not in states:
-            raise DaemonError(
-                "FAILED_PRECONDITION",
-                f"session {self.id} is {self.state}; this needs it {' or '.join(states)}",
-            )
+    def bump(self) -> None:
+        with self.cond:
+            self.version += 1
+            self.cond.notify_all()
 
-    def record(self) -> dict:
-        """The session as a checkpoint's META records it (crane.state.told for ``told``)."""
-        return {
-            "id": self.id,
-            "token": self.token.hex(),
-            "slot": self.slot,
-            "va_base": self.va_base,
-            "uuid_seed": self.uuid_seed,
-            "client": self.client,
-            "told": told_to_json(self.told),
-            "device": identity_to_json(self.identity),
-        }
-
-
-@dataclass
-class Gone:
-    """A session that left this daemon, remembered for a while: migrated away (``to`` is the
-    daemon it went to), or parked and never restored (``why`` tells its guest)."""
-
-    session: Session
-    since: float  # time.monotonic() when it left
-    to: str = ""
-    why: str = ""
-
-
-def _age(seconds: float) -> str:
-    seconds = max(int(seconds), 0)
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h"
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block until the counter differs from ``seen`` (or ``timeout``); its value."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.version != seen, timeout)
+            return self.version
 
 
 class SessionManager:
@@ -164,59 +85,49 @@ class SessionManager:
         parked_ttl_s: float = 3600.0,
     ) -> None:
         self.attach_timeout_s = attach_timeout_s
-        self.moved_ttl_s = moved_ttl_s  # 0: keep forever
-        self.parked_ttl_s = parked_ttl_s  # 0: keep until restored
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
-        self.max_sessions = min(max_sessions, WINDOW_SLOTS)
-        self.module_cache = run_dir / "modules"
-        self.module_cache.mkdir(parents=True, exist_ok=True)
+        self.table = SessionTable(max_sessions)
+        self.images = ImageStore(run_dir / "modules")
+        self.images.root.mkdir(parents=True, exist_ok=True)
         (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
-        self._sessions: dict[str, Session] = {}
-        self._starting: set[int] = set()  # window slots of sessions being opened
-        self._lock = threading.Lock()
-        #: Sessions migrated away, for Resume redirects and ``crane ps`` (until moved_ttl_s).
-        self.moved: dict[str, Gone] = {}
-        #: Parked sessions whose entry expired: their guest's Resume is told why (until
-        #: moved_ttl_s, like a redirect).
-        self.expired: dict[str, Gone] = {}
-        self._stop = threading.Event()
-        ttls = [t for t in (moved_ttl_s, parked_ttl_s) if t > 0]
-        if ttls:
-            period = min(max(min(ttls) / 10, 0.05), 5.0)
-            threading.Thread(
-                target=self._sweep, args=(period,), name="session-expiry", daemon=True
-            ).start()
+        #: Bumped on every migration update (crane.migrate.daemon_side publishes them).
+        self.changes = Changes()
+        self._releasing: dict[str, threading.Event] = {}  # sid -> set once its worker is gone
+        self._releasing_lock = threading.Lock()
+        self.expiry = Expiry(self.table, moved_ttl_s, parked_ttl_s)
 
-    # ---- lifecycle -----------------------------------------------------------------------
-    def open(self, device_index: int, client: str) -> Session:
-        if device_index < 0:
-            device_index = 0
-        if device_index >= len(self.devices):
-            raise DaemonError(
+    @property
+    def max_sessions(self) -> int:
+        return self.table.max_sessions
+
+    def device(self, index: int) -> Device:
+        """Device ``index`` (negative: the first); INVALID_ARGUMENT when there is none."""
+        index = max(index, 0)
+        if index >= len(self.devices):
+            raise ProtocolError(
                 "INVALID_ARGUMENT",
-                f"no device {device_index}: this daemon serves {len(self.devices)} device(s)",
+                f"no device {index}: this daemon serves {len(self.devices)} device(s)",
             )
-        device = self.devices[device_index]
+        return self.devices[index]
+
+    # ---- opening and starting ------------------------------------------------------------------
+    def open(self, device_index: int, client: str) -> DaemonSession:
+        device = self.device(device_index)
         self.expire()
-        with self._lock:
-            used = {s.slot for s in self._sessions.values()} | self._starting
-            free = [i for i in range(WINDOW_SLOTS) if i not in used]
-            if len(self._sessions) + len(self._starting) >= self.max_sessions or not free:
-                raise DaemonError(
-                    "RESOURCE_EXHAUSTED", f"daemon is at its limit of {self.max_sessions} sessions"
-                )
-            slot = random.choice(free)
-            self._starting.add(slot)
-        try:
-            session = self._start(uuid.uuid4().hex[:12], slot, device, client)
-            with self._lock:
-                self._sessions[session.id] = session
-            self._watch(session)
-        finally:
-            with self._lock:
-                self._starting.discard(slot)
+        with self.table.reserve() as slot:
+            record = SessionRecord(
+                id=uuid.uuid4().hex[:12],
+                token=secrets.token_bytes(16),
+                slot=slot,
+                uuid_seed=secrets.token_hex(16),
+                client=client,
+            )
+            session = self.start(record, device, SessionState.READY)
+            with self.table.lock:
+                self.table.add(session)
+            self.watch(session)
         log.info(
             "session %s opened on device %d (%s) for %s, window %#x, worker pid %d",
             session.id,
@@ -228,472 +139,257 @@ class SessionManager:
         )
         return session
 
-    def _start(
+    def start(
         self,
-        sid: str,
-        slot: int,
+        record: SessionRecord,
         device: Device,
-        client: str,
-        token: bytes | None = None,
-        uuid_seed: str | None = None,
+        state: SessionState,
         replenish: bool = True,
-    ) -> Session:
+    ) -> DaemonSession:
+        """A worker serving ``record``'s session on ``device`` (not yet in the table).
+        ``replenish=False``: the caller replenishes the pool once its time-critical work is
+        done (see :meth:`WorkerPool.take`)."""
+        sid = record.id
         stats_path = self.run_dir / "sessions" / f"{sid}.stats"
-        direct = self.run_dir / "sessions" / f"{sid}.sock"
+        direct: Path | None = self.run_dir / "sessions" / f"{sid}.sock"
         if len(str(direct)) > 100:  # AF_UNIX paths are limited to 108 bytes
             log.warning("session %s: run dir too deep for a direct socket; relay only", sid)
             direct = None
-        token = token or secrets.token_bytes(16)
-        uuid_seed = uuid_seed or secrets.token_hex(16)
         cfg = WorkerConfig(
             session_id=sid,
             backend=device.backend,
-            profile=device.arg,
-            va_base=window_base(slot),
+            device_arg=device.arg,
+            va_base=record.va_base,
             va_size=WINDOW_SIZE,
-            uuid_seed=uuid_seed,
+            uuid_seed=record.uuid_seed,
             ledger_path=device.ledger_path,
-            ledger_slot=slot,
-            module_cache=str(self.module_cache),
+            ledger_slot=record.slot,
+            module_cache=str(self.images.root),
             stats_path=str(stats_path),
-            token=token.hex(),
+            token=record.token.hex(),
             direct_socket=str(direct) if direct else "",
             attach_timeout_s=self.attach_timeout_s,
         )
         worker = self.pool.take(replenish)
-        try:
-            worker.channel.send(Tag.CONFIG, json.dumps(cfg.to_json()).encode())
-            tag, raw = worker.channel.recv()
-        except ChannelClosed as e:
-            worker.stop()
-            raise DaemonError("INTERNAL", f"session worker died while starting: {e}") from None
-        if tag != Tag.REPLY:
-            worker.stop()
-            raise DaemonError("INTERNAL", f"session worker failed: {raw.decode(errors='replace')}")
-        identity = common_pb2.DeviceIdentity.FromString(raw)
-        session = Session(
+        identity = configure(worker, cfg)
+        return DaemonSession(
             id=sid,
-            token=token,
+            token=record.token,
             device=device,
-            slot=slot,
+            slot=record.slot,
             worker=worker,
             identity=identity,
-            client=client,
+            client=record.client,
             stats=SessionStats(stats_path),
             stats_path=stats_path,
-            state="ready",
+            state=state,
             direct_socket=direct,
-            uuid_seed=uuid_seed,
+            uuid_seed=record.uuid_seed,
             told=dict(identity.attributes),
         )
-        return session
 
-    def _watch(self, session: Session) -> None:
+    def admit(self, session: DaemonSession) -> None:
+        """A restored or arriving session joins the table, ready for its guest (ALREADY_EXISTS
+        when another session of that id got here first)."""
+        with self.table.lock:
+            old = self.table.entries().get(session.id)  # its parked entry, if it had one here
+            if old is not None and old.state not in (SessionState.PARKED, SessionState.RESTORING):
+                raise ProtocolError("ALREADY_EXISTS", f"session {session.id} appeared here")
+            session.move(SessionState.READY)
+            self.table.add(session)
+        self.watch(session)
+
+    def watch(self, session: DaemonSession) -> None:
         threading.Thread(
             target=self._reap, args=(session,), name=f"reap-{session.id}", daemon=True
         ).start()
 
-    def _reap(self, session: Session) -> None:
+    def _reap(self, session: DaemonSession) -> None:
         """A worker ends its session by exiting (guest gone, attach timeout, crash)."""
         code = session.worker.proc.wait()
-        if session.state not in (
-            "closing",
-            "closed",
-            "checkpointing",
-            "parked",
-            "restoring",
-            "migrating",  # the migration's watcher decides (done: migrated; else closed)
-            "migrated",
-        ):
+        if session.state not in WORKER_MAY_EXIT:
             if code:
                 log.error("session %s: worker exited with status %s", session.id, code)
             self.close(session, "worker exited")
 
-    def attach(self, sid: str | None, token: bytes | None, peer: str) -> Session:
+    # ---- the guest's stream --------------------------------------------------------------------
+    def attach(self, sid: str | None, token: bytes | None, peer: str) -> DaemonSession:
         """Bind the guest's call stream to its session (one stream at a time)."""
-        with self._lock:
-            session = self._sessions.get(sid or "")
+        with self.table.lock:
+            session = self.table.entries().get(sid or "")
             if session is None:
-                raise DaemonError("NOT_FOUND", f"no session {sid!r} on this daemon")
+                raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
             if not token or not secrets.compare_digest(token, session.token):
-                raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
-            session.require("ready")
+                raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            session.require("attach a call stream")
             if session.stats.read()[3] == MODE_DIRECT:
-                raise DaemonError(
+                raise ProtocolError(
                     "FAILED_PRECONDITION", f"session {sid} is attached directly to its worker"
                 )
-            session.state = "running"
+            session.move(SessionState.RUNNING)
             session.peer = peer
         return session
 
-    def close(self, session: Session, why: str) -> None:
-        """Tear a session down: stop its worker (freeing its device memory), forget it.
-
-        A parked (or restoring) session has no stream and no worker to lose: a stream ending
-        is what parking causes, so it does not close it.
-        """
-        with self._lock:
-            if session.state in ("closing", "closed", "parked", "restoring", "migrated"):
-                return
-            session.state = "closing"
-        code = self._release(session)
-        with self._lock:
-            session.state = "closed"
-            if self._sessions.get(session.id) is session:
-                self._sessions.pop(session.id, None)
-        log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
-
-    def _release(self, session: Session) -> int | None:
-        """Stop the worker and free what the session held on this host (not its entry)."""
-        code = session.worker.stop()
-        session.device.ledger.clear(session.slot)
-        session.stats.close()
-        for path in (session.stats_path, session.direct_socket):
-            if path is not None:
-                Path(path).unlink(missing_ok=True)
-        return code
-
-    # ---- checkpoint, park, restore ---------------------------------------------------------
-    def get(self, sid: str) -> Session:
-        with self._lock:
-            session = self._sessions.get(sid)
-        if session is None:
-            raise DaemonError("NOT_FOUND", f"no session {sid!r} on this daemon")
-        return session
-
-    def _control(self, session: Session, tag: int, request: dict) -> dict:
-        """Send a CHECKPOINT/RESTORE to the worker and wait for its answer (channel held)."""
-        ch = session.worker.channel
-        ch.send(tag, json.dumps(request).encode())
-        while True:
-            t, raw = ch.recv()
-            if t == Tag.CONTROL_REPLY:
-                return json.loads(raw)
-            if t == Tag.CLOSE:
-                raise ChannelClosed("the guest closed the session")
-            session.pending.append(raw)  # an asynchronous failure for the relay to forward
-
-    def checkpoint(self, sid: str, path: str, release: bool) -> tuple[dict, str]:
-        """Write the session's state to ``path``; with ``release`` park it. Returns the
-        worker's counts and the session's state afterwards."""
-        session = self.get(sid)
-        if not os.path.isabs(path):
-            raise DaemonError("INVALID_ARGUMENT", f"checkpoint path {path!r} is not absolute")
-        with self._lock:
-            session.require("ready", "running")
-            before = session.state
-            session.state = "checkpointing"
-        identity = session.record()
-        try:
-            with session.channel_lock:
-                request = {"path": path, "release": release, "identity": identity}
-                answer = self._control(session, Tag.CHECKPOINT, request)
-        except ChannelClosed as e:
-            with self._lock:
-                session.state = before
-            self.close(session, "worker exited during a checkpoint")
-            raise DaemonError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
-        if "error" in answer:
-            with self._lock:
-                session.state = before
-            raise DaemonError(
-                "FAILED_PRECONDITION", f"checkpoint of {sid} failed: {answer['error']}"
-            )
-        if not release:
-            with self._lock:
-                session.state = before
-            return answer, before
-        with self._lock:
-            session.state = "parked"
-            session.parked_at = path
-            session.parked_since = time.monotonic()
-            session.peer = ""
-        self._release(session)
-        log.info(
-            "session %s parked to %s; its device memory is released; its entry waits %s for "
-            "a restore",
-            sid,
-            path,
-            f"{self.parked_ttl_s:g} s" if self.parked_ttl_s else "without limit",
-        )
-        return answer, "parked"
-
-    def restore(self, path: str, device_index: int) -> tuple[Session, dict]:
-        """Recreate a checkpointed session here; refuses precisely, leaves nothing behind.
-
-        Before any memory moves it runs a migration destination's checks (all of them, so the
-        operator learns everything wrong with this device at once): code for this device's
-        architecture in every module, free device memory, and no limit lower than the guest
-        was told."""
-        device_index = max(device_index, 0)
-        if device_index >= len(self.devices):
-            raise DaemonError("INVALID_ARGUMENT", f"no device {device_index} on this daemon")
-        device = self.devices[device_index]
-        dest = device.destination()
-        name = os.path.basename(path)
-        code_refusals: list[str] = []
-
-        def on_image(digest: bytes, image: bytes) -> None:
-            for msg in check_code(digest, image, dest.cc, dest.where):
-                kind = "NO_BINARY_FOR_GPU" if "no usable code" in msg else "INVALID_IMAGE"
-                code_refusals.append(f"{msg} (CUDA_ERROR_{kind})")
-
-        try:
-            with open(path, "rb") as f:
-                head = read_head(f, name, on_image)
-            ident = head.meta["session"]
-            sid, token, slot = ident["id"], bytes.fromhex(ident["token"]), int(ident["slot"])
-            told = told_from_meta(head.meta, head.version, name)
-            needed = _mem_needed(head)
-        except OSError as e:
-            raise DaemonError("NOT_FOUND", f"cannot read {path}: {e.strerror or e}") from None
-        except CheckpointError as e:
-            raise DaemonError("INVALID_ARGUMENT", str(e)) from None
-        except (KeyError, TypeError, ValueError) as e:
-            raise DaemonError(
-                "INVALID_ARGUMENT", f"{path}: META lacks the session or is malformed: {e}"
-            ) from None
-        if told.note:
-            log.warning("restore of %s: %s", sid, told.note)
-        if not 0 <= slot < WINDOW_SLOTS:
-            raise DaemonError("INVALID_ARGUMENT", f"{path}: window slot {slot} out of range")
-        self.expire()
-        with self._lock:
-            old = self._sessions.get(sid)
-            if old is not None and old.state != "parked":
-                raise DaemonError(
-                    "ALREADY_EXISTS", f"session {sid} is already {old.state} on this daemon"
-                )
-            for other in self._sessions.values():
-                if other.slot == slot and other is not old:
-                    raise DaemonError(
-                        "FAILED_PRECONDITION",
-                        f"VA window slot {slot} ({window_base(slot):#x}) that "
-                        f"session {sid} needs is taken by session {other.id} on this daemon",
-                    )
-            if slot in self._starting:
-                raise DaemonError(
-                    "FAILED_PRECONDITION", f"VA window slot {slot} is being opened on this daemon"
-                )
-            if old is None and len(self._sessions) + len(self._starting) >= self.max_sessions:
-                raise DaemonError(
-                    "RESOURCE_EXHAUSTED", f"daemon is at its limit of {self.max_sessions} sessions"
-                )
-            self._starting.add(slot)
-            if old is not None:
-                old.state = "restoring"
-        try:
-            session = self._start(
-                sid,
-                slot,
-                device,
-                ident.get("client", ""),
-                token,
-                ident.get("uuid_seed"),
-                replenish=False,  # after the restore: a worker's start would slow it down
-            )
-            session.state = "restoring"
-            # the pre-flight, against what the device reports (any backend)
-            why = code_refusals + refusals(
-                device.destination(), told=told.limits, mem_needed=needed
-            )
-            if why:
-                self._release(session)
-                raise DaemonError(
-                    "FAILED_PRECONDITION", f"restore of {sid} refused: " + "; ".join(why)
-                )
-            try:
-                with session.channel_lock:
-                    answer = self._control(session, Tag.RESTORE, {"path": path})
-            except ChannelClosed as e:
-                answer = {"error": f"the worker exited: {e}"}
-            if "error" in answer:
-                self._release(session)
-                raise DaemonError(
-                    "FAILED_PRECONDITION", f"restore of {sid} refused: {answer['error']}"
-                )
-            _adopt(session, told)
-            with self._lock:
-                session.state = "ready"
-                self._sessions[sid] = session
-                self.expired.pop(sid, None)
-            self._watch(session)
-        except BaseException:
-            if old is not None:
-                with self._lock:
-                    old.state = "parked"
-            raise
-        finally:
-            with self._lock:
-                self._starting.discard(slot)
-            self.pool.replenish()
-        log.info(
-            "session %s restored from %s on device %d (%s), window %#x",
-            sid,
-            path,
-            device.index,
-            device.name,
-            session.va_base,
-        )
-        return session, answer
-
-    def resume(self, sid: str, token: bytes) -> Session:
+    def resume(self, sid: str, token: bytes) -> DaemonSession:
         """Where a guest whose stream broke stands: ready to attach, parked (retry), moved
         (redirect), or expired (NOT_FOUND with the reason: the guest stops waiting)."""
         self.expire()
-        with self._lock:
-            live = self._sessions.get(sid)
-            gone = self.moved.get(sid) or self.expired.get(sid) if live is None else None
+        gone = self.table.gone(sid)
         if gone is not None:
             if not token or not secrets.compare_digest(token, gone.session.token):
-                raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+                raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
             if gone.to:
                 raise SessionMoved(sid, gone.to)
-            raise DaemonError("NOT_FOUND", gone.why)
-        session = self.get(sid)
+            raise ProtocolError("NOT_FOUND", gone.why)
+        session = self.table.get(sid)
         if not token or not secrets.compare_digest(token, session.token):
-            raise DaemonError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
-        if session.state in ("parked", "restoring", "checkpointing", "migrating"):
-            raise DaemonError("UNAVAILABLE", f"session {sid} is {session.state}; retry")
-        session.require("ready", "running")
+            raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+        if session.state in RETRY_LATER:
+            raise ProtocolError(
+                "UNAVAILABLE",
+                f"session {sid} is {session.state.value}; retry",
+                trailers=(("crane-parked", "1"),),
+            )
+        session.require("resume")
         return session
 
+    # ---- ending ----------------------------------------------------------------------------------
+    def close(self, session: DaemonSession, why: str) -> None:
+        """Tear a session down: stop its worker (freeing its device memory), forget it.
+
+        A parked (or restoring, or moved) session has no stream and no worker to lose: a stream
+        ending is what parking causes, so it does not close it.
+        """
+        with self.table.lock:
+            if session.state in ENDS_NOTHING:
+                return
+            session.move(SessionState.CLOSING)
+        code = self.release(session)
+        with self.table.lock:
+            session.move(SessionState.CLOSED)
+            self.table.remove(session)
+        log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
+
+    def mark_releasing(self, sid: str) -> threading.Event:
+        """Announce that ``sid``'s worker here is about to be released (see
+        :meth:`wait_released`); pass the event to :meth:`release`."""
+        done = threading.Event()
+        with self._releasing_lock:
+            self._releasing[sid] = done
+        return done
+
+    def release(self, session: DaemonSession, marked: threading.Event | None = None) -> int | None:
+        """Stop the worker and free what the session held on this host (not its entry)."""
+        done = marked or self.mark_releasing(session.id)
+        try:
+            code = session.worker.stop()
+            session.device.ledger.clear(session.slot)
+            session.stats.close()
+            for path in (session.stats_path, session.direct_socket):
+                if path is not None:
+                    Path(path).unlink(missing_ok=True)
+            return code
+        finally:
+            done.set()
+            with self._releasing_lock:
+                if self._releasing.get(session.id) is done:
+                    del self._releasing[session.id]
+
+    def wait_released(self, sid: str, timeout: float = 30.0) -> None:
+        """Wait until a release of ``sid``'s previous worker here is over: it unlinks the
+        session's stats file and direct socket by path, which a new worker for the same session
+        reuses."""
+        with self._releasing_lock:
+            done = self._releasing.get(sid)
+        if done is not None and not done.wait(timeout):
+            raise ProtocolError(
+                "UNAVAILABLE", f"session {sid}'s previous worker here is still exiting"
+            )
+
     def close_all(self, why: str) -> None:
-        self._stop.set()
+        self.expiry.stop()
         for s in self.list():
             self.close(s, why)
 
-    # ---- sessions that left ------------------------------------------------------------------
-    def remember_moved(self, session: Session, to: str) -> None:
-        """The session now lives on ``to`` (call with the manager's lock held, as the migration
-        takes it out of the table): keep a redirect for its guest, and a ``crane ps`` line, for
-        ``moved_ttl_s``."""
-        self.moved[session.id] = Gone(session, time.monotonic(), to=to)
-        self.expired.pop(session.id, None)
+    # ---- operations that take a session away for a while -----------------------------------------
+    def claim(
+        self, sid: str, operation: str, to: SessionState
+    ) -> tuple[DaemonSession, SessionState]:
+        """Take session ``sid`` into ``to`` for ``operation`` (refused by name in a state that
+        forbids it); the state it had, to go back to when the operation gives up."""
+        session = self.table.get(sid)
+        with self.table.lock:
+            session.require(operation)
+            before = session.state
+            session.move(to)
+        return session, before
 
-    def expire(self, now: float | None = None) -> None:
-        """Drop parked entries older than ``parked_ttl_s`` (their guests are told why at their
-        next Resume) and redirects older than ``moved_ttl_s``."""
-        now = time.monotonic() if now is None else now
-        dropped: list[Session] = []
-        forgotten: list[Gone] = []
-        with self._lock:
-            if self.parked_ttl_s > 0:
-                for sid, s in list(self._sessions.items()):
-                    if s.state == "parked" and now - s.parked_since >= self.parked_ttl_s:
-                        del self._sessions[sid]
-                        s.state = "closed"
-                        why = (
-                            f"session {sid} expired on this daemon: it was parked to "
-                            f"{s.parked_at} {_age(now - s.parked_since)} ago and not restored "
-                            f"within parked_ttl_s={self.parked_ttl_s:g} s"
-                        )
-                        self.expired[sid] = Gone(s, now, why=why)
-                        dropped.append(s)
-            if self.moved_ttl_s > 0:
-                for table in (self.moved, self.expired):
-                    for sid, g in list(table.items()):
-                        if now - g.since >= self.moved_ttl_s:
-                            del table[sid]
-                            if g.to:
-                                forgotten.append(g)
-        for s in dropped:
-            log.warning(
-                "session %s: parked to %s %s ago and not restored within parked_ttl_s=%g s; "
-                "its entry expired (slot %d freed); a guest still waiting is told at its next "
-                "resume and its call fails (CUDA_ERROR_NO_DEVICE); the checkpoint file is kept",
-                s.id,
-                s.parked_at,
-                _age(now - s.parked_since),
-                self.parked_ttl_s,
-                s.slot,
-            )
-        for g in forgotten:
-            log.info(
-                "session %s: forgot its redirect to %s (moved_ttl_s=%g s)",
-                g.session.id,
-                g.to,
-                self.moved_ttl_s,
-            )
+    def give_back(self, session: DaemonSession, during: SessionState, before: SessionState) -> None:
+        """An operation that claimed the session gave up: back to ``before`` if it is still
+        ``during`` (a session closed meanwhile stays closed)."""
+        with self.table.lock:
+            if session.state is during:
+                session.move(before)
 
-    def _sweep(self, period: float) -> None:
-        while not self._stop.wait(period):
-            try:
-                self.expire()
-            except Exception:  # never let a bug end the sweeper silently
-                log.exception("session expiry sweep failed")
+    def moved_away(self, session: DaemonSession, to: str) -> threading.Event:
+        """The session switched over to the daemon at ``to``: a tombstone redirects its guest.
+        Its worker's release is announced at once (the session may come straight back): the
+        event to pass to :meth:`release`."""
+        released = self.mark_releasing(session.id)
+        with self.table.lock:
+            session.move(SessionState.MIGRATED)
+            session.location = f"moved to {to}"
+            self.table.remember_moved(session, to)
+        return released
 
-    # ---- queries -------------------------------------------------------------------------
-    def list(self) -> list[Session]:
+    def publish(self, session: DaemonSession, progress: dict[str, Any], switching: bool) -> None:
+        """A migration's progress (crane ps, crane migrate, a waiting Resume); ``switching``:
+        the guest is stopped for the switchover (or already moved), so a Resume waits for the
+        redirect rather than being told to retry."""
+        session.migration = {**session.migration, **progress}
+        session.switching = switching
+        self.changes.bump()
+
+    def wait_switchover(self, sid: str, timeout: float = SWITCHOVER_WAIT_S) -> bool:
+        """Wait while ``sid`` is stopped for its switchover (the guest's Resume comes moments
+        before the worker's "done" reaches us); True if there was one to wait for."""
+        deadline = time.monotonic() + timeout
+        waited = False
+        seen = self.changes.version
+        while True:
+            s = self.table.find(sid)
+            if s is None or s.state is not SessionState.MIGRATING or not s.switching:
+                return waited
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return waited
+            waited = True
+            seen = self.changes.wait(seen, min(left, _POLL_S))
+
+    # ---- checkpoint and restore ------------------------------------------------------------------
+    def checkpoint(
+        self, sid: str, path: str, release: bool
+    ) -> tuple[checkpoints.Checkpointed, SessionState]:
+        return checkpoints.checkpoint(self, sid, path, release)
+
+    def restore(self, path: str, device_index: int) -> tuple[DaemonSession, int]:
+        return checkpoints.restore(self, path, device_index)
+
+    # ---- queries -----------------------------------------------------------------------------
+    def get(self, sid: str) -> DaemonSession:
+        return self.table.get(sid)
+
+    def list(self) -> list[DaemonSession]:
         """Sessions on this daemon (parked ones included; not those that migrated away)."""
-        with self._lock:
-            return list(self._sessions.values())
+        return self.table.sessions()
 
-    def listing(self) -> list[Session]:
+    def listing(self) -> list[DaemonSession]:
         """What ``crane ps`` shows: :meth:`list` plus the migrated-away entries still kept."""
         self.expire()
-        with self._lock:
-            return list(self._sessions.values()) + [g.session for g in self.moved.values()]
+        with self.table.lock:
+            return list(self.table.entries().values()) + [
+                g.session for g in self.table.moved.values()
+            ]
 
-    def info(self, s: Session) -> common_pb2.SessionInfo:
-        try:
-            calls, mem, _, mode, peer = s.stats.read()
-        except ValueError:  # closed under us
-            calls, mem, mode, peer = 0, 0, 0, ""
-        direct = mode == MODE_DIRECT
-        location = s.location
-        now = time.monotonic()
-        if s.state == "parked":
-            location = f"in {s.parked_at}"
-            if self.parked_ttl_s > 0:
-                left = self.parked_ttl_s - (now - s.parked_since)
-                location += f", expires in {_age(left)}"
-        elif s.state == "migrated" and self.moved_ttl_s > 0:
-            gone = self.moved.get(s.id)
-            if gone is not None and gone.session is s:
-                location += f", forgotten in {_age(self.moved_ttl_s - (now - gone.since))}"
-        return common_pb2.SessionInfo(
-            id=s.id,
-            peer=peer if direct else s.peer,
-            device=s.device.index,
-            mem_used=mem,
-            calls=calls,
-            state="running" if direct and s.state == "ready" else s.state,
-            client=s.client,
-            opened_at=s.opened_at,
-            va_base=s.va_base,
-            va_size=WINDOW_SIZE,
-            location=location,
-        )
-
-
-def _mem_needed(head: Head) -> int:
-    """Device memory the checkpointed session commits (format 1 files: from its graph)."""
-    if "mem_needed" in head.meta:
-        return int(head.meta["mem_needed"])
-    g = head.graph or {}
-    window = g.get("window") or [0, 0]
-    area = g.get("module_area") or {}
-    base = module_area_base((int(window[0]), int(window[1])))
-    chunks = sum(int(c["size"]) for c in g.get("chunks", []))
-    return chunks + max(int(area.get("chunk_end", base)) - base, 0)
-
-
-def adopt_record(session: Session, ident: dict) -> None:
-    """A session arriving by migration answers with what its guest was told (the source's
-    :meth:`Session.record`); a record without it leaves the session as it is."""
-    try:
-        told = told_from_meta({"session": ident}, FORMAT_VERSION, "the migration's record")
-    except ValueError as e:
-        log.warning("session %s: %s; answering with this device's identity", session.id, e)
-        return
-    _adopt(session, told)
-
-
-def _adopt(session: Session, told: Told) -> None:
-    """A restored session answers with what its guest was told, not with this device."""
-    if told.identity is not None:
-        session.identity = told.identity
-        session.told = dict(told.identity.attributes)
-    elif told.limits:
-        session.told = dict(told.limits)
+    def expire(self, now: float | None = None) -> None:
+        self.expiry.expire(now)

@@ -1,6 +1,6 @@
 """Worker processes: spawned ahead of demand, handed to sessions, reaped when done.
 
-A worker is a fresh Python process (``python -m crane.worker.main``), not a fork of the daemon:
+A worker is a fresh Python process (``python -m crane.craned.worker``), not a fork of the daemon:
 forking a process that runs gRPC threads is unsafe, and a fresh process gets its own CUDA context
 and address space (invariant 4). Spawning costs a few hundred milliseconds of imports, so the pool
 keeps ``prespawn`` idle workers ready and a session open only waits for the configuration
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 
-from crane.worker.channel import Channel
+from crane.host.channel import Channel
 
 __all__ = ["WorkerPool", "WorkerProcess"]
 
@@ -30,7 +30,7 @@ class WorkerProcess:
         env = dict(os.environ)
         env["CRANE_LOG_LEVEL"] = log_level
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "crane.worker.main", "--fd", str(child.fileno())],
+            [sys.executable, "-m", "crane.craned.worker", "--fd", str(child.fileno())],
             pass_fds=(child.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,

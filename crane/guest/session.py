@@ -6,7 +6,11 @@ kernel look-up (kernels and their parameter layouts come back with the module lo
 to the daemon: everything that touches the device, batched (see :mod:`crane.guest.transport`).
 
 Errors are raised as :class:`crane.api.results.CudaError` carrying the CUresult the application
-should see; errors of asynchronous calls are raised by the next synchronizing call.
+should see; errors of asynchronous calls are raised by the next synchronizing call. The
+transport below raises :class:`crane.api.errors.TransportError` (the daemon is gone, the stream
+broke); this class is where that becomes the CUresult it means for the application
+(:meth:`Session._enqueue`, :meth:`Session._wait`), so no transport failure reaches a caller as
+anything but a CUDA error.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.launch_check import check_cooperative, check_launch
 from crane.api.ops import OPS_BY_NAME, Op
@@ -88,7 +93,10 @@ class Session:
         alternates: Sequence[str] = (),
     ) -> None:
         """``alternates``: other daemons where this session may be restored after a park."""
-        self._t = Transport(address, device, client, direct, alternates)
+        try:
+            self._t = Transport(address, device, client, direct, alternates)
+        except TransportError as e:
+            raise e.as_cuda_error() from e
         o = self._t.opened
         self.session_id: str = o.session_id
         self.device: DeviceSnapshot = snapshot_from_proto(o.device)
@@ -121,12 +129,28 @@ class Session:
         self.close()
 
     # ---- plumbing -----------------------------------------------------------------------------
+    def _enqueue(
+        self, op: Op, args: bytes, data: bytes = b"", *, expect: bool, send: bool = True
+    ) -> int:
+        """:meth:`Transport.enqueue`, a broken transport reported as the CUDA error it means."""
+        try:
+            return self._t.enqueue(op, args, data, expect=expect, send=send)
+        except TransportError as e:
+            raise e.as_cuda_error() from e
+
+    def _wait(self, seq: int) -> CallReply:
+        """:meth:`Transport.wait`, a broken transport reported as the CUDA error it means."""
+        try:
+            return self._t.wait(seq)
+        except TransportError as e:
+            raise e.as_cuda_error() from e
+
     def _async(self, op: Op, *args: object, data: bytes = b"") -> None:
-        self._t.enqueue(op, op.pack(*args), data, expect=False)
+        self._enqueue(op, op.pack(*args), data, expect=False)
 
     def _sync(self, op: Op, *args: object, data: bytes = b"") -> CallReply:
-        seq = self._t.enqueue(op, op.pack(*args), data, expect=True)
-        return self._settle(seq, self._t.wait(seq))
+        seq = self._enqueue(op, op.pack(*args), data, expect=True)
+        return self._settle(seq, self._wait(seq))
 
     def _settle(self, seq: int, reply: CallReply) -> CallReply:
         """Raise a pending asynchronous error first, then this call's own."""
@@ -306,12 +330,12 @@ class Session:
         for off in range(0, size, MAX_CHUNK):  # one batch: the worker streams the pieces back
             n = min(MAX_CHUNK, size - off)
             seqs.append(
-                (off, self._t.enqueue(op, op.pack(src + off, n, stream), expect=True, send=False))
+                (off, self._enqueue(op, op.pack(src + off, n, stream), expect=True, send=False))
             )
         self._t.flush()
         buf = target if target is not None else memoryview(bytearray(size))
         for off, seq in seqs:
-            data = self._settle(seq, self._t.wait(seq)).data
+            data = self._settle(seq, self._wait(seq)).data
             buf[off : off + len(data)] = data
         return None if target is not None else bytes(buf)
 
@@ -363,10 +387,10 @@ class Session:
 
     def stream_query(self, stream: int = 0) -> bool:
         """True when idle (CUDA_SUCCESS); False for CUDA_ERROR_NOT_READY."""
-        seq = self._t.enqueue(
+        seq = self._enqueue(
             _O["STREAM_QUERY"], _O["STREAM_QUERY"].pack(self._stream(stream)), expect=True
         )
-        reply = self._t.wait(seq)
+        reply = self._wait(seq)
         if reply.result == CUresult.CUDA_ERROR_NOT_READY:
             reply.result = 0
             self._settle(seq, reply)
@@ -394,10 +418,10 @@ class Session:
         self._sync(_O["EVENT_SYNCHRONIZE"], self._event(event))
 
     def event_query(self, event: int) -> bool:
-        seq = self._t.enqueue(
+        seq = self._enqueue(
             _O["EVENT_QUERY"], _O["EVENT_QUERY"].pack(self._event(event)), expect=True
         )
-        reply = self._t.wait(seq)
+        reply = self._wait(seq)
         ready = reply.result != CUresult.CUDA_ERROR_NOT_READY
         if not ready:
             reply.result = 0
@@ -550,7 +574,7 @@ class Session:
             )
         if stream not in _DEFAULT_STREAMS:
             self._stream(stream)
-        self._t.enqueue(
+        self._enqueue(
             op,
             op.pack(function.handle, (g, b, shared), stream),
             buf if type(buf) is bytes else bytes(buf),
@@ -566,7 +590,7 @@ class Session:
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
         """End the session: the daemon frees everything it held."""
-        if self._t._closed:
+        if self._t.closed:
             return
         try:
             self._sync(_O["SESSION_CLOSE"])
@@ -585,8 +609,8 @@ class _VmmDevice:
 
     def commit(self, ctx: int, addr: int, size: int) -> None:
         op = _O["MEM_MAP_CHUNK"]
-        seq = self.s._t.enqueue(op, op.pack(addr, size), expect=True)
-        reply = self.s._t.wait(seq)
+        seq = self.s._enqueue(op, op.pack(addr, size), expect=True)
+        reply = self.s._wait(seq)
         try:
             self.s._settle(seq, reply)  # an earlier asynchronous error is raised first
         except CudaError:

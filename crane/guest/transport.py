@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import Op
-from crane.api.results import CudaError
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
 from crane.wire.batch_flags import EXPECTS_REPLY
@@ -57,10 +57,6 @@ RESUME_FIRST_RETRY_S = 0.005
 _RESUMABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
 )
-
-
-class TransportError(CudaError):
-    """The daemon cannot be reached or the session's stream broke."""
 
 
 @dataclass
@@ -117,7 +113,7 @@ class Transport:
         self._replies: dict[int, CallReply] = {}
         self._async_errors: list[tuple[int, CallReply]] = []
         self._reading = False
-        self._broken: CudaError | None = None
+        self._broken: TransportError | None = None
         self.done_seq = 0
         self._unacked: collections.deque[tuple[int, int, guest_pb2.CallBatch]] = collections.deque()
         self._unacked_bytes = 0
@@ -239,11 +235,11 @@ class Transport:
             if not waiting:
                 why = f" ({'; '.join(gone)})" if gone else ""
                 return TransportError(
-                    cause.code, f"{cause.message}; no daemon knows session {sid} any more{why}"
+                    cause.result, f"{cause.message}; no daemon knows session {sid} any more{why}"
                 )
             if time.monotonic() > self._resume_deadline:
                 return TransportError(
-                    cause.code, f"{cause.message}; session {sid} was not restored in time"
+                    cause.result, f"{cause.message}; session {sid} was not restored in time"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -437,6 +433,10 @@ class Transport:
         return None
 
     # ---- lifecycle ----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         if self._closed:
             return

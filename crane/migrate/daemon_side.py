@@ -1,18 +1,20 @@
 """The daemons' side of live migration: the source's watcher and the destination's receiver.
 
-Source: ``migrate_out`` moves the session to ``migrating``, tells its worker to migrate (the
-worker streams to the destination itself) and watches the worker's progress file, woken by a
-byte the worker writes to a FIFO after each update (the switchover is on the guest's clock: a
-poll interval would add to every downtime). Done: the session becomes ``migrated`` (a tombstone
-answers the guest's ``Resume`` with a redirect) and its worker is released. Failed: back to the
-state it had, the guest never noticed. The downtime reported is the guest's: from the moment the
-worker stopped the session to the moment this daemon can redirect the guest to the destination
-(which acknowledged the final round, so it is ready to serve it).
+Both work through the daemon's :class:`~crane.daemon.host.SessionHost` interface (never its
+internals). Source: :func:`migrate_out` claims the session (``migrating``), tells its worker to
+migrate (the worker streams to the destination itself) and watches the worker's progress file,
+woken by a byte the worker writes to a FIFO after each update (the switchover is on the guest's
+clock: a poll interval would add to every downtime). Done: the session becomes ``migrated`` (a
+tombstone answers the guest's ``Resume`` with a redirect) and its worker is released. Failed:
+back to the state it had, the guest never noticed. The downtime reported is the guest's: from
+the moment the worker stopped the session to the moment this daemon can redirect the guest to
+the destination (which acknowledged the final round, so it is ready to serve it).
 
-Destination: ``preflight`` answers every reason it cannot take the session; ``transfer`` relays
-each round to a worker it starts for the session (a fresh one for every fresh round) and
-acknowledges each applied round; the session joins the daemon's table, ``ready``, only with the
-final round's acknowledgement. A stream that ends earlier stops that worker: nothing is left.
+Destination: :func:`preflight` answers every reason it cannot take the session;
+:func:`transfer` relays each round to a worker it starts for the session (a fresh one for every
+fresh round) and acknowledges each applied round; the session joins the daemon's table,
+``ready``, only with the final round's acknowledgement. A stream that ends earlier stops that
+worker: nothing is left.
 """
 
 from __future__ import annotations
@@ -29,22 +31,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from crane.daemon.errors import DaemonError
-from crane.daemon.sessions import Session, SessionManager, adopt_record
-from crane.device.layout import WINDOW_SLOTS, window_base
+from crane.api.errors import ProtocolError
+from crane.daemon.host import SessionHost
+from crane.daemon.lifecycle import SessionState
+from crane.daemon.session import DaemonSession
+from crane.daemon.worker_control import request
+from crane.host.channel import ChannelClosed
+from crane.host.messages import (
+    MigrateRequest,
+    Refused,
+    RoundApplied,
+    RoundBegin,
+    RoundEnd,
+    Tag,
+    encode,
+)
+from crane.migrate.phases import Phase
+from crane.state.checkpoint import FORMAT_VERSION
 from crane.state.preflight import check_code, refusals
+from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2
 from crane.wire.fingerprint import fingerprint
-from crane.worker.channel import ChannelClosed, Tag
 
-__all__ = [
-    "abort_incoming",
-    "changes",
-    "migrate_out",
-    "preflight",
-    "transfer",
-    "wait_switchover",
-]
+__all__ = ["abort_incoming", "migrate_out", "preflight", "transfer"]
 
 log = logging.getLogger("craned")
 
@@ -52,8 +61,6 @@ log = logging.getLogger("craned")
 POLL_S = 0.05
 #: Scheduling priority of a migrated session's worker while it exits (see :func:`_settle`).
 RELEASE_NICE = 10
-#: Longest a guest's Resume waits for a switchover in progress before it is told to retry.
-SWITCHOVER_WAIT_S = 10.0
 #: Test-only: seconds the destination sleeps between committing an incoming session and sending
 #: the final acknowledgement. Why: the switchover window is a few milliseconds, too short to kill
 #: a daemon inside it deterministically; fault tests widen it with this variable and wait for the
@@ -61,81 +68,36 @@ SWITCHOVER_WAIT_S = 10.0
 TEST_DELAY_FINAL_ACK_ENV = "CRANE_TEST_DELAY_FINAL_ACK_S"
 
 
-class Changes:
-    """A counter bumped on every migration update, for waiters (progress streams, resumes)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.version = 0
-
-    def bump(self) -> None:
-        with self.cond:
-            self.version += 1
-            self.cond.notify_all()
-
-    def wait(self, seen: int, timeout: float) -> int:
-        """Block until the counter differs from ``seen`` (or ``timeout``); its value."""
-        with self.cond:
-            self.cond.wait_for(lambda: self.version != seen, timeout)
-            return self.version
-
-
-changes = Changes()
-
-
-def wait_switchover(mgr: SessionManager, sid: str, timeout: float = SWITCHOVER_WAIT_S) -> bool:
-    """Wait while ``sid`` is stopped for its switchover (the guest's Resume comes moments before
-    the worker's "done" reaches us); True if there was one to wait for."""
-    deadline = time.monotonic() + timeout
-    waited = False
-    seen = changes.version
-    while True:
-        with mgr._lock:
-            s = mgr._sessions.get(sid)
-        phase = s.migration.get("phase") if s is not None and s.state == "migrating" else None
-        if phase not in ("stopping", "done"):
-            return waited
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return waited
-        waited = True
-        seen = changes.wait(seen, min(left, POLL_S))
-
-
 # ---- source --------------------------------------------------------------------------------
 def migrate_out(
-    mgr: SessionManager, sid: str, to: str, device: int, max_rounds: int, stop_bytes: int
-) -> Session:
+    host: SessionHost, sid: str, to: str, device: int, max_rounds: int, stop_bytes: int
+) -> DaemonSession:
     """Start moving ``sid`` to ``to``; progress lands in ``session.migration``."""
-    session = mgr.get(sid)
-    with mgr._lock:
-        session.require("ready", "running")
-        before = session.state
-        session.state = "migrating"
-        session.location = f"-> {to}"
-        session.migration = {"phase": "preflight"}
+    session, before = host.claim(sid, "migrate", SessionState.MIGRATING)
+    session.location = f"-> {to}"
+    host.publish(session, {"phase": Phase.PREFLIGHT.value}, switching=False)
     progress = session.stats_path.with_suffix(".migrate")
     progress.unlink(missing_ok=True)
     wake = _Wake(session.stats_path.with_suffix(".migrate-wake"))
-    identity = session.record()  # id, token, window; what the guest was told (told, device)
-    req = {
-        "to": to,
-        "device": device,
-        "max_rounds": max_rounds,
-        "stop_bytes": stop_bytes,
-        "identity": identity,
-        "wake": str(wake.path) if wake.path else "",
-    }
+    req = MigrateRequest(
+        to=to,
+        device=device,
+        max_rounds=max_rounds,
+        stop_bytes=stop_bytes,
+        identity=session.record(),  # id, token, window; what the guest was told
+        wake=str(wake.path) if wake.path else "",
+    )
     try:
         with session.channel_lock:
-            session.worker.channel.send(Tag.MIGRATE, json.dumps(req).encode())
+            session.worker.channel.send(*encode(req))
     except ChannelClosed as e:
         wake.close()
-        _settle(mgr, session, before, {"phase": "failed", "error": f"worker gone: {e}"})
+        failed = {"phase": Phase.FAILED.value, "error": f"worker gone: {e}"}
+        _settle(host, session, before, failed)
         return session
     threading.Thread(
         target=_watch,
-        args=(mgr, session, before, progress, wake),
+        args=(host, session, before, progress, wake),
         name=f"migrate-{sid}",
         daemon=True,
     ).start()
@@ -187,7 +149,9 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _watch(mgr: SessionManager, session: Session, before: str, path: Path, wake: _Wake) -> None:
+def _watch(
+    host: SessionHost, session: DaemonSession, before: SessionState, path: Path, wake: _Wake
+) -> None:
     try:
         while True:
             st = _read(path)
@@ -195,13 +159,13 @@ def _watch(mgr: SessionManager, session: Session, before: str, path: Path, wake:
             if exited:
                 st = _read(path) or st
             if st is not None:
-                if st.get("phase") in ("done", "failed"):
+                phase = Phase(st.get("phase", Phase.PREFLIGHT.value))
+                if phase.over:
                     break
-                session.migration = {**session.migration, **st}
-                changes.bump()
+                host.publish(session, st, switching=phase.switching)
             if exited:
                 st = {
-                    "phase": "failed",
+                    "phase": Phase.FAILED.value,
                     "error": "the session's worker exited during the migration",
                 }
                 break
@@ -209,25 +173,20 @@ def _watch(mgr: SessionManager, session: Session, before: str, path: Path, wake:
     finally:
         wake.close()
     path.unlink(missing_ok=True)
-    _settle(mgr, session, before, st)
+    _settle(host, session, before, st)
 
 
-def _settle(mgr: SessionManager, session: Session, before: str, st: dict[str, Any]) -> None:
+def _settle(
+    host: SessionHost, session: DaemonSession, before: SessionState, st: dict[str, Any]
+) -> None:
     to = session.location.removeprefix("-> ")
-    if st.get("phase") == "done":
+    if st.get("phase") == Phase.DONE.value:
         if "stopped_at" in st:  # the guest's downtime ends now: it can be redirected
             st = {**st, "switchover": st.get("downtime"), "downtime": _since(st["stopped_at"])}
         if "started_at" in st:
             st["total"] = _since(st["started_at"])
-        released = _releasing_now(session.id)  # before the session can be moved back here
-        with mgr._lock:
-            session.migration = {**session.migration, **st}
-            session.state = "migrated"
-            session.location = f"moved to {to}"
-            mgr.remember_moved(session, to)  # redirects its guest for moved_ttl_s
-            if mgr._sessions.get(session.id) is session:
-                mgr._sessions.pop(session.id)
-        changes.bump()
+        released = host.moved_away(session, to)  # redirects its guest for moved_ttl_s
+        host.publish(session, st, switching=True)
         log.info(
             "session %s migrated to %s: downtime %.1f ms (destination acknowledged after "
             "%.1f ms); releasing its worker",
@@ -241,49 +200,14 @@ def _settle(mgr: SessionManager, session: Session, before: str, st: dict[str, An
         # destination takes its first calls: let it yield to them.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, session.worker.proc.pid, RELEASE_NICE)
-        _release(mgr, session, released)
+        host.release(session, released)
         return
-    session.migration = {**session.migration, **st}
     log.warning("migration of session %s to %s failed: %s", session.id, to, st.get("error"))
-    with mgr._lock:
-        session.location = ""
-        if session.state == "migrating":
-            session.state = before
-    changes.bump()
+    session.location = ""
+    host.give_back(session, SessionState.MIGRATING, before)
+    host.publish(session, st, switching=False)
     if session.worker.proc.poll() is not None:
-        mgr.close(session, "worker exited during a migration")
-
-
-_releasing: dict[str, threading.Event] = {}  # session id -> set once its worker is released
-_releasing_lock = threading.Lock()
-
-
-def _releasing_now(sid: str) -> threading.Event:
-    done = threading.Event()
-    with _releasing_lock:
-        _releasing[sid] = done
-    return done
-
-
-def _release(mgr: SessionManager, session: Session, done: threading.Event | None = None) -> None:
-    """``mgr._release``, visible to :func:`_wait_released` until it is over."""
-    done = done or _releasing_now(session.id)
-    try:
-        mgr._release(session)
-    finally:
-        done.set()
-        with _releasing_lock:
-            if _releasing.get(session.id) is done:
-                del _releasing[session.id]
-
-
-def _wait_released(sid: str, timeout: float = 30.0) -> None:
-    """Wait until a release of ``sid``'s previous worker here is over: it unlinks the session's
-    stats file and direct socket by path, which a new worker for the same session reuses."""
-    with _releasing_lock:
-        done = _releasing.get(sid)
-    if done is not None and not done.wait(timeout):
-        raise DaemonError("UNAVAILABLE", f"session {sid}'s previous worker here is still exiting")
+        host.close(session, "worker exited during a migration")
 
 
 def _since(t: float) -> float:
@@ -292,33 +216,27 @@ def _since(t: float) -> float:
 
 
 # ---- destination ---------------------------------------------------------------------------
-def _refusals(
-    mgr: SessionManager, sid: str, slot: int, mem_needed: int, told: dict[int, int], device: int
+def _device_refusals(
+    host: SessionHost, mem_needed: int, told: dict[int, int], device: int
 ) -> list[str]:
-    out: list[str] = []
-    if not 0 <= device < len(mgr.devices):
+    """What the destination's device reports against what the session needs, whichever
+    backend drives it."""
+    if not 0 <= device < len(host.devices):
         return [f"no device {device} on this daemon"]
-    dev = mgr.devices[device]
-    with mgr._lock:
-        live = mgr._sessions.get(sid)
-        if live is not None and live.state != "parked":
-            out.append(f"session {sid} is already {live.state} on this daemon")
-        if not 0 <= slot < WINDOW_SLOTS:
-            out.append(f"VA window slot {slot} out of range")
-        for other in mgr._sessions.values():
-            if other.slot == slot and other is not live:
-                out.append(
-                    f"VA window slot {slot} ({window_base(slot):#x}) is taken by session {other.id}"
-                )
-        if slot in mgr._starting:
-            out.append(f"VA window slot {slot} is being opened on this daemon")
-    # what the destination's device reports, whichever backend drives it
-    return out + refusals(dev.destination(), told=told, mem_needed=mem_needed)
+    return refusals(host.devices[device].destination(), told=told, mem_needed=mem_needed)
 
 
-def preflight(mgr: SessionManager, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
+def _refusals(
+    host: SessionHost, sid: str, slot: int, mem_needed: int, told: dict[int, int], device: int
+) -> list[str]:
+    with host.table.lock:
+        out = [why for _, why in host.table.slot_refusals(sid, slot)]
+    return out + _device_refusals(host, mem_needed, told, device)
+
+
+def preflight(host: SessionHost, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
     device = max(req.device, 0)
-    why = _refusals(mgr, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
+    why = _refusals(host, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
     if req.fingerprint != fingerprint():
         why.insert(
             0,
@@ -326,14 +244,14 @@ def preflight(mgr: SessionManager, req: peer_pb2.PreflightRequest) -> peer_pb2.P
             f"{fingerprint()!r}; the two daemons come from different Crane builds",
         )
     reply = peer_pb2.PreflightReply()
-    if device < len(mgr.devices):
-        dev = mgr.devices[device]
+    if device < len(host.devices):
+        dev = host.devices[device]
         reply.cc_major, reply.cc_minor, reply.profile = dev.cc[0], dev.cc[1], dev.label
         where = dev.destination().where
         for d in req.module_digests:
-            path = mgr.module_cache / bytes(d).hex()
-            if path.exists():
-                why += check_code(bytes(d), path.read_bytes(), dev.cc, where)
+            image = host.images.get(bytes(d))
+            if image is not None:
+                why += check_code(bytes(d), image, dev.cc, where)
             else:
                 reply.missing_digests.append(d)
     reply.refusals.extend(why)
@@ -341,48 +259,47 @@ def preflight(mgr: SessionManager, req: peer_pb2.PreflightRequest) -> peer_pb2.P
 
 
 def transfer(
-    mgr: SessionManager, requests: Iterator[peer_pb2.TransferChunk]
+    host: SessionHost, requests: Iterator[peer_pb2.TransferChunk]
 ) -> Iterator[peer_pb2.TransferAck]:
     """Relay rounds to a worker for the incoming session; acknowledge each once applied."""
-    session: Session | None = None
-    slot: int | None = None
+    session: DaemonSession | None = None
+    record: SessionRecord | None = None
+    claimed: int | None = None  # the window slot held for the session while it arrives
     committed = False
     in_round = False
-    ident: dict[str, Any] = {}
     device = 0
     try:
         for chunk in requests:
-            if not ident:
-                ident = json.loads(chunk.identity_json)
+            if record is None:
+                try:
+                    ident = {"session": json.loads(chunk.identity_json)}
+                    record, _ = SessionRecord.from_meta(ident, FORMAT_VERSION, "the record")
+                except (KeyError, TypeError, ValueError) as e:
+                    raise ProtocolError(
+                        "INVALID_ARGUMENT", f"the migration's session record is malformed: {e}"
+                    ) from None
                 device = max(chunk.device, 0)
-                told = {int(k): int(v) for k, v in ident.get("told", {}).items()}
-                why = _refusals(mgr, ident["id"], int(ident["slot"]), 0, told, device)
+                why = _device_refusals(host, 0, record.told, device)
+                with host.table.lock:
+                    why = [w for _, w in host.table.slot_refusals(record.id, record.slot)] + why
+                    if not why:
+                        claimed = record.slot
+                        host.table.claim_slot(claimed)
                 if why:
-                    raise DaemonError("FAILED_PRECONDITION", "; ".join(why))
-                with mgr._lock:
-                    slot = int(ident["slot"])
-                    mgr._starting.add(slot)
+                    raise ProtocolError("FAILED_PRECONDITION", "; ".join(why))
             if not in_round:
                 if chunk.fresh:
                     if session is not None:
-                        mgr._release(session)
+                        host.release(session)
                     # the session may be coming back: its last stay's files (same paths) must
                     # be gone before this one's are made
-                    _wait_released(ident["id"])
-                    session = mgr._start(
-                        ident["id"],
-                        int(ident["slot"]),
-                        mgr.devices[device],
-                        ident.get("client", ""),
-                        bytes.fromhex(ident["token"]),
-                        ident.get("uuid_seed"),
-                    )
-                    session.state = "incoming"
-                    adopt_record(session, ident)  # it answers with what its guest was told
+                    host.wait_released(record.id)
+                    session = host.start(record, host.device(device), SessionState.INCOMING)
+                    session.adopt(record)  # it answers with what its guest was told
                 if session is None:
-                    raise DaemonError("FAILED_PRECONDITION", "the first round must be fresh")
-                begin = {"round": chunk.round, "fresh": chunk.fresh, "final": chunk.final}
-                session.worker.channel.send(Tag.MIGRATE_IN, json.dumps(begin).encode())
+                    raise ProtocolError("FAILED_PRECONDITION", "the first round must be fresh")
+                begin = RoundBegin(chunk.round, chunk.fresh, chunk.final)
+                session.worker.channel.send(*encode(begin))
                 in_round = True
             assert session is not None
             if chunk.data:
@@ -390,21 +307,13 @@ def transfer(
             if not chunk.end_of_round:
                 continue
             in_round = False
-            answer = mgr._control(session, Tag.MIGRATE_IN_END, {})
-            if "error" in answer:
-                raise DaemonError(
-                    "FAILED_PRECONDITION", f"round {chunk.round} refused: {answer['error']}"
-                )
+            answer = request(session, RoundEnd())
+            if not isinstance(answer, RoundApplied):
+                error = answer.error if isinstance(answer, Refused) else repr(answer)
+                raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {error}")
             if chunk.final:
-                with mgr._lock:
-                    old = mgr._sessions.get(session.id)
-                    if old is not None and old.state != "parked":
-                        raise DaemonError("ALREADY_EXISTS", f"session {session.id} appeared here")
-                    session.state = "ready"
-                    mgr._sessions[session.id] = session
-                    mgr.moved.pop(session.id, None)
-                    committed = True
-                mgr._watch(session)
+                host.admit(session)
+                committed = True
                 log.info(
                     "session %s migrated in (round %d), window %#x",
                     session.id,
@@ -415,25 +324,24 @@ def transfer(
                 if delay > 0:
                     log.warning("test hook: delaying the final acknowledgement by %.1f s", delay)
                     time.sleep(delay)
-            yield peer_pb2.TransferAck(round=chunk.round, done_seq=answer.get("done_seq", 0))
+            yield peer_pb2.TransferAck(round=chunk.round, done_seq=answer.done_seq)
     except ChannelClosed as e:
-        raise DaemonError("ABORTED", f"the incoming session's worker exited: {e}") from None
+        raise ProtocolError("ABORTED", f"the incoming session's worker exited: {e}") from None
     finally:
         if not committed and session is not None:
-            _release(mgr, session)
+            host.release(session)
             log.info("incoming migration of %s ended before switchover; released", session.id)
-        if slot is not None:
-            with mgr._lock:
-                mgr._starting.discard(slot)
+        if claimed is not None:
+            with host.table.lock:
+                host.table.unclaim_slot(claimed)
 
 
-def abort_incoming(mgr: SessionManager, sid: str, token: bytes) -> bool:
+def abort_incoming(host: SessionHost, sid: str, token: bytes) -> bool:
     """Forget a session that switched over here but whose source never heard the ack."""
-    with mgr._lock:
-        s = mgr._sessions.get(sid)
-    if s is None or not secrets.compare_digest(token, s.token) or s.state != "ready":
+    s = host.table.find(sid)
+    if s is None or not secrets.compare_digest(token, s.token) or s.state is not SessionState.READY:
         return False
     if s.stats.read()[3] != 0:  # a guest attached directly: it is in use here
         return False
-    mgr.close(s, "its migration was aborted by the source")
+    host.close(s, "its migration was aborted by the source")
     return True

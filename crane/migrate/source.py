@@ -8,10 +8,11 @@ at most :data:`~crane.migrate.stream.READ_CHUNK` bytes, so a chunk is never torn
 the guest waits at most one chunk). Anything the guest writes after a chunk was read is in the
 next dirty set (its call marks it after our mark), so it is re-sent.
 
-Explicit phases: ``preflight → precopy (rounds) → stopping → done | failed``. The guest is
-quiesced only in ``stopping`` (the batch lock is held from the last mark until the destination
-acknowledges). Until that acknowledgement the source stays authoritative (invariant 6): any
-failure releases the lock and the guest carries on here, with nothing lost.
+Explicit phases (:mod:`crane.migrate.phases`): ``preflight → precopy (rounds) → stopping →
+done | failed``. The guest is quiesced only in ``stopping`` (the batch lock is held from the
+last mark until the destination acknowledges). Until that acknowledgement the source stays
+authoritative (invariant 6): any failure releases the lock and the guest carries on here, with
+nothing lost.
 
 Rounds: ``max_rounds`` counts them all, the stopped one included, so 1 is a true stop-and-copy
 (nothing moves while the guest runs; the stopped round carries the whole session). Otherwise
@@ -32,17 +33,20 @@ from typing import Any
 
 import grpc
 
+from crane.host.messages import MigrateRequest
+from crane.migrate.phases import Phase, advance
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
 from crane.state.checkpoint import CheckpointWriter, Kind
 from crane.state.park import pack_replies
 from crane.state.preflight import check_code
 from crane.state.record import save_graph
+from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2, peer_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 from crane.wire.fingerprint import fingerprint
-from crane.worker.session_state import WorkerSession
+from crane.worker.attach import WorkerSession, WorkerState
 
-__all__ = ["MigrationFailed", "migrate_out", "preflight", "structure"]
+__all__ = ["MigrationFailed", "Phase", "migrate_out", "preflight", "start", "structure"]
 
 log = logging.getLogger("crane.worker")
 
@@ -73,7 +77,7 @@ def structure(graph: dict[str, Any]) -> dict[str, Any]:
 def preflight(
     stub: peer_pb2_grpc.PeerStub,
     to: str,
-    ident: dict[str, Any],
+    ident: SessionRecord,
     digests: list[str],
     mem_needed: int,
     device: int,
@@ -86,10 +90,10 @@ def preflight(
     try:
         pf = stub.Preflight(
             peer_pb2.PreflightRequest(
-                session_id=ident["id"],
-                slot=ident["slot"],
+                session_id=ident.id,
+                slot=ident.slot,
                 mem_needed=mem_needed,
-                told={int(k): int(v) for k, v in ident["told"].items()},
+                told=ident.told,
                 module_digests=[bytes.fromhex(d) for d in digests],
                 device=device,
                 fingerprint=fingerprint(),
@@ -117,12 +121,12 @@ def _chunks(addr: int, size: int) -> Iterator[tuple[int, int]]:
         yield addr + off, min(READ_CHUNK, size - off)
 
 
-def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> None:
-    """Run one migration to ``req["to"]``; raises :class:`MigrationFailed` (source intact)."""
+def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> None:
+    """Run one migration to ``req.to``; raises :class:`MigrationFailed` (source intact)."""
     dev, calls = ws.engine.device, ws.engine.log
     t0 = time.monotonic()
     st: dict[str, Any] = {
-        "phase": "preflight",
+        "phase": Phase.PREFLIGHT.value,
         "round": 0,
         "bytes_sent": 0,
         "memory_bytes": 0,
@@ -132,8 +136,15 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         "est_downtime": 0.0,
     }
     progress(st)
-    ident = req["identity"]
-    channel = grpc.insecure_channel(to_grpc_target(req["to"]), options=CHANNEL_OPTIONS)
+    ident = req.identity
+    phase = Phase.PREFLIGHT
+
+    def enter(to: Phase) -> None:
+        nonlocal phase
+        phase = advance(phase, to)
+        st["phase"] = phase.value
+
+    channel = grpc.insecure_channel(to_grpc_target(req.to), options=CHANNEL_OPTIONS)
     stub = peer_pb2_grpc.PeerStub(channel)
     outbox = Outbox()
     responses = None
@@ -141,7 +152,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
     try:
         with ws.lock:
             if ws.parked:
-                raise MigrationFailed("the session is parked")
+                raise MigrationFailed(f"session {ws.session_id} is parked")
             graph0: dict[str, Any] | None = save_graph(dev, calls)
             digests = list(dict.fromkeys(m["digest"] for m in graph0["modules"]))
             st["session_bytes"] = sum(n for _, n in dev.memory_regions())
@@ -149,19 +160,19 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         # ---- pre-flight: the destination's own rules, plus code checks for images it lacks
         has_image = preflight(
             stub,
-            req["to"],
+            req.to,
             ident,
             digests,
             mem_needed,
-            req.get("device", -1),
+            req.device,
             lambda d: dev.image(bytes.fromhex(d)),
         )
         # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
-            "session_id": ident["id"],
-            "token": bytes.fromhex(ident["token"]),
-            "identity_json": json.dumps(ident),
-            "device": req.get("device", -1),
+            "session_id": ident.id,
+            "token": ident.token,
+            "identity_json": json.dumps(ident.to_json()),
+            "device": req.device,
         }
         sink = WireSink(outbox, first)
         transfer = channel.stream_stream(
@@ -185,7 +196,8 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
 
         def base(w: CheckpointWriter, graph: dict[str, Any], replies: list[bytes]) -> None:
             """What a fresh round carries before memory: identity, missing images, graph."""
-            w.json(Kind.META, {"format": "crane-checkpoint", "session": ident, "mode": "base"})
+            meta = {"format": "crane-checkpoint", "session": ident.to_json(), "mode": "base"}
+            w.json(Kind.META, meta)
             for d in dict.fromkeys(m["digest"] for m in graph["modules"]):
                 if d not in has_image:
                     image = dev.image(bytes.fromhex(d))
@@ -211,8 +223,8 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
                         dev.dirty.contents(a, data)  # tables kernels wrote (crane.engine.dirty)
                     w.memory(a, data)
 
-        max_rounds = max(int(req.get("max_rounds") or DEFAULT_ROUNDS), 1)
-        stop_bytes = int(req.get("stop_bytes") or (4 << 20))
+        max_rounds = max(int(req.max_rounds or DEFAULT_ROUNDS), 1)
+        stop_bytes = int(req.stop_bytes or (4 << 20))
         pending: set[int] = set()
         resend: set[int] = set()
         base_allocs: dict[int, int] = {}
@@ -222,7 +234,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             graph0 = None  # a true stop-and-copy: nothing moves before the stop
         else:
             # round 0: the whole graph and all memory, guest running
-            st["phase"] = "precopy"
+            enter(Phase.PRECOPY)
             progress(st)
             with ws.lock:
                 graph0 = save_graph(dev, calls)
@@ -276,7 +288,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
                 _account(st, sink, w.memory_bytes, time.monotonic() - r0)
                 round_ += 1
         # ---- stop-and-copy: quiesce at a batch boundary, held until the destination acks
-        st["phase"] = "stopping"
+        enter(Phase.STOPPING)
         st["round"] = round_
         progress(st)
         ws.lock.acquire()
@@ -315,12 +327,12 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         sent = time.monotonic()
         a = ack(round_)
         # the destination holds the session now: this worker must never run a call again
-        ws.parked = True
+        ws.move(WorkerState.PARKED)
         acked = time.monotonic()
         switchover = acked - stop
         _account(st, sink, w.memory_bytes, switchover)
         st.update(
-            phase="done",
+            phase=advance(phase, Phase.DONE).value,
             # the source daemon extends both to when it can redirect the guest
             downtime=switchover,
             total=acked - t0,
@@ -333,7 +345,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
             "migrated to %s: %d rounds, %d bytes; stopped %.1f ms (final round: %d bytes "
             "captured in %.1f ms, %.1f ms of it waiting for the stream; applied and acknowledged "
             "%.1f ms later), total %.2f s",
-            req["to"],
+            req.to,
             round_ + 1,
             st["bytes_sent"],
             switchover * 1e3,
@@ -352,7 +364,7 @@ def migrate_out(ws: WorkerSession, req: dict[str, Any], progress: Progress) -> N
         raise MigrationFailed(f"destination failed in round {st['round']}: {why}") from None
     except Exception as e:
         _abort(stub, ident, responses)
-        log.exception("migration to %s failed", req["to"])
+        log.exception("migration to %s failed", req.to)
         raise MigrationFailed(f"internal error: {e!r}") from None
     finally:
         outbox.end()
@@ -383,26 +395,26 @@ def _why(responses: Any) -> str:
         return "the transfer stream ended"
 
 
-def _abort(stub: peer_pb2_grpc.PeerStub, ident: dict[str, Any], responses: Any) -> None:
+def _abort(stub: peer_pb2_grpc.PeerStub, ident: SessionRecord, responses: Any) -> None:
     """Best effort: end the stream and ask the destination to forget what it received."""
     if responses is not None:
         responses.cancel()
     with contextlib.suppress(grpc.RpcError):
         stub.Abort(
-            peer_pb2.AbortRequest(session_id=ident["id"], token=bytes.fromhex(ident["token"])),
+            peer_pb2.AbortRequest(session_id=ident.id, token=ident.token),
             timeout=5,
         )
 
 
-def start(ws: WorkerSession, req: dict[str, Any], write_progress: Progress) -> threading.Thread:
+def start(ws: WorkerSession, req: MigrateRequest, write_progress: Progress) -> threading.Thread:
     """Run :func:`migrate_out` on its own thread; the outcome goes to ``write_progress``."""
 
     def run() -> None:
         try:
             migrate_out(ws, req, write_progress)
         except MigrationFailed as e:
-            log.warning("migration to %s failed: %s", req["to"], e)
-            write_progress({"phase": "failed", "error": str(e)})
+            log.warning("migration to %s failed: %s", req.to, e)
+            write_progress({"phase": Phase.FAILED.value, "error": str(e)})
 
     t = threading.Thread(target=run, name="migrate-out", daemon=True)
     t.start()

@@ -16,10 +16,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from crane.host.messages import (
+    ControlAnswer,
+    MigrateRequest,
+    Refused,
+    RoundApplied,
+    RoundBegin,
+)
 from crane.migrate import source
 from crane.migrate.target import RoundApplier
-from crane.worker.channel import Tag
-from crane.worker.session_state import WorkerSession
+from crane.worker.attach import NotAllowed, WorkerSession, WorkerState
 
 __all__ = ["MigrationFrames", "write_progress"]
 
@@ -45,22 +51,42 @@ class MigrationFrames:
         self.applier = RoundApplier(ws.engine.device, ws.engine.log)
         self.final = False
 
-    def frame(self, tag: int, raw: bytes) -> dict[str, Any] | None:
-        """Handle one frame; the answer to send back, if the frame needs one."""
-        if tag == Tag.MIGRATE:
-            req = json.loads(raw)
-            self.progress_path.unlink(missing_ok=True)
-            wake = str(req.get("wake") or "")
-            source.start(self.ws, req, lambda st: write_progress(self.progress_path, st, wake))
-            return None
-        if tag == Tag.MIGRATE_IN:
-            req = json.loads(raw)
-            self.final = bool(req.get("final"))
-            self.applier.begin(bool(req.get("fresh")), int(req.get("round", 0)))
-            return None
-        if tag == Tag.MIGRATE_DATA:
-            self.applier.feed(raw)
-            return None
+    def migrate_out(self, req: MigrateRequest) -> None:
+        """Start moving the session (its outcome lands in the progress file)."""
+        self.progress_path.unlink(missing_ok=True)
+        path, wake = self.progress_path, req.wake
+
+        def progress(st: dict[str, Any]) -> None:
+            write_progress(path, st, wake)
+
+        try:
+            self.ws.require("migrate out")
+        except NotAllowed as e:
+            progress({"phase": source.Phase.FAILED.value, "error": str(e)})
+            return
+        source.start(self.ws, req, progress)
+
+    def begin(self, req: RoundBegin) -> bool:
+        """A round comes in; False when this session cannot take one (answered at its end)."""
+        try:
+            self.ws.require("receive a migration round")
+        except NotAllowed:
+            return False
+        self.ws.move(WorkerState.INCOMING)
+        self.final = req.final
+        self.applier.begin(req.fresh, req.round)
+        return True
+
+    def feed(self, data: bytes) -> None:
+        self.applier.feed(data)
+
+    def end(self) -> ControlAnswer:
+        """Wait for the round to be applied; the answer for the daemon."""
+        if self.ws.state is not WorkerState.INCOMING:
+            return Refused(f"session {self.ws.session_id} is {self.ws.state.value}: no round")
         answer = self.applier.end()
-        answer["final"] = self.final
-        return answer
+        if "error" in answer:
+            return Refused(answer["error"])
+        if self.final:
+            self.ws.move(WorkerState.WAITING)  # switched over: its guest attaches next
+        return RoundApplied(int(answer["done_seq"]), self.final)

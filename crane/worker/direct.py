@@ -16,10 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from crane.api.errors import ProtocolError
+from crane.host.diagnostics import DiagnosticsServicer, diagnostics_handler
+from crane.host.stats import MODE_DIRECT
 from crane.wire.address import CHANNEL_OPTIONS
-from crane.wire.diagnostics import DiagnosticsServicer, diagnostics_handler
-from crane.worker.session_state import SessionParked, WorkerSession
-from crane.worker.stats import MODE_DIRECT
+from crane.wire.handlers import stream_stream
+from crane.worker.attach import SessionParked, WorkerSession
 
 __all__ = ["start_direct_server"]
 
@@ -31,16 +33,15 @@ def start_direct_server(
 ) -> grpc.Server:
     """Serve ``crane.v1.Guest/Calls`` for this one session on ``unix:path``."""
 
-    def calls(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+    def Calls(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         md = dict(context.invocation_metadata())
         if md.get("crane-session") != session_id or not secrets.compare_digest(
             md.get("crane-token-bin", b""), token
         ):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong session or resume token")
+            raise ProtocolError("PERMISSION_DENIED", "wrong session or resume token")
         if not ws.attach(MODE_DIRECT, f"direct {context.peer()}"):
-            context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"session {session_id} already has a call stream",
+            raise ProtocolError(
+                "FAILED_PRECONDITION", f"session {session_id} already has a call stream"
             )
         log.info("guest attached directly (%s)", context.peer())
         try:
@@ -48,7 +49,7 @@ def start_direct_server(
                 try:
                     msgs = ws.run(raw)
                 except SessionParked:
-                    context.abort(grpc.StatusCode.UNAVAILABLE, f"session {session_id} is parked")
+                    raise ProtocolError("UNAVAILABLE", f"session {session_id} is parked") from None
                 yield from msgs
                 if ws.engine.device.closed:
                     return
@@ -63,9 +64,7 @@ def start_direct_server(
     )
     server.add_generic_rpc_handlers(
         (
-            grpc.method_handlers_generic_handler(
-                "crane.v1.Guest", {"Calls": grpc.stream_stream_rpc_method_handler(calls)}
-            ),
+            grpc.method_handlers_generic_handler("crane.v1.Guest", {"Calls": stream_stream(Calls)}),
             diagnostics_handler(DiagnosticsServicer()),
         )
     )

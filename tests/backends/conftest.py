@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,9 @@ import grpc
 import pytest
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as A
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.migrate.source import MigrationFailed, preflight
+from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2_grpc
 from crane.wire.address import to_grpc_target
 
@@ -71,8 +72,8 @@ def told(driver_env: dict[str, str]) -> dict[int, int]:
     return {int(k): int(v) for k, v in gpu["attributes"].items()}
 
 
-def _ident(told: dict[int, int], slot: int = 7) -> dict[str, object]:
-    return {"id": "0123456789ab", "slot": slot, "told": {str(k): v for k, v in told.items()}}
+def _ident(told: dict[int, int], slot: int = 7) -> SessionRecord:
+    return SessionRecord(id="0123456789ab", token=bytes(16), slot=slot, told=told)
 
 
 def _stub(d: DaemonProcess) -> peer_pb2_grpc.PeerStub:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from tests.gpu.harness import (
     Run,
     Target,

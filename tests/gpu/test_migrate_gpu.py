@@ -19,7 +19,7 @@ import pytest
 
 from crane.cli.control_client import ControlClient
 from crane.cli.migrate import migrate
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from tests.gpu.conftest import GPU_PROGRAMS
 from tests.gpu.harness import Run, Target, crane_argv, output_mismatch, system_env

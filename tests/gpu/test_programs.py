@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from crane.cli.control_client import ControlClient
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from tests.gpu.conftest import GPU_PROGRAMS
 from tests.gpu.harness import Target, output_mismatch, ptx_only_flags
 from tests.interposer.conftest import CUDA_LIB64, PROGRAMS

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from tests.gpu.conftest import SCRIPTS
 from tests.gpu.harness import Target, close_mismatches, run_crane, run_native
 

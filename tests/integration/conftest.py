@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from tests.integration.workload import SRC
 

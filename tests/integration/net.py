@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 
 __all__ = ["CutProxy", "tcp_address"]
 

@@ -15,7 +15,7 @@ import pytest
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import OPS_BY_NAME as O
 from crane.api.results import CudaError
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.v1 import guest_pb2, guest_pb2_grpc, peer_pb2, peer_pb2_grpc
 from crane.wire.address import to_grpc_target

@@ -16,7 +16,7 @@ import pytest
 
 from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from tests.integration.workload import N, Workload, reference
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crane.cli.control_client import ControlClient
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 
 
@@ -62,7 +62,7 @@ def test_config_file(tmp_path: Path) -> None:
         f'run_dir = "{tmp_path / "run"}"\nprespawn = 0\n'
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crane.daemon.main", "--config", str(cfg)],
+        [sys.executable, "-m", "crane.craned.main", "--config", str(cfg)],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -86,7 +86,7 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text('listn = "x"\n')
     out = subprocess.run(
-        [sys.executable, "-m", "crane.daemon.main", "--config", str(cfg)],
+        [sys.executable, "-m", "crane.craned.main", "--config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -96,7 +96,7 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "crane.daemon.main",
+            "crane.craned.main",
             "--backend",
             "sim:nope",
             "--run-dir",

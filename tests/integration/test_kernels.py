@@ -12,7 +12,7 @@ import pytest
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 
 KERNELS = r"""

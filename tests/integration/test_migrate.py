@@ -21,7 +21,7 @@ import pytest
 from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
 from crane.cli.migrate import migrate
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from tests.integration.net import CutProxy, tcp_address

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from crane.cli.migrate import migrate
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 
 MiB = 1 << 20

@@ -7,7 +7,7 @@ import pytest
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 
 SOURCE = r"""
@@ -76,9 +76,9 @@ def test_images_are_sent_once(daemon: DaemonProcess, cuda_build) -> None:  # typ
     with Session(daemon.address) as b:
         real = b._t.enqueue
 
-        def spy(op, args, data=b"", *, expect):  # type: ignore[no-untyped-def]
+        def spy(op, args, data=b"", **kw):  # type: ignore[no-untyped-def]
             sent.append((op.name, len(data)))
-            return real(op, args, data, expect=expect)
+            return real(op, args, data, **kw)
 
         b._t.enqueue = spy  # type: ignore[method-assign]
         mod = b.module_load(image)

@@ -18,7 +18,7 @@ from crane.api.generated.cuda_enums import CUdevice_attribute as A
 from crane.backends.sim.profiles import get_profile
 from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.state.checkpoint import MAGIC, CheckpointReader, Kind, read_meta
 from crane.v1 import guest_pb2, guest_pb2_grpc

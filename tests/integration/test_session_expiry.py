@@ -15,7 +15,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.cli.control_client import ControlClient
 from crane.cli.migrate import migrate
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import to_grpc_target

@@ -15,7 +15,7 @@ import numpy as np
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import OPS_BY_NAME as O
 from crane.cli.control_client import ControlClient
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 
 

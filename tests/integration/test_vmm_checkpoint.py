@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from crane.cli.control_client import ControlClient
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.guest.session import Session
 from crane.guest.vmm import PROP
 

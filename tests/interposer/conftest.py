@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from crane.interposer import library_path
 
 PROGRAMS = Path(__file__).parent / "programs"

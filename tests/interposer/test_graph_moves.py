@@ -16,7 +16,7 @@ import pytest
 
 from crane.cli.control_client import ControlClient
 from crane.cli.migrate import migrate
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 
 
 @pytest.mark.parametrize("how", ["park-restore", "migrate"])

@@ -18,7 +18,7 @@ from crane.cli.control_client import ControlClient
 from crane.cli.demo_migrate import ITERATIVE_PROGRAM, demo_migration, reference_checksum
 from crane.cli.main import main as crane_main
 from crane.cli.migrate import migrate
-from crane.daemon.launcher import DaemonProcess
+from crane.craned.launcher import DaemonProcess
 from tests.interposer.conftest import ROOT, Runner
 
 #: tests/gpu/programs/iterate.cu: ``step`` reads and writes its two buffers only through a table

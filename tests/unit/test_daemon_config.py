@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from crane.daemon.config import DaemonConfig, load_config
-from crane.daemon.main import parse_args
+from crane.craned.config import DaemonConfig, load_config
+from crane.craned.main import parse_args
 
 
 def test_defaults_keep_redirects_ten_minutes_and_parked_sessions_an_hour() -> None:

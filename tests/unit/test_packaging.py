@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crane.daemon.config import load_config
+from crane.craned.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,7 @@
 """Transport diagnostics (``crane.v1.Diagnostics``): the bare gRPC floor, served next to real
 call streams by the daemon and by every session worker, so that an operator or a benchmark can
-compare Crane's call path with plain gRPC on the very same server and socket."""
+compare Crane's call path with plain gRPC on the very same server and socket (one service both
+host processes serve, so it lives with what they share)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import grpc
 
 from crane.v1 import diag_pb2
+from crane.wire.handlers import stream_stream, stream_unary, unary_stream
 from crane.wire.status import MAX_CHUNK
 
 __all__ = ["DiagnosticsServicer", "diagnostics_handler"]
@@ -40,12 +42,8 @@ def diagnostics_handler(servicer: DiagnosticsServicer) -> grpc.GenericRpcHandler
     return grpc.method_handlers_generic_handler(
         "crane.v1.Diagnostics",
         {
-            "Echo": grpc.stream_stream_rpc_method_handler(servicer.Echo),
-            "Drain": grpc.stream_unary_rpc_method_handler(
-                servicer.Drain, response_serializer=diag_pb2.DrainReply.SerializeToString
-            ),
-            "Source": grpc.unary_stream_rpc_method_handler(
-                servicer.Source, request_deserializer=diag_pb2.SourceRequest.FromString
-            ),
+            "Echo": stream_stream(servicer.Echo),
+            "Drain": stream_unary(servicer.Drain, None, diag_pb2.DrainReply),
+            "Source": unary_stream(servicer.Source, diag_pb2.SourceRequest, None),
         },
     )

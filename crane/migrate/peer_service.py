@@ -1,7 +1,8 @@
-"""gRPC servicers for migration: ``Peer`` (daemon to daemon) and ``Migration`` (operators).
+"""gRPC services for migration: ``Peer`` (daemon to daemon) and ``Migration`` (operators).
 
-Thin, like the daemon's other servicers: :class:`DaemonError` becomes a gRPC status here, the
-work is in :mod:`crane.migrate.daemon_side`.
+Thin, like the daemon's other services: refusals are :class:`~crane.api.errors.ProtocolError`
+and the RPC boundary (:mod:`crane.wire.handlers`) turns them into gRPC status; the work is in
+:mod:`crane.migrate.daemon_side`, over the daemon's :class:`~crane.daemon.host.SessionHost`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from typing import Any
 
 import grpc
 
-from crane.daemon.errors import DaemonError
-from crane.daemon.sessions import SessionManager
+from crane.daemon.host import SessionHost
+from crane.daemon.lifecycle import SessionState
 from crane.migrate import daemon_side
+from crane.migrate.phases import Phase
 from crane.migrate.stream import parse_chunk
 from crane.v1 import control_pb2, peer_pb2
-from crane.wire.handlers import unary, unary_stream
+from crane.wire.handlers import stream_stream, unary, unary_stream
 
-__all__ = ["migration_handler", "peer_handler"]
+__all__ = ["MigrationServicer", "PeerServicer", "migration_handler", "peer_handler"]
 
 _FIELDS = [
     "phase",
@@ -36,46 +38,37 @@ _FIELDS = [
 ]
 
 
-def _abort(context: grpc.ServicerContext, e: DaemonError) -> None:
-    context.abort(getattr(grpc.StatusCode, e.status), e.message)
-
-
 class PeerServicer:
-    def __init__(self, sessions: SessionManager) -> None:
-        self.sessions = sessions
+    def __init__(self, host: SessionHost) -> None:
+        self.host = host
 
     def Preflight(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return daemon_side.preflight(self.sessions, request)
+        return daemon_side.preflight(self.host, request)
 
     def Transfer(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        try:
-            yield from daemon_side.transfer(self.sessions, requests)
-        except DaemonError as e:
-            _abort(context, e)
+        yield from daemon_side.transfer(self.host, requests)
 
     def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
-        ok = daemon_side.abort_incoming(self.sessions, request.session_id, request.token)
+        ok = daemon_side.abort_incoming(self.host, request.session_id, request.token)
         return peer_pb2.AbortReply(forgotten=ok)
 
 
 class MigrationServicer:
-    def __init__(self, sessions: SessionManager) -> None:
-        self.sessions = sessions
+    def __init__(self, host: SessionHost) -> None:
+        self.host = host
 
     def Migrate(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        try:
-            session = daemon_side.migrate_out(
-                self.sessions,
-                request.session_id,
-                request.to,
-                request.device if request.device else -1,
-                request.max_rounds,
-                request.stop_bytes,
-            )
-        except DaemonError as e:
-            _abort(context, e)
+        session = daemon_side.migrate_out(
+            self.host,
+            request.session_id,
+            request.to,
+            request.device if request.device else -1,
+            request.max_rounds,
+            request.stop_bytes,
+        )
         last = None
-        seen = daemon_side.changes.version
+        changes = self.host.changes
+        seen = changes.version
         while context.is_active():
             st = dict(session.migration)
             if st != last:
@@ -83,9 +76,10 @@ class MigrationServicer:
                 yield control_pb2.MigrateProgress(
                     **{k: st[k] for k in _FIELDS if st.get(k) is not None}
                 )
-            if st.get("phase") in ("done", "failed") and session.state != "migrating":
+            over = Phase(st.get("phase", Phase.PREFLIGHT.value)).over
+            if over and session.state is not SessionState.MIGRATING:
                 return
-            seen = daemon_side.changes.wait(seen, 0.5)
+            seen = changes.wait(seen, 0.5)
 
 
 def peer_handler(servicer: PeerServicer) -> grpc.GenericRpcHandler:
@@ -95,10 +89,11 @@ def peer_handler(servicer: PeerServicer) -> grpc.GenericRpcHandler:
             "Preflight": unary(
                 servicer.Preflight, peer_pb2.PreflightRequest, peer_pb2.PreflightReply
             ),
-            "Transfer": grpc.stream_stream_rpc_method_handler(
+            "Transfer": stream_stream(
                 servicer.Transfer,
+                None,
+                peer_pb2.TransferAck,
                 request_deserializer=parse_chunk,  # the data field stays a view
-                response_serializer=peer_pb2.TransferAck.SerializeToString,
             ),
             "Abort": unary(servicer.Abort, peer_pb2.AbortRequest, peer_pb2.AbortReply),
         },

@@ -20,12 +20,12 @@ import threading
 from pathlib import Path
 
 from crane import __version__
-from crane.daemon.config import load_config
+from crane.craned.config import load_config
+from crane.craned.server import build_server
 from crane.daemon.devices import resolve_devices
-from crane.daemon.server import build_server
 from crane.daemon.sessions import SessionManager
 from crane.daemon.workers import WorkerPool
-from crane.wire.malloc import tune_malloc
+from crane.host.malloc import tune_malloc
 
 __all__ = ["main"]
 

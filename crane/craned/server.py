@@ -1,4 +1,4 @@
-"""The one place craned's gRPC server is built and bound."""
+"""The one place craned's gRPC server is built and bound, and its services wired."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ from pathlib import Path
 
 import grpc
 
-from crane.daemon.servicers import ControlServicer, GuestServicer, control_handler, guest_handler
+from crane.daemon.control_service import ControlServicer, control_handler
+from crane.daemon.guest_service import GuestServicer, guest_handler
 from crane.daemon.sessions import SessionManager
-from crane.migrate.servicers import (
+from crane.host.diagnostics import DiagnosticsServicer, diagnostics_handler
+from crane.migrate.peer_service import (
     MigrationServicer,
     PeerServicer,
     migration_handler,
     peer_handler,
 )
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
-from crane.wire.diagnostics import DiagnosticsServicer, diagnostics_handler
 
 __all__ = ["build_server"]
 

@@ -39,7 +39,7 @@ class DaemonProcess:
         cmd = [
             sys.executable,
             "-m",
-            "crane.daemon.main",
+            "crane.craned.main",
             "--listen",
             self.address,
             "--run-dir",

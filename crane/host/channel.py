@@ -6,14 +6,8 @@ the channel only moves opaque byte strings, as fast as the kernel lets it: a 9-b
 (tag, length) and the payload, sent with one ``sendall`` when small, and read with
 ``MSG_WAITALL`` straight into the bytes object that is forwarded (no reassembly copy).
 
-Tags: ``CONFIG`` (daemon→worker, JSON, once), ``BATCH`` (daemon→worker, a CallBatch),
-``REPLY`` (worker→daemon, a ReplyBatch to forward), ``REPLY_LAST`` (the last reply to a batch
-that expects one: the daemon may read the next batch), ``CLOSE`` (worker→daemon: the guest closed
-the session), ``CHECKPOINT``/``RESTORE`` (daemon→worker, JSON) answered by ``CONTROL_REPLY``
-(JSON: the result or the error). Batches of purely asynchronous calls flow one way, pipelined:
-the worker answers them only if a call failed or a kernel printed, and the daemon forwards such
-answers whenever it next looks (they matter at the guest's next synchronizing call, which
-always waits).
+What each tag carries is :mod:`crane.host.messages`' business: call batches and their replies
+are opaque bytes; everything else is a typed message.
 """
 
 from __future__ import annotations
@@ -23,25 +17,10 @@ import select
 import socket
 import struct
 
-__all__ = ["Channel", "ChannelClosed", "Tag"]
+__all__ = ["Channel", "ChannelClosed"]
 
 _HEADER = struct.Struct("<BQ")
 _MAX_FRAME = 1 << 30
-
-
-class Tag:
-    CONFIG = 1
-    BATCH = 2
-    REPLY = 3
-    REPLY_LAST = 4
-    CLOSE = 5
-    CHECKPOINT = 6  # daemon→worker, JSON {path, release, identity}
-    RESTORE = 7  # daemon→worker, JSON {path}
-    CONTROL_REPLY = 8  # worker→daemon, JSON answer to CHECKPOINT / RESTORE / MIGRATE_IN_END
-    MIGRATE = 9  # daemon→worker, JSON: migrate this session out (crane.migrate.source)
-    MIGRATE_IN = 10  # daemon→worker, JSON {round, fresh}: a migration round begins
-    MIGRATE_DATA = 11  # daemon→worker, checkpoint-format bytes of the round
-    MIGRATE_IN_END = 12  # daemon→worker: the round is complete; answered by CONTROL_REPLY
 
 
 class ChannelClosed(Exception):

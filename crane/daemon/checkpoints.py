@@ -1,0 +1,170 @@
+"""Checkpoint, park and restore, as the daemon orchestrates them (the worker does the I/O).
+
+A checkpoint claims the session (``checkpointing``), asks its worker to write the file and
+either gives the session back as it was or, with ``release``, parks it: the worker and its
+device memory are released and the entry keeps the id, token and window for a restore. A
+parked session's guest finds its stream broken, asks ``Resume`` (answered UNAVAILABLE while
+parked) and reconnects once the session is ready again, here or on another daemon.
+
+A restore runs the pre-flight a migration's destination runs (:mod:`crane.state.preflight`:
+code for this device's architecture in every module, free memory, no limit lower than the guest
+was told), all at once and before any memory is written, against what this daemon's device
+reports; the restored session keeps answering with the identity its guest was told.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from crane.api.errors import ProtocolError
+from crane.daemon.lifecycle import SessionState
+from crane.daemon.session import DaemonSession
+from crane.daemon.worker_control import request
+from crane.device.layout import module_area_base
+from crane.host.channel import ChannelClosed
+from crane.host.messages import Checkpointed, CheckpointRequest, Refused, Restored, RestoreRequest
+from crane.state.checkpoint import CheckpointError, Head, read_head
+from crane.state.preflight import check_code, refusals
+from crane.state.session_record import SessionRecord
+
+if TYPE_CHECKING:
+    from crane.daemon.sessions import SessionManager
+
+__all__ = ["Checkpointed", "checkpoint", "restore"]
+
+log = logging.getLogger("craned")
+
+
+def checkpoint(
+    mgr: SessionManager, sid: str, path: str, release: bool
+) -> tuple[Checkpointed, SessionState]:
+    """Write the session's state to ``path``; with ``release`` park it. Returns the worker's
+    counts and the session's state afterwards."""
+    if not os.path.isabs(path):
+        raise ProtocolError("INVALID_ARGUMENT", f"checkpoint path {path!r} is not absolute")
+    session, before = mgr.claim(sid, "checkpoint", SessionState.CHECKPOINTING)
+    try:
+        with session.channel_lock:
+            answer = request(session, CheckpointRequest(path, release, session.record()))
+    except ChannelClosed as e:
+        mgr.give_back(session, SessionState.CHECKPOINTING, before)
+        mgr.close(session, "worker exited during a checkpoint")
+        raise ProtocolError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
+    if not isinstance(answer, Checkpointed):
+        mgr.give_back(session, SessionState.CHECKPOINTING, before)
+        why = answer.error if isinstance(answer, Refused) else repr(answer)
+        raise ProtocolError("FAILED_PRECONDITION", f"checkpoint of {sid} failed: {why}")
+    if not release:
+        mgr.give_back(session, SessionState.CHECKPOINTING, before)
+        return answer, before
+    with mgr.table.lock:
+        session.move(SessionState.PARKED)
+        session.parked_at = path
+        session.parked_since = time.monotonic()
+        session.peer = ""
+    mgr.release(session)
+    ttl = mgr.expiry.parked_ttl_s
+    log.info(
+        "session %s parked to %s; its device memory is released; its entry waits %s for a restore",
+        sid,
+        path,
+        f"{ttl:g} s" if ttl else "without limit",
+    )
+    return answer, SessionState.PARKED
+
+
+def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSession, int]:
+    """Recreate a checkpointed session here; refuses precisely, leaves nothing behind. Returns
+    the session and the sequence number its guest's calls ran to."""
+    device = mgr.device(device_index)
+    dest = device.destination()
+    name = os.path.basename(path)
+    code_refusals: list[str] = []
+
+    def on_image(digest: bytes, image: bytes) -> None:
+        for msg in check_code(digest, image, dest.cc, dest.where):
+            kind = "NO_BINARY_FOR_GPU" if "no usable code" in msg else "INVALID_IMAGE"
+            code_refusals.append(f"{msg} (CUDA_ERROR_{kind})")
+
+    try:
+        with open(path, "rb") as f:
+            head = read_head(f, name, on_image)
+        record, note = SessionRecord.from_meta(head.meta, head.version, name)
+        needed = _mem_needed(head)
+    except OSError as e:
+        raise ProtocolError("NOT_FOUND", f"cannot read {path}: {e.strerror or e}") from None
+    except CheckpointError as e:
+        raise ProtocolError("INVALID_ARGUMENT", str(e)) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(
+            "INVALID_ARGUMENT", f"{path}: META lacks the session or is malformed: {e}"
+        ) from None
+    sid = record.id
+    if note:
+        log.warning("restore of %s: %s", sid, note)
+    mgr.expire()
+    with mgr.table.lock:
+        conflicts = mgr.table.slot_refusals(sid, record.slot)
+        if conflicts:
+            status = conflicts[0][0]
+            raise ProtocolError(status, f"{path}: " + "; ".join(why for _, why in conflicts))
+        old = mgr.table.entries().get(sid)
+        if mgr.table.full(sid):
+            raise ProtocolError(
+                "RESOURCE_EXHAUSTED", f"daemon is at its limit of {mgr.max_sessions} sessions"
+            )
+        mgr.table.claim_slot(record.slot)
+        if old is not None:
+            old.move(SessionState.RESTORING)
+    try:
+        # the pre-flight, against what the device reports (any backend), before a worker starts
+        why = code_refusals + refusals(dest, told=record.told, mem_needed=needed)
+        if why:
+            raise ProtocolError(
+                "FAILED_PRECONDITION", f"restore of {sid} refused: " + "; ".join(why)
+            )
+        # after the restore: a worker's start would slow it down
+        session = mgr.start(record, device, SessionState.RESTORING, replenish=False)
+        try:
+            with session.channel_lock:
+                answer = request(session, RestoreRequest(path))
+        except ChannelClosed as e:
+            answer = Refused(f"the worker exited: {e}")
+        if not isinstance(answer, Restored):
+            mgr.release(session)
+            error = answer.error if isinstance(answer, Refused) else repr(answer)
+            raise ProtocolError("FAILED_PRECONDITION", f"restore of {sid} refused: {error}")
+        session.adopt(record)
+        mgr.admit(session)
+    except BaseException:
+        if old is not None:
+            mgr.give_back(old, SessionState.RESTORING, SessionState.PARKED)
+        raise
+    finally:
+        with mgr.table.lock:
+            mgr.table.unclaim_slot(record.slot)
+        mgr.pool.replenish()
+    log.info(
+        "session %s restored from %s on device %d (%s), window %#x",
+        sid,
+        path,
+        device.index,
+        device.name,
+        session.va_base,
+    )
+    return session, answer.done_seq
+
+
+def _mem_needed(head: Head) -> int:
+    """Device memory the checkpointed session commits (format 1 files: from its graph)."""
+    if "mem_needed" in head.meta:
+        return int(head.meta["mem_needed"])
+    g = head.graph or {}
+    window = g.get("window") or [0, 0]
+    area = g.get("module_area") or {}
+    base = module_area_base((int(window[0]), int(window[1])))
+    chunks = sum(int(c["size"]) for c in g.get("chunks", []))
+    return chunks + max(int(area.get("chunk_end", base)) - base, 0)

@@ -1,0 +1,80 @@
+"""The Control service (``crane devices``, ``crane ps``, ``crane checkpoint``, ``crane restore``):
+thin translation between RPCs and the session manager."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from crane import __version__
+from crane.daemon.render import device_info, session_info
+from crane.daemon.sessions import SessionManager
+from crane.v1 import control_pb2
+from crane.wire.handlers import unary
+
+__all__ = ["ControlServicer", "control_handler"]
+
+
+class ControlServicer:
+    def __init__(self, sessions: SessionManager, backend_note: str) -> None:
+        self.sessions = sessions
+        self.backend_note = backend_note
+
+    def ListDevices(self, request: Any, context: grpc.ServicerContext) -> Any:
+        out = control_pb2.ListDevicesReply(daemon_version=__version__, backend=self.backend_note)
+        sessions = self.sessions.list()
+        for d in self.sessions.devices:
+            count = sum(1 for s in sessions if s.device is d)
+            out.devices.append(device_info(d, d.ledger.used(), count))
+        return out
+
+    def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:
+        mgr = self.sessions
+        return control_pb2.ListSessionsReply(
+            sessions=[session_info(s, mgr.table, mgr.expiry) for s in mgr.listing()]
+        )
+
+    def Checkpoint(
+        self, request: control_pb2.CheckpointRequest, context: grpc.ServicerContext
+    ) -> control_pb2.CheckpointReply:
+        t0 = time.monotonic()
+        counts, state = self.sessions.checkpoint(request.session_id, request.path, request.release)
+        return control_pb2.CheckpointReply(
+            bytes=counts.bytes,
+            memory_bytes=counts.memory_bytes,
+            seconds=time.monotonic() - t0,
+            state=state.value,
+        )
+
+    def Restore(
+        self, request: control_pb2.RestoreRequest, context: grpc.ServicerContext
+    ) -> control_pb2.RestoreReply:
+        t0 = time.monotonic()
+        session, done_seq = self.sessions.restore(request.path, request.device)
+        return control_pb2.RestoreReply(
+            session_id=session.id, seconds=time.monotonic() - t0, done_seq=done_seq
+        )
+
+
+def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        "crane.v1.Control",
+        {
+            "ListDevices": unary(
+                servicer.ListDevices, control_pb2.ListDevicesRequest, control_pb2.ListDevicesReply
+            ),
+            "ListSessions": unary(
+                servicer.ListSessions,
+                control_pb2.ListSessionsRequest,
+                control_pb2.ListSessionsReply,
+            ),
+            "Checkpoint": unary(
+                servicer.Checkpoint, control_pb2.CheckpointRequest, control_pb2.CheckpointReply
+            ),
+            "Restore": unary(
+                servicer.Restore, control_pb2.RestoreRequest, control_pb2.RestoreReply
+            ),
+        },
+    )

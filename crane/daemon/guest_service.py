@@ -1,0 +1,119 @@
+"""The Guest service: open a session, resume it, and relay its call stream to the worker.
+
+``Calls`` is a relay: the guest's serialized call batches go to the session's worker unparsed and
+the worker's serialized replies come back unparsed, so the daemon does no per-call work
+(invariant 4). Refusals are :class:`~crane.api.errors.ProtocolError`; the RPC boundary
+(:mod:`crane.wire.handlers`) turns them into gRPC status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import grpc
+
+from crane.api.errors import ProtocolError
+from crane.daemon.lifecycle import AWAY, SessionState
+from crane.daemon.render import opened
+from crane.daemon.sessions import SessionManager
+from crane.host.channel import ChannelClosed
+from crane.host.messages import Tag
+from crane.v1 import guest_pb2
+from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
+from crane.wire.fingerprint import fingerprint
+from crane.wire.handlers import stream_stream, unary
+
+__all__ = ["GuestServicer", "guest_handler"]
+
+log = logging.getLogger("craned")
+
+
+def _same_build(theirs: str) -> None:
+    if theirs != fingerprint():
+        raise ProtocolError(
+            "FAILED_PRECONDITION",
+            f"protocol fingerprint mismatch: guest {theirs!r}, daemon {fingerprint()!r}; the "
+            "guest library and craned come from different Crane builds",
+        )
+
+
+class GuestServicer:
+    def __init__(self, sessions: SessionManager) -> None:
+        self.sessions = sessions
+
+    def OpenSession(
+        self, request: guest_pb2.OpenSessionRequest, context: grpc.ServicerContext
+    ) -> guest_pb2.OpenSessionReply:
+        _same_build(request.fingerprint)
+        return opened(self.sessions.open(request.device, request.client))
+
+    def Resume(
+        self, request: guest_pb2.ResumeRequest, context: grpc.ServicerContext
+    ) -> guest_pb2.OpenSessionReply:
+        _same_build(request.fingerprint)
+        sid, token = request.session_id, request.resume_token
+        try:
+            return opened(self.sessions.resume(sid, token))
+        except ProtocolError as e:
+            # stopped for a switchover to another daemon: the redirect is moments away, so
+            # wait for it here rather than have the guest back off and poll
+            if e.status != "UNAVAILABLE" or not self.sessions.wait_switchover(sid):
+                raise
+        return opened(self.sessions.resume(sid, token))
+
+    def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        md = dict(context.invocation_metadata())
+        session = self.sessions.attach(
+            md.get("crane-session"), md.get("crane-token-bin"), context.peer()
+        )
+        context.add_callback(lambda: self.sessions.close(session, "stream ended"))
+        ch = session.worker.channel
+        try:
+            for raw in requests:
+                with session.channel_lock:  # a checkpoint waits for the batch to be answered
+                    if session.state is SessionState.PARKED:
+                        raise ProtocolError("UNAVAILABLE", f"{session.id} is parked")
+                    while session.pending:
+                        yield session.pending.pop(0)
+                    ch.send(Tag.BATCH, raw)
+                    if peek_flags(raw) & EXPECTS_REPLY:
+                        # the guest waits: forward answers up to this batch's last one
+                        while True:
+                            tag, frame = ch.recv()
+                            if tag == Tag.CLOSE:
+                                return
+                            yield frame
+                            if tag == Tag.REPLY_LAST:
+                                break
+                    else:
+                        # asynchronous batch: forward only what is already there (failures)
+                        while ch.readable():
+                            tag, frame = ch.recv()
+                            if tag == Tag.CLOSE:
+                                return
+                            yield frame
+        except ChannelClosed:
+            if session.state in AWAY:
+                raise ProtocolError("UNAVAILABLE", f"session {session.id} is parked") from None
+            if session.state is SessionState.RUNNING:
+                log.error("session %s: worker exited unexpectedly", session.id)
+                raise ProtocolError(
+                    "UNAVAILABLE", f"session {session.id}: its worker process exited"
+                ) from None
+        finally:
+            self.sessions.close(session, "stream ended")
+
+
+def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
+    """The Guest service; ``Calls`` carries raw bytes (the daemon never parses a batch)."""
+    return grpc.method_handlers_generic_handler(
+        "crane.v1.Guest",
+        {
+            "OpenSession": unary(
+                servicer.OpenSession, guest_pb2.OpenSessionRequest, guest_pb2.OpenSessionReply
+            ),
+            "Calls": stream_stream(servicer.Calls),
+            "Resume": unary(servicer.Resume, guest_pb2.ResumeRequest, guest_pb2.OpenSessionReply),
+        },
+    )

@@ -1,0 +1,135 @@
+"""The daemon's table of sessions and VA window slots, and the entries of sessions that left.
+
+One lock guards it all, so that "is this slot free", "is this session here" and "take it" are
+one step. A slot is reserved (:meth:`SessionTable.reserve`) while a session is being opened,
+restored or migrated in, before it joins the table, so two arrivals never get one window.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from crane.api.errors import ProtocolError
+from crane.daemon.lifecycle import SessionState
+from crane.daemon.session import DaemonSession, Gone
+from crane.device.layout import WINDOW_SLOTS, window_base
+
+__all__ = ["SessionTable"]
+
+
+class SessionTable:
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = min(max_sessions, WINDOW_SLOTS)
+        self.lock = threading.Lock()
+        self._sessions: dict[str, DaemonSession] = {}
+        self._starting: set[int] = set()  # window slots of sessions being opened or arriving
+        #: Sessions migrated away, for Resume redirects and ``crane ps`` (until moved_ttl_s).
+        self.moved: dict[str, Gone] = {}
+        #: Parked sessions whose entry expired: their guest's Resume is told why.
+        self.expired: dict[str, Gone] = {}
+
+    # ---- lookups (take the lock) ---------------------------------------------------------------
+    def get(self, sid: str) -> DaemonSession:
+        session = self.find(sid)
+        if session is None:
+            raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
+        return session
+
+    def find(self, sid: str) -> DaemonSession | None:
+        with self.lock:
+            return self._sessions.get(sid)
+
+    def sessions(self) -> list[DaemonSession]:
+        with self.lock:
+            return list(self._sessions.values())
+
+    def gone(self, sid: str) -> Gone | None:
+        """The tombstone of a session that left (moved away, or expired while parked)."""
+        with self.lock:
+            if sid in self._sessions:
+                return None
+            return self.moved.get(sid) or self.expired.get(sid)
+
+    # ---- with the lock held ----------------------------------------------------------------------
+    def entries(self) -> dict[str, DaemonSession]:
+        """The live table itself (hold :attr:`lock` while using it)."""
+        return self._sessions
+
+    def slot_refusals(self, sid: str, slot: int) -> list[tuple[str, str]]:
+        """Why session ``sid`` cannot take window ``slot`` here, each reason with the gRPC
+        status it deserves (hold :attr:`lock`)."""
+        out: list[tuple[str, str]] = []
+        here = self._sessions.get(sid)
+        if here is not None and here.state is not SessionState.PARKED:
+            out.append(
+                ("ALREADY_EXISTS", f"session {sid} is already {here.state.value} on this daemon")
+            )
+        if not 0 <= slot < WINDOW_SLOTS:
+            return [*out, ("INVALID_ARGUMENT", f"VA window slot {slot} out of range")]
+        for other in self._sessions.values():
+            if other.slot == slot and other is not here:
+                out.append(
+                    (
+                        "FAILED_PRECONDITION",
+                        f"VA window slot {slot} ({window_base(slot):#x}) that session {sid} "
+                        f"needs is taken by session {other.id} on this daemon",
+                    )
+                )
+        if slot in self._starting:
+            out.append(
+                ("FAILED_PRECONDITION", f"VA window slot {slot} is being opened on this daemon")
+            )
+        return out
+
+    def full(self, sid: str | None = None) -> bool:
+        """No room for one more session (``sid``'s own parked entry would be reused)."""
+        if sid is not None and sid in self._sessions:
+            return False
+        return len(self._sessions) + len(self._starting) >= self.max_sessions
+
+    def claim_slot(self, slot: int) -> None:
+        self._starting.add(slot)
+
+    def unclaim_slot(self, slot: int) -> None:
+        self._starting.discard(slot)
+
+    def add(self, session: DaemonSession) -> None:
+        self._sessions[session.id] = session
+        self.moved.pop(session.id, None)
+        self.expired.pop(session.id, None)
+
+    def remove(self, session: DaemonSession) -> None:
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+
+    def remember_moved(self, session: DaemonSession, to: str) -> None:
+        """The session now lives on ``to``: keep a redirect for its guest, and a ``crane ps``
+        line, until the expiry drops it."""
+        self.remove(session)
+        self.moved[session.id] = Gone(session, time.monotonic(), to=to)
+        self.expired.pop(session.id, None)
+
+    # ---- slots ---------------------------------------------------------------------------------
+    @contextmanager
+    def reserve(self, slot: int | None = None) -> Iterator[int]:
+        """A window slot held for a session on its way in (a random free one by default)."""
+        with self.lock:
+            if slot is None:
+                used = {s.slot for s in self._sessions.values()} | self._starting
+                free = [i for i in range(WINDOW_SLOTS) if i not in used]
+                if self.full() or not free:
+                    raise ProtocolError(
+                        "RESOURCE_EXHAUSTED",
+                        f"daemon is at its limit of {self.max_sessions} sessions",
+                    )
+                slot = random.choice(free)
+            self._starting.add(slot)
+        try:
+            yield slot
+        finally:
+            with self.lock:
+                self._starting.discard(slot)

@@ -1,0 +1,217 @@
+"""The messages craned and a session's worker exchange, typed at both ends.
+
+Each frame on the channel (:mod:`crane.host.channel`) has a :class:`Tag`. Call batches and their
+replies are opaque bytes (the daemon relays them without parsing: invariant 4), the device
+identity a started worker answers is a ``DeviceIdentity`` protobuf, and everything else is one
+of the dataclasses below, encoded by :func:`encode` and decoded by :func:`decode`, which refuses
+a frame whose tag, type or fields do not match (:class:`MessageError`) rather than handing a
+loose dict to code that would fail later and further away.
+
+Daemon to worker: :class:`WorkerConfig` (once), ``BATCH``, :class:`CheckpointRequest`,
+:class:`RestoreRequest`, :class:`MigrateRequest` (migrate out), :class:`RoundBegin` /
+``MIGRATE_DATA`` / :class:`RoundEnd` (a migration round coming in).
+Worker to daemon: ``STARTED`` (the identity), ``REPLY``, ``REPLY_LAST`` (the last reply to a batch
+that expects one), ``CLOSE`` (the guest closed the session, or the worker cannot start: the
+reason as text) and one control answer per control request: :class:`Checkpointed`,
+:class:`Restored`, :class:`RoundApplied` or :class:`Refused`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, ClassVar
+
+from crane.state.checkpoint import FORMAT_VERSION
+from crane.state.session_record import SessionRecord
+
+__all__ = [
+    "CheckpointRequest",
+    "Checkpointed",
+    "ControlAnswer",
+    "MessageError",
+    "MigrateRequest",
+    "Refused",
+    "RestoreRequest",
+    "Restored",
+    "RoundApplied",
+    "RoundBegin",
+    "RoundEnd",
+    "Tag",
+    "WorkerConfig",
+    "decode",
+    "encode",
+]
+
+
+class Tag(IntEnum):
+    CONFIG = 1  # daemon -> worker: WorkerConfig
+    BATCH = 2  # daemon -> worker: a serialized CallBatch
+    REPLY = 3  # worker -> daemon: a serialized ReplyBatch to forward
+    REPLY_LAST = 4  # worker -> daemon: the last reply to a batch that expects one
+    CLOSE = 5  # worker -> daemon: the session ended (text: why, if the worker could not start)
+    CHECKPOINT = 6  # daemon -> worker: CheckpointRequest
+    RESTORE = 7  # daemon -> worker: RestoreRequest
+    CONTROL_REPLY = 8  # worker -> daemon: the answer to a control request
+    MIGRATE = 9  # daemon -> worker: MigrateRequest
+    MIGRATE_IN = 10  # daemon -> worker: RoundBegin
+    MIGRATE_DATA = 11  # daemon -> worker: checkpoint-format bytes of the round
+    MIGRATE_IN_END = 12  # daemon -> worker: RoundEnd
+    STARTED = 13  # worker -> daemon: the DeviceIdentity the guest will be told
+
+
+class MessageError(ValueError):
+    """A frame that is not the message its tag announces."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to serve one session."""
+
+    TAG: ClassVar[Tag] = Tag.CONFIG
+    session_id: str
+    backend: str  # "sim" or "cuda"
+    device_arg: str  # what the backend opens: a simulator profile key, or the CUDA ordinal
+    va_base: int
+    va_size: int
+    uuid_seed: str  # hex; the session's virtual device identity derives from it
+    ledger_path: str
+    ledger_slot: int
+    module_cache: str
+    stats_path: str
+    token: str = ""  # hex resume token, checked by the worker's direct endpoint
+    direct_socket: str = ""  # unix socket path for guests on this host ("" = relay only)
+    attach_timeout_s: float = 60.0  # end a session whose guest never attaches
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """Write the session to ``path``; ``release``: park it (no call may run here after)."""
+
+    TAG: ClassVar[Tag] = Tag.CHECKPOINT
+    path: str
+    release: bool
+    identity: SessionRecord
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """Replay the checkpoint at ``path`` onto this (fresh) worker."""
+
+    TAG: ClassVar[Tag] = Tag.RESTORE
+    path: str
+
+
+@dataclass(frozen=True)
+class MigrateRequest:
+    """Move the session to the daemon at ``to`` (crane.migrate.source); progress goes to a
+    file, and a byte to the FIFO ``wake`` after each update."""
+
+    TAG: ClassVar[Tag] = Tag.MIGRATE
+    to: str
+    device: int
+    max_rounds: int
+    stop_bytes: int
+    identity: SessionRecord
+    wake: str = ""
+
+
+@dataclass(frozen=True)
+class RoundBegin:
+    """A migration round comes in: ``fresh`` replays everything, ``final`` switches over."""
+
+    TAG: ClassVar[Tag] = Tag.MIGRATE_IN
+    round: int
+    fresh: bool
+    final: bool
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """The round's bytes are all sent: apply it and answer."""
+
+    TAG: ClassVar[Tag] = Tag.MIGRATE_IN_END
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
+    bytes: int
+    memory_bytes: int
+    sections: int
+
+
+@dataclass(frozen=True)
+class Restored:
+    TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
+    done_seq: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundApplied:
+    TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
+    done_seq: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A control request that could not be done; ``error`` says why (the session is as it
+    was, except a restore or an incoming round, whose worker the daemon discards)."""
+
+    TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
+    error: str
+
+
+ControlAnswer = Checkpointed | Restored | RoundApplied | Refused
+
+_TYPES: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        WorkerConfig,
+        CheckpointRequest,
+        RestoreRequest,
+        MigrateRequest,
+        RoundBegin,
+        RoundEnd,
+        Checkpointed,
+        Restored,
+        RoundApplied,
+        Refused,
+    )
+}
+
+
+def _to_json(value: Any) -> Any:
+    return value.to_json() if isinstance(value, SessionRecord) else value
+
+
+def encode(msg: Any) -> tuple[Tag, bytes]:
+    """The frame of a typed message: its tag and its payload."""
+    body = {f.name: _to_json(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
+    body["type"] = type(msg).__name__
+    return msg.TAG, json.dumps(body).encode()
+
+
+def decode(tag: int, raw: bytes) -> Any:
+    """The typed message a frame carries; :class:`MessageError` says what does not fit."""
+    try:
+        body = json.loads(raw)
+        cls = _TYPES[body.pop("type")]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MessageError(f"frame with tag {tag} is not a typed message: {e!r}") from None
+    if tag != cls.TAG:
+        raise MessageError(f"a {cls.__name__} cannot come with tag {tag}")
+    hints = typing.get_type_hints(cls)
+    try:
+        for name, value in list(body.items()):
+            if hints.get(name) is SessionRecord:
+                record = {"session": value}
+                body[name], _ = SessionRecord.from_meta(record, FORMAT_VERSION, cls.__name__)
+        return cls(**body)
+    except (TypeError, ValueError, KeyError) as e:
+        raise MessageError(f"malformed {cls.__name__}: {e!r}") from None

@@ -1,0 +1,129 @@
+"""The worker's side of one session: its engine, who is attached to it, and its lifecycle.
+
+A guest reaches its worker either through the daemon's relay (batches arrive on the channel) or
+directly, over the worker's own socket (:mod:`crane.worker.direct`). Exactly one call stream may
+be attached at a time; the first one wins and the mode is fixed for the session's life.
+
+Lifecycle (:class:`WorkerState`, transitions in :data:`TRANSITIONS`)::
+
+    waiting ──► relay | direct ──► parked ──► ended
+       │  └──────────────────────────┘   └─► ended
+       └──► incoming ──► waiting                    (a migration arriving: rounds, then the guest)
+
+``parked`` is final for calls: the session was checkpointed with release or migrated away, so
+its state lives elsewhere and no call may run here again; the worker stays only until the
+daemon has the answer and releases it. Each operation names the states it is allowed in
+(:data:`ALLOWED`) and is refused by name otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+from enum import Enum
+
+from crane.engine.engine import Engine
+from crane.host.stats import MODE_DIRECT, SessionStats
+
+__all__ = ["ALLOWED", "TRANSITIONS", "NotAllowed", "SessionParked", "WorkerSession", "WorkerState"]
+
+
+class WorkerState(Enum):
+    WAITING = "waiting"  # no call stream yet
+    INCOMING = "incoming"  # a migration's rounds are arriving; the guest comes after
+    RELAY = "relay"  # the guest's calls come through the daemon
+    DIRECT = "direct"  # the guest's calls come to the worker's own socket
+    PARKED = "parked"  # checkpointed with release or migrated away: no call runs here again
+    ENDED = "ended"  # the guest closed the session, or nobody attached in time
+
+
+S = WorkerState
+TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    S.WAITING: frozenset({S.RELAY, S.DIRECT, S.INCOMING, S.PARKED, S.ENDED}),
+    S.INCOMING: frozenset({S.WAITING, S.ENDED}),
+    S.RELAY: frozenset({S.PARKED, S.ENDED}),
+    S.DIRECT: frozenset({S.PARKED, S.ENDED}),
+    S.PARKED: frozenset({S.ENDED}),
+    S.ENDED: frozenset(),
+}
+
+#: Which states each operation may run in.
+ALLOWED: dict[str, frozenset[WorkerState]] = {
+    "attach": frozenset({S.WAITING}),
+    "run calls": frozenset({S.RELAY, S.DIRECT}),
+    "checkpoint": frozenset({S.WAITING, S.RELAY, S.DIRECT}),
+    "restore": frozenset({S.WAITING}),
+    "migrate out": frozenset({S.WAITING, S.RELAY, S.DIRECT}),
+    "receive a migration round": frozenset({S.WAITING, S.INCOMING}),
+}
+
+
+class NotAllowed(Exception):
+    """An operation refused in the session's current state (the message names both)."""
+
+
+class SessionParked(NotAllowed):
+    """The session was checkpointed and released, or migrated away: no call may run here."""
+
+
+class WorkerSession:
+    def __init__(self, engine: Engine, session_id: str, stats: SessionStats) -> None:
+        self.engine = engine
+        self.session_id = session_id
+        self.stats = stats
+        self.lock = threading.Lock()  # one batch at a time, whichever path it came from
+        self.state = WorkerState.WAITING
+        self.attached = threading.Event()  # a call stream attached (the abandon timer's cue)
+        self.ended = threading.Event()
+
+    # ---- the lifecycle ---------------------------------------------------------------------
+    def require(self, operation: str) -> None:
+        """Refuse ``operation`` unless the session is in a state that allows it."""
+        allowed = ALLOWED[operation]
+        if self.state not in allowed:
+            why = (
+                f"session {self.session_id} is {self.state.value}; {operation} needs it "
+                + " or ".join(sorted(s.value for s in allowed))
+            )
+            raise SessionParked(why) if self.state is S.PARKED else NotAllowed(why)
+
+    def move(self, to: WorkerState) -> None:
+        """Enter ``to``; a transition the table lacks is a bug in the caller."""
+        if to is not self.state and to not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"session {self.session_id}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    @property
+    def parked(self) -> bool:
+        return self.state is S.PARKED
+
+    @property
+    def relay(self) -> bool:
+        return self.state is S.RELAY
+
+    # ---- calls -----------------------------------------------------------------------------
+    def attach(self, mode: int, peer: str = "") -> bool:
+        """Claim the session for a stream; False if another stream (or mode) holds it."""
+        with self.lock:
+            if self.state not in ALLOWED["attach"]:
+                return False
+            self.move(S.DIRECT if mode == MODE_DIRECT else S.RELAY)
+            self.stats.set_attached(mode, peer)
+            self.attached.set()
+            return True
+
+    def run(self, raw: bytes) -> list[bytes]:
+        """Execute one batch of the attached stream (:class:`SessionParked` once parked)."""
+        with self.lock:
+            self.require("run calls")
+            msgs = self.engine.run_batch(raw)
+            log = self.engine.log
+            self.stats.write(log.calls, self.engine.device.mem_used(), log.done_seq)
+            if self.engine.device.closed:
+                self.move(S.ENDED)
+            return msgs
+
+    def end(self) -> None:
+        """The session is over here (the guest closed it, or nobody attached in time)."""
+        if self.state is not S.ENDED:
+            self.move(S.ENDED)
+        self.ended.set()

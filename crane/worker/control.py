@@ -1,0 +1,81 @@
+"""The daemon's checkpoint and restore requests, done in the worker that owns the memory.
+
+Each runs under the session's batch lock (so at a call boundary) and answers with a typed
+message: :class:`~crane.host.messages.Checkpointed` / :class:`~crane.host.messages.Restored`,
+or :class:`~crane.host.messages.Refused` with the reason, never an exception on the channel: a
+failed checkpoint leaves the session running as it was, and a failed restore leaves a worker the
+daemon discards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from crane.api.results import CudaError
+from crane.host.messages import (
+    Checkpointed,
+    CheckpointRequest,
+    ControlAnswer,
+    Refused,
+    Restored,
+    RestoreRequest,
+)
+from crane.state.checkpoint import CheckpointError
+from crane.state.park import restore_checkpoint, write_checkpoint
+from crane.worker.attach import NotAllowed, WorkerSession, WorkerState
+
+__all__ = ["checkpoint", "restore"]
+
+log = logging.getLogger("crane.worker")
+
+
+def checkpoint(ws: WorkerSession, req: CheckpointRequest) -> ControlAnswer:
+    """Write the session to ``req.path`` (complete or absent); park it with ``release``."""
+    path = Path(req.path)
+    with ws.lock:
+        try:
+            ws.require("checkpoint")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+            eng = ws.engine
+            try:
+                with open(tmp, "wb", buffering=1 << 20) as f:
+                    counts = write_checkpoint(eng.device, eng.log, f, req.identity.to_json())
+                    f.flush()
+                    os.fsync(f.fileno())
+                tmp.replace(path)  # a checkpoint file is complete or absent
+            finally:
+                tmp.unlink(missing_ok=True)
+            if req.release:
+                ws.move(WorkerState.PARKED)
+            log.info("checkpoint written to %s (%d bytes)", path, counts["bytes"])
+            return Checkpointed(counts["bytes"], counts["memory_bytes"], counts["sections"])
+        except Exception as e:
+            return _refused("checkpoint", path, e)
+
+
+def restore(ws: WorkerSession, req: RestoreRequest) -> ControlAnswer:
+    """Replay the checkpoint at ``req.path`` onto this fresh session."""
+    path = Path(req.path)
+    with ws.lock:
+        try:
+            ws.require("restore")
+            with open(path, "rb", buffering=1 << 20) as f:
+                meta = restore_checkpoint(ws.engine.device, ws.engine.log, f, path.name)
+            log.info("restored from %s", path)
+            return Restored(ws.engine.log.done_seq, meta)
+        except Exception as e:
+            return _refused("restore", path, e)
+
+
+def _refused(what: str, path: Path, e: Exception) -> Refused:
+    """The reason an operator reads; a bug is logged with its traceback, not hidden."""
+    if isinstance(e, CheckpointError | NotAllowed):
+        return Refused(str(e))
+    if isinstance(e, CudaError):
+        return Refused(f"{e.name}: {e.message}")
+    if isinstance(e, OSError):
+        return Refused(f"{path}: {e.strerror or e}")
+    log.exception("%s failed", what)
+    return Refused(f"internal error: {e!r}")
