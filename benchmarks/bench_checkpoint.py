@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.state.checkpoint import read_meta
 from crane.v1 import guest_pb2_grpc
 from crane.wire.address import to_grpc_target
@@ -101,7 +101,7 @@ def measure(
     other left it."""
     ckpt = work / f"s{size}.ckpt"
     raw = work / f"s{size}.raw"
-    with Session(a.address, client="bench") as s:
+    with GuestSession(a.address, client="bench") as s:
         addr = s.mem_alloc(size)
         for off in range(0, size, len(block)):
             s.memcpy_htod(addr + off, block[: min(len(block), size - off)])

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.v1 import diag_pb2
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 from crane.wire.status import MAX_CHUNK
@@ -99,7 +99,7 @@ def best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return min(fn() for _ in range(repeat))
 
 
-def measure_path(s: Session, bare: Bare, quick: bool) -> dict:
+def measure_path(s: GuestSession, bare: Bare, quick: bool) -> dict:
     """All metrics for one session (one path: direct or relay), baselines interleaved."""
     results: dict = {}
     n_rtt = 500 if quick else 3000
@@ -174,7 +174,7 @@ def run(quick: bool) -> dict:
         DaemonProcess(Path(tmp) / "run") as daemon,
     ):
         for path in ("direct", "relay"):
-            with Session(daemon.address, client="bench_core", direct=path == "direct") as s:
+            with GuestSession(daemon.address, client="bench_core", direct=path == "direct") as s:
                 # the baseline runs on the socket that carries this session's calls
                 bare = Bare(s._t.opened.direct_address if path == "direct" else daemon.address)
                 results[path] = measure_path(s, bare, quick)

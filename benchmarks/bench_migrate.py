@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.migrate.stream import WIRE_CHUNK
 from crane.v1 import control_pb2, control_pb2_grpc, diag_pb2
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
@@ -71,7 +71,7 @@ class Stepper:
 
     def __init__(
         self,
-        s: Session,
+        s: GuestSession,
         bulk: int,
         bulk_size: int,
         buf: int,
@@ -181,7 +181,7 @@ def measure(
 ) -> dict[str, Any]:
     bulk_size = size - write
     assert bulk_size > write, "the write set must be a small part of the session"
-    with Session(a.address, client="bench-migrate") as s:
+    with GuestSession(a.address, client="bench-migrate") as s:
         bulk = s.mem_alloc(bulk_size)
         for off in range(0, bulk_size, len(block)):
             s.memcpy_htod(bulk + off, block[: min(len(block), bulk_size - off)])

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Crane's GPU suite in one command: set-up, `pytest -m gpu tests/gpu`, benchmarks/bench_gpu.py.
+# Crane's GPU suite in one command: set-up, the backend conformance suite and `pytest -m gpu
+# tests/gpu`, benchmarks/bench_gpu.py.
 #
 #   scripts/gpu_suite.sh --prepare   on a machine with network, before the GPU run (see below)
 #   scripts/gpu_suite.sh             on the GPU host: set-up, tests, benchmarks (`make gpu-test`)
@@ -190,10 +191,13 @@ say "set-up done in $(($(date +%s) - START)) s"
 BENCH_RESERVE="${GPU_SUITE_BENCH_S:-200}"
 T_TESTS=$(($(left) - BENCH_RESERVE))
 [ "$T_TESTS" -lt 60 ] && T_TESTS=60
-say "pytest -m gpu (at most ${T_TESTS} s)"
+say "pytest -m 'gpu or conformance' (at most ${T_TESTS} s)"
+# the backend conformance suite first (against the cuda backend on this GPU, and the simulator),
+# then the programs, checkpoint/migration and PyTorch
 # shellcheck disable=SC2086
-timeout --kill-after=10 "$T_TESTS" "$PY" -m pytest -m gpu -p no:cacheprovider --basetemp="$BT" \
-    -rfEsx --durations=15 --junitxml="$OUTDIR/junit.xml" ${GPU_SUITE_PYTEST_ARGS:-} \
+timeout --kill-after=10 "$T_TESTS" "$PY" -m pytest -m "gpu or conformance" -p no:cacheprovider \
+    --basetemp="$BT" -rfEsx --durations=15 --junitxml="$OUTDIR/junit.xml" \
+    ${GPU_SUITE_PYTEST_ARGS:-} tests/conformance/test_backends.py \
     tests/gpu/test_programs.py tests/gpu/test_migrate_gpu.py tests/gpu/test_torch.py \
     2>&1 | tee "$OUTDIR/pytest.log" >>"$LOG"
 TESTS_RC=${PIPESTATUS[0]}

@@ -17,9 +17,9 @@ __all__ = [
     "STICKY",
     "CUresult",
     "CudaError",
-    "check",
     "error_name",
     "error_string",
+    "raise_for_result",
     "to_result",
 ]
 
@@ -97,7 +97,7 @@ class CudaError(Exception):
         return (type(self), (int(self.code), self.message))
 
 
-def check(code: int, message: str | None = None) -> None:
+def raise_for_result(code: int, message: str | None = None) -> None:
     """Raise ``CudaError`` unless ``code`` is ``CUDA_SUCCESS``."""
     if code != CUresult.CUDA_SUCCESS:
         raise CudaError(code, message)

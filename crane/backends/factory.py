@@ -31,7 +31,7 @@ def make_backend(
         from crane.backends.cuda.device import device_snapshot
 
         drv = driver.load()
-        driver.check("cuInit", drv.cuInit(0))
+        driver.unwrap("cuInit", drv.cuInit(0))
         ordinal = int(arg or 0)
         snapshot = device_snapshot(drv, ordinal, uuid_seed)
         ledger = Ledger(ledger_path, snapshot.total_mem)

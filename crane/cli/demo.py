@@ -25,7 +25,7 @@ from crane.api.results import CudaError
 from crane.cli.control_client import ControlClient
 from crane.cli.inventory import format_bytes
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 __all__ = ["cmd_demo", "find_nvcc"]
 
@@ -73,7 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _run(address: str, tmpdir: Path) -> int:
     t0 = time.perf_counter()
-    with Session(address, client="crane demo") as s:
+    with GuestSession(address, client="crane demo") as s:
         d = s.device
         _say(
             f"session {s.session_id}: {d.name} (sm_{d.cc[0]}{d.cc[1]}), "
@@ -126,7 +126,7 @@ def _run(address: str, tmpdir: Path) -> int:
     return code
 
 
-def _demo_kernel(s: Session, tmpdir: Path, n: int, dx: int, dy: int, y: np.ndarray) -> int:
+def _demo_kernel(s: GuestSession, tmpdir: Path, n: int, dx: int, dy: int, y: np.ndarray) -> int:
     nvcc = find_nvcc()
     if nvcc is None:
         _say("nvcc not found: skipping the module part (pip install nvidia-cuda-nvcc)")

@@ -9,8 +9,8 @@ Errors are raised as :class:`crane.api.results.CudaError` carrying the CUresult 
 should see; errors of asynchronous calls are raised by the next synchronizing call. The
 transport below raises :class:`crane.api.errors.TransportError` (the daemon is gone, the stream
 broke); this class is where that becomes the CUresult it means for the application
-(:meth:`Session._enqueue`, :meth:`Session._wait`), so no transport failure reaches a caller as
-anything but a CUDA error.
+(:meth:`GuestSession._enqueue`, :meth:`GuestSession._wait`), so no transport failure reaches a
+caller as anything but a CUDA error.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from crane.guest.va import VaAllocator, VaError
 from crane.guest.vmm import Vmm
 from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
 
-__all__ = ["Function", "KernelLayout", "Module", "Session"]
+__all__ = ["Function", "GuestSession", "KernelLayout", "Module"]
 
 _O = OPS_BY_NAME
 _DEFAULT_STREAMS = (0, 1, 2)
@@ -81,7 +81,7 @@ class _Objects:
     functions: dict[int, Function] = field(default_factory=dict)
 
 
-class Session:
+class GuestSession:
     """A connection to craned and the guest-side state of one CUDA session."""
 
     def __init__(
@@ -119,10 +119,10 @@ class Session:
         self.primary_context = self.ctx_create()
 
     @classmethod
-    def open(cls, address: str | None = None, device: int = -1, client: str = "") -> Session:
+    def open(cls, address: str | None = None, device: int = -1, client: str = "") -> GuestSession:
         return cls(address, device, client)
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> GuestSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -566,7 +566,7 @@ class Session:
             if len(self._launch_ok) > 4096:
                 self._launch_ok.clear()
             self._launch_ok.add(key)
-        buf = params if isinstance(params, bytes | bytearray) else pack_params(lay, params)
+        buf = params if isinstance(params, bytes | bytearray) else pack_param_values(lay, params)
         if len(buf) != lay.param_bytes:
             raise CudaError(
                 CUresult.CUDA_ERROR_INVALID_VALUE,
@@ -604,7 +604,7 @@ class _VmmDevice:
     """Device memory for the VMM API (crane.guest.vmm.Device) over the session's wire: a
     mapping is a chunk committed at the mapped address holding one allocation of its size."""
 
-    def __init__(self, s: Session) -> None:
+    def __init__(self, s: GuestSession) -> None:
         self.s = s
 
     def commit(self, ctx: int, addr: int, size: int) -> None:
@@ -649,7 +649,7 @@ class _VmmDevice:
         return self.s.mem_get_info()[0]
 
 
-def pack_params(layout: KernelLayout, values: Sequence[object]) -> bytes:
+def pack_param_values(layout: KernelLayout, values: Sequence[object]) -> bytes:
     """Pack Python/NumPy values into a kernel's parameter buffer by its layout.
 
     ints are packed little-endian at the parameter's size (signed if negative), floats as f32

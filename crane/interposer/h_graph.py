@@ -15,7 +15,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs as G
-from crane.interposer.h_launch import pack_params, run_host_func
+from crane.interposer.h_launch import params_from_launch_args, run_host_func
 from crane.interposer.h_memory import copy, endpoint
 from crane.interposer.h_module import max_dynamic_shared
 from crane.interposer.registry import handles
@@ -69,7 +69,7 @@ def _kernel_params(ptr: Any, v2: bool) -> G.KernelParams:
         func = vals[10]  # CUkernel
     fn = RT.function(_vp(func))
     ffi = RT.ffi
-    buf = pack_params(fn, ffi.cast("void **", kparams), ffi.cast("void **", extra))
+    buf = params_from_launch_args(fn, ffi.cast("void **", kparams), ffi.cast("void **", extra))
     return G.KernelParams(fn, (gx, gy, gz), (bx, by, bz), shared, buf)
 
 

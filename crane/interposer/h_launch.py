@@ -24,7 +24,7 @@ _ATTR_SIZE = 72  # CUlaunchAttribute: id, padding, 64-byte value union
 _COOPERATIVE, _CLUSTER_DIMENSION = 2, 4
 
 
-def pack_params(fn: Function, params: Any, extra: Any) -> bytes:
+def params_from_launch_args(fn: Function, params: Any, extra: Any) -> bytes:
     ffi, lay = RT.ffi, fn.layout
     if params != ffi.NULL:
         buf = bytearray(lay.param_bytes)
@@ -57,7 +57,7 @@ def launch(
     params: Any, extra: Any, cooperative: bool = False,
 ) -> None:  # fmt: skip
     fn = RT.function(f)
-    buf = pack_params(fn, params, extra)  # a copy: a captured node keeps the values
+    buf = params_from_launch_args(fn, params, extra)  # a copy: a captured node keeps the values
     if cooperative:
         # graph kernel nodes carry no cooperative flag here: refuse rather than record a
         # node that would replay as an ordinary launch (its grid.sync() would then trap)

@@ -13,7 +13,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.interposer import graphs
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
@@ -22,7 +22,7 @@ _MT_HOST, _MT_DEVICE, _MT_ARRAY, _MT_UNIFIED = 1, 2, 3, 4
 _MEMCPY2D = struct.Struct("<QQI4xQQQQQQI4xQQQQQQ")  # CUDA_MEMCPY2D, 128 bytes
 
 
-def is_device(s: Session, addr: int) -> bool:
+def is_device(s: GuestSession, addr: int) -> bool:
     base, size = s.va_window
     return base <= addr < base + size
 

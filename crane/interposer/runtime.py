@@ -23,7 +23,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import STICKY, CudaError
-from crane.guest.session import Function, Module, Session
+from crane.guest.session import Function, GuestSession, Module
 
 __all__ = ["RT", "Runtime", "StreamInfo"]
 
@@ -42,7 +42,7 @@ class Runtime:
     ffi: Any = None
     lib: Any = None
     initialized: bool = False
-    _session: Session | None = None
+    _session: GuestSession | None = None
     _open_error: CudaError | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
     modules: dict[int, Module] = field(default_factory=dict)
@@ -57,7 +57,7 @@ class Runtime:
         self.ffi, self.lib = ffi, lib
 
     # ---- session ------------------------------------------------------------------------------
-    def session(self) -> Session:
+    def session(self) -> GuestSession:
         s = self._session
         if s is not None:
             return s
@@ -66,7 +66,7 @@ class Runtime:
                 if self._open_error is not None:
                     raise self._open_error
                 try:
-                    self._session = Session(os.environ.get("CRANE_DAEMON"), client=_client())
+                    self._session = GuestSession(os.environ.get("CRANE_DAEMON"), client=_client())
                 except CudaError as e:
                     print(f"crane: no GPU: cannot open a session: {e}", file=sys.stderr)
                     self._open_error = CudaError(CUresult.CUDA_ERROR_NO_DEVICE, str(e))
@@ -80,7 +80,7 @@ class Runtime:
                     )
             return self._session
 
-    def require_init(self) -> Session:
+    def require_init(self) -> GuestSession:
         if not self.initialized:
             raise CudaError(CUresult.CUDA_ERROR_NOT_INITIALIZED, "cuInit has not been called")
         return self.session()
@@ -95,7 +95,7 @@ class Runtime:
         return int(self.ffi.cast("uintptr_t", cdata))
 
     def ctx(self, app_ctx: Any = None) -> int:
-        """Session context for an app CUcontext (NULL: the calling thread's current one)."""
+        """GuestSession context for an app CUcontext (NULL: the calling thread's current one)."""
         value = self.ptr(app_ctx) if app_ctx is not None else 0
         if value == 0:
             value = self.ptr(self.lib.crane_ctx_current())

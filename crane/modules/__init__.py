@@ -11,7 +11,7 @@ from crane.modules.errors import (
     FatbinError,
     ImageError,
     NoCompatibleCode,
-    PtxError,
+    PtxImageError,
 )
 from crane.modules.image import GlobalInfo, KernelInfo, ModuleImage, inspect_image, inspect_images
 
@@ -23,7 +23,7 @@ __all__ = [
     "KernelInfo",
     "ModuleImage",
     "NoCompatibleCode",
-    "PtxError",
+    "PtxImageError",
     "inspect_image",
     "inspect_images",
 ]

@@ -14,7 +14,7 @@ __all__ = [
     "FatbinError",
     "ImageError",
     "NoCompatibleCode",
-    "PtxError",
+    "PtxImageError",
 ]
 
 
@@ -37,5 +37,5 @@ class CubinError(ImageError):
     """A CUDA ELF (cubin) is malformed or is not a CUDA ELF."""
 
 
-class PtxError(ImageError):
+class PtxImageError(ImageError):
     """PTX text cannot be scanned at the declaration level; the message gives the line."""

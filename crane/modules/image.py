@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from crane.modules.arch import format_cc
 from crane.modules.cubin import Cubin, is_cubin, parse_cubin
 from crane.modules.elf import is_elf
-from crane.modules.errors import FatbinError, ImageError, NoCompatibleCode, PtxError
+from crane.modules.errors import FatbinError, ImageError, NoCompatibleCode, PtxImageError
 from crane.modules.fatbin import (
     WRAPPER_MAGIC,
     FatbinEntry,
@@ -310,8 +310,8 @@ def _parse_entry_cubin(entry: FatbinEntry) -> Cubin:
 def _scan_entry_ptx(entry: FatbinEntry) -> PtxModule:
     try:
         return scan_ptx(entry.ptx_text)
-    except PtxError as exc:
-        raise PtxError(f"{entry.label} entry at offset {entry.offset:#x}: {exc}") from None
+    except PtxImageError as exc:
+        raise PtxImageError(f"{entry.label} entry at offset {entry.offset:#x}: {exc}") from None
     except FatbinError:
         raise
 

@@ -28,11 +28,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from crane.modules.arch import Arch
-from crane.modules.errors import PtxError
+from crane.modules.errors import PtxImageError
 
 __all__ = [
-    "PtxError",
     "PtxFunction",
+    "PtxImageError",
     "PtxModule",
     "PtxParam",
     "PtxReloc",
@@ -228,7 +228,7 @@ def layout_params(params: Iterable[tuple[int, int]]) -> tuple[list[int], int]:
 
 
 def scan_ptx(text: str) -> PtxModule:
-    """Scan PTX source; raises :class:`PtxError` with a line number on anything unexpected."""
+    """Scan PTX source; raises :class:`PtxImageError` with a line number on anything unexpected."""
     return _Scanner(text).run()
 
 
@@ -245,8 +245,8 @@ class _Scanner:
     def line_of(self, pos: int) -> int:
         return bisect.bisect_right(self._newlines, pos - 1) + 1
 
-    def error(self, msg: str, pos: int | None = None) -> PtxError:
-        return PtxError(f"PTX line {self.line_of(self.pos if pos is None else pos)}: {msg}")
+    def error(self, msg: str, pos: int | None = None) -> PtxImageError:
+        return PtxImageError(f"PTX line {self.line_of(self.pos if pos is None else pos)}: {msg}")
 
     def _strip_comments(self, text: str) -> str:
         def repl(m: re.Match[str]) -> str:
@@ -383,12 +383,12 @@ class _Scanner:
                 raise self.error(f"unexpected {word!r} at module scope", tok.pos)
             linkage = []
         if version is None:
-            raise PtxError("PTX line 1: no .version directive (not PTX text?)")
+            raise PtxImageError("PTX line 1: no .version directive (not PTX text?)")
         if not target:
-            raise PtxError("PTX: no .target directive")
+            raise PtxImageError("PTX: no .target directive")
         arch = _target_arch(target[0])
         if arch is None:
-            raise PtxError(f"PTX: .target {target[0]!r} is not an sm_XX architecture")
+            raise PtxImageError(f"PTX: .target {target[0]!r} is not an sm_XX architecture")
         module_shared = {
             v.name: v
             for v in variables.values()

@@ -20,7 +20,7 @@ import pytest
 from crane.cli.control_client import ControlClient
 from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from tests.gpu.conftest import GPU_PROGRAMS
 from tests.gpu.harness import Run, Target, crane_argv, output_mismatch, system_env
 from tests.integration.workload import SRC, Workload
@@ -48,7 +48,7 @@ def iterate(gpu_build) -> Path:  # type: ignore[no-untyped-def]
 
 
 def reference(address: str, image: bytes, steps: int) -> tuple[bytes, bytes, int]:
-    with Session(address, client="reference") as s:
+    with GuestSession(address, client="reference") as s:
         w = Workload(s, image)
         w.run(steps)
         return w.result()
@@ -58,7 +58,7 @@ class Stepper:
     """The workload on a thread, stepping (1 ms apart) until told where to stop: the test moves
     the session while it runs, then compares with an unmoved run of as many steps."""
 
-    def __init__(self, s: Session, image: bytes) -> None:
+    def __init__(self, s: GuestSession, image: bytes) -> None:
         self.w, self.steps, self.stop_at = Workload(s, image), 0, -1
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -100,7 +100,7 @@ def test_checkpoint_restore_on_the_other_daemon_is_bit_identical(
     steps = _steps(target)
     want = reference(daemon_a.address, image, steps)
     ckpt = tmp_path / "s.ckpt"
-    with Session(daemon_a.address, client="gpu-ckpt", alternates=[daemon_b.address]) as s:
+    with GuestSession(daemon_a.address, client="gpu-ckpt", alternates=[daemon_b.address]) as s:
         w = Workload(s, image)
         w.run(steps // 2)
         window = s.va_window
@@ -122,7 +122,7 @@ def test_live_migration_there_and_back_is_bit_identical(
 ) -> None:
     """A -> B -> A mid-run: the return trip re-places the same addresses in a fresh worker on
     a GPU that the first worker (now gone) used for them."""
-    with Session(daemon_a.address, client="gpu-migrate") as s:
+    with GuestSession(daemon_a.address, client="gpu-migrate") as s:
         window = s.va_window
         g = Stepper(s, image)
         here = daemon_a

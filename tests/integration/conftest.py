@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from tests.integration.workload import SRC
 
 
@@ -44,8 +44,8 @@ def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
 
 
 @pytest.fixture(params=["direct", "relay"])
-def session(daemon: DaemonProcess, request: pytest.FixtureRequest) -> Iterator[Session]:
-    s = Session(daemon.address, client="pytest", direct=request.param == "direct")
+def session(daemon: DaemonProcess, request: pytest.FixtureRequest) -> Iterator[GuestSession]:
+    s = GuestSession(daemon.address, client="pytest", direct=request.param == "direct")
     assert s._t.path == request.param
     try:
         yield s

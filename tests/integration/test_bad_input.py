@@ -16,13 +16,13 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import OPS_BY_NAME as O
 from crane.api.results import CudaError
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.v1 import guest_pb2, guest_pb2_grpc, peer_pb2, peer_pb2_grpc
 from crane.wire.address import to_grpc_target
 from crane.wire.fingerprint import fingerprint
 
 
-def raw(session: Session, name: str, *args: object, data: bytes = b"") -> int:
+def raw(session: GuestSession, name: str, *args: object, data: bytes = b"") -> int:
     """Send one call past the guest library's checks; return the daemon's result code."""
     op = O[name]
     seq = session._t.enqueue(op, op.pack(*args), data, expect=True)
@@ -30,7 +30,7 @@ def raw(session: Session, name: str, *args: object, data: bytes = b"") -> int:
     return reply.result
 
 
-def test_unknown_handles(session: Session, daemon: DaemonProcess) -> None:
+def test_unknown_handles(session: GuestSession, daemon: DaemonProcess) -> None:
     bogus = 0xC4_0000_0000_0999
     assert raw(session, "STREAM_SYNCHRONIZE", bogus) == CUresult.CUDA_ERROR_INVALID_HANDLE
     assert raw(session, "EVENT_SYNCHRONIZE", bogus) == CUresult.CUDA_ERROR_INVALID_HANDLE
@@ -42,7 +42,9 @@ def test_unknown_handles(session: Session, daemon: DaemonProcess) -> None:
     assert e.value.code == CUresult.CUDA_ERROR_INVALID_HANDLE
 
 
-def test_pointers_outside_allocations_and_overruns(session: Session, daemon: DaemonProcess) -> None:
+def test_pointers_outside_allocations_and_overruns(
+    session: GuestSession, daemon: DaemonProcess
+) -> None:
     a = session.mem_alloc(1000)
     assert raw(session, "MEMCPY_DTOH", a, 1001, 0) == CUresult.CUDA_ERROR_INVALID_VALUE
     assert raw(session, "MEMCPY_DTOH", a + 4096, 4, 0) == CUresult.CUDA_ERROR_INVALID_VALUE
@@ -57,7 +59,7 @@ def test_pointers_outside_allocations_and_overruns(session: Session, daemon: Dae
     assert session.memcpy_dtoh(a, 1000) == b"x" * 1000
 
 
-def test_async_error_surfaces_at_next_sync(session: Session) -> None:
+def test_async_error_surfaces_at_next_sync(session: GuestSession) -> None:
     a = session.mem_alloc(64)
     op = O["MEMCPY_HTOD"]
     session._t.enqueue(op, op.pack(a + 60, 0), b"12345678", expect=False)  # overruns by 4
@@ -67,7 +69,7 @@ def test_async_error_surfaces_at_next_sync(session: Session) -> None:
     session.synchronize()  # reported once, not sticky
 
 
-def test_malformed_arguments_and_unknown_ops(session: Session) -> None:
+def test_malformed_arguments_and_unknown_ops(session: GuestSession) -> None:
     t = session._t
     seq = t.enqueue(O["MEMCPY_DTOH"], b"\x01\x02", expect=True)
     assert t.wait(seq).result == CUresult.CUDA_ERROR_INVALID_VALUE
@@ -167,7 +169,7 @@ def test_truncated_stream_reaps_the_session(daemon: DaemonProcess) -> None:
 
 
 def test_daemon_survives_and_serves_others(daemon: DaemonProcess) -> None:
-    with Session(daemon.address) as s:
+    with GuestSession(daemon.address) as s:
         a = s.mem_alloc(16)
         s.memcpy_htod(a, np.arange(4, dtype=np.uint32))
         assert np.array_equal(np.frombuffer(s.memcpy_dtoh(a, 16), np.uint32), np.arange(4))

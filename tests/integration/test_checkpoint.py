@@ -17,7 +17,7 @@ import pytest
 from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from tests.integration.workload import N, Workload, reference
 
 STEPS = 6
@@ -29,7 +29,7 @@ def test_checkpoint_restore_on_another_model_is_bit_identical(
     b, a = daemons  # A100 -> H100: a restore refuses a device offering less than told
     want = reference(a.address, image, STEPS)
     ckpt = tmp_path / "s.ckpt"
-    with Session(a.address, client="moved", alternates=[b.address]) as s:
+    with GuestSession(a.address, client="moved", alternates=[b.address]) as s:
         w = Workload(s, image)
         w.run(STEPS // 2)
         window = s.va_window
@@ -67,7 +67,7 @@ def test_park_while_guest_keeps_calling_then_restore(
     a, _ = daemons
     want = reference(a.address, image, STEPS)
     ckpt = tmp_path / "p.ckpt"
-    with Session(a.address, client="parked", direct=False) as s:
+    with GuestSession(a.address, client="parked", direct=False) as s:
         w = Workload(s, image)
         w.run(2)
         with ControlClient(a.address, timeout=None) as c:
@@ -96,7 +96,7 @@ def test_checkpoint_without_release_keeps_running(
     b, a = daemons  # A100 -> H100: a restore refuses a device offering less than told
     want = reference(a.address, image, STEPS)
     ckpt = tmp_path / "k.ckpt"
-    with Session(a.address, client="kept") as s:
+    with GuestSession(a.address, client="kept") as s:
         w = Workload(s, image)
         w.run(3)
         with ControlClient(a.address, timeout=None) as c:
@@ -124,7 +124,7 @@ def test_corrupted_and_truncated_files_are_refused(
 ) -> None:
     b, a = daemons  # A100 -> H100: a restore refuses a device offering less than told
     ckpt = tmp_path / "c.ckpt"
-    with Session(a.address) as s:
+    with GuestSession(a.address) as s:
         Workload(s, image).run(1)
         with ControlClient(a.address, timeout=None) as c:
             c.checkpoint(s.session_id, str(ckpt), release=False)
@@ -147,7 +147,7 @@ def test_restore_on_a_model_that_cannot_run_the_module_is_refused(
 ) -> None:
     a, b = daemons
     ckpt = tmp_path / "m.ckpt"
-    with Session(a.address) as s:
+    with GuestSession(a.address) as s:
         s.module_load(image_sm90_only)
         with ControlClient(a.address, timeout=None) as c:
             c.checkpoint(s.session_id, str(ckpt), release=False)
@@ -161,7 +161,7 @@ def test_restore_refuses_a_taken_window_and_a_live_session(
 ) -> None:
     a, _ = daemons
     ckpt = tmp_path / "w.ckpt"
-    with Session(a.address) as s:
+    with GuestSession(a.address) as s:
         s.mem_alloc(1 << 20)
         with ControlClient(a.address, timeout=None) as c:
             c.checkpoint(s.session_id, str(ckpt), release=False)
@@ -181,13 +181,15 @@ def test_park_a_direct_guest_that_never_stops_calling(
     a, _ = daemons
     for attempt in range(3):
         ckpt = tmp_path / f"busy{attempt}.ckpt"
-        with Session(a.address, client="busy", direct=True) as s:
+        with GuestSession(a.address, client="busy", direct=True) as s:
             p = s.mem_alloc(1 << 16)
             s.memset_d8(p, 0, 1 << 16)
             s.synchronize()
             stop, count, errors = threading.Event(), [0], []
 
-            def guest(s: Session = s, p: int = p, stop=stop, count=count, errors=errors) -> None:  # type: ignore[no-untyped-def]
+            def guest(
+                s: GuestSession = s, p: int = p, stop=stop, count=count, errors=errors
+            ) -> None:  # type: ignore[no-untyped-def]
                 try:
                     while not stop.is_set():
                         s.memset_d8(p, count[0] & 0xFF, 1)

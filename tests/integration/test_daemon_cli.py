@@ -12,7 +12,7 @@ import pytest
 
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 
 def crane(*args: str, daemon: str) -> subprocess.CompletedProcess[str]:
@@ -30,7 +30,7 @@ def test_devices_and_ps_tables_and_json(daemon: DaemonProcess) -> None:
     assert "NVIDIA H100 80GB HBM3" in out.stdout and "9.0" in out.stdout
     data = json.loads(crane("devices", "--json", daemon=daemon.address).stdout)
     assert data["devices"][0]["profile"] == "h100-80gb"
-    with Session(daemon.address, client="cli-test"):
+    with GuestSession(daemon.address, client="cli-test"):
         ps = crane("ps", daemon=daemon.address)
         assert "cli-test" in ps.stdout and "running" in ps.stdout
         js = json.loads(crane("ps", "--json", daemon=daemon.address).stdout)
@@ -49,7 +49,7 @@ def test_several_devices_and_tcp_listen(tmp_path: Path) -> None:
         with ControlClient(d.address) as ctl:
             devs = ctl.devices().devices
         assert [x.name for x in devs] == ["NVIDIA A100-SXM4-40GB", "NVIDIA L4"]
-        with Session(d.address, device=1) as s:
+        with GuestSession(d.address, device=1) as s:
             assert s.device.cc == (8, 9)
         assert "listening on tcp://127.0.0.1:" in d.log_text()
 
@@ -111,7 +111,7 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_sigterm_ends_sessions_cleanly(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path / "run")
-    s = Session(d.address)
+    s = GuestSession(d.address)
     s.mem_alloc(1 << 20)
     s.synchronize()
     assert d.stop(signal.SIGTERM) == 0

@@ -13,7 +13,7 @@ import pytest
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 KERNELS = r"""
 #include <cstdio>
@@ -46,7 +46,7 @@ extern "C" __global__ void wild_write(int *p)
 
 
 @pytest.fixture
-def module(session: Session, cuda_build):  # type: ignore[no-untyped-def]
+def module(session: GuestSession, cuda_build):  # type: ignore[no-untyped-def]
     return session.module_load(
         cuda_build(
             KERNELS,
@@ -60,7 +60,7 @@ def module(session: Session, cuda_build):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("n", [1, 1000, 65_537])
-def test_axpy_matches_numpy(session: Session, module, n: int) -> None:  # type: ignore[no-untyped-def]
+def test_axpy_matches_numpy(session: GuestSession, module, n: int) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(n)
     x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     dx, dy = session.mem_alloc(x.nbytes), session.mem_alloc(y.nbytes)
@@ -75,7 +75,7 @@ def test_axpy_matches_numpy(session: Session, module, n: int) -> None:  # type: 
     np.testing.assert_array_max_ulp(out, ref, maxulp=1)
 
 
-def test_shared_memory_barriers_and_atomics(session: Session, module) -> None:  # type: ignore[no-untyped-def]
+def test_shared_memory_barriers_and_atomics(session: GuestSession, module) -> None:  # type: ignore[no-untyped-def]
     n = 10_000
     data = np.random.default_rng(1).integers(-1000, 1000, n, dtype=np.int32)
     d_in, d_out = session.mem_alloc(data.nbytes), session.mem_alloc(4)
@@ -96,8 +96,8 @@ def test_device_printf_reaches_the_guest_stdout(daemon: DaemonProcess, cuda_buil
         suffix=".fatbin",
     )
     guest = textwrap.dedent(f"""
-        from crane.guest.session import Session
-        with Session({daemon.address!r}) as s:
+        from crane.guest.session import GuestSession
+        with GuestSession({daemon.address!r}) as s:
             mod = s.module_load(open({str(fatbin)!r}, "rb").read())
             s.launch(s.module_get_function(mod, "hello"), (1,), (32,), [7])
             s.synchronize()
@@ -112,7 +112,7 @@ def test_device_printf_reaches_the_guest_stdout(daemon: DaemonProcess, cuda_buil
     ]
 
 
-def test_fault_is_sticky_and_isolated(daemon: DaemonProcess, session: Session, module) -> None:  # type: ignore[no-untyped-def]
+def test_fault_is_sticky_and_isolated(daemon: DaemonProcess, session: GuestSession, module) -> None:  # type: ignore[no-untyped-def]
     p = session.mem_alloc(4096)
     session.launch(session.module_get_function(module, "wild_write"), (1,), (32,), [p])
     with pytest.raises(CudaError) as e:
@@ -123,7 +123,7 @@ def test_fault_is_sticky_and_isolated(daemon: DaemonProcess, session: Session, m
             session.memcpy_dtoh(p, 4)
         assert e.value.code == CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
     assert "ILLEGAL_ADDRESS" in daemon.log_text()
-    with Session(daemon.address) as other:  # the daemon and other sessions carry on
+    with GuestSession(daemon.address) as other:  # the daemon and other sessions carry on
         q = other.mem_alloc(4)
         other.memcpy_htod(q, b"fine")
         assert other.memcpy_dtoh(q, 4) == b"fine"

@@ -7,13 +7,13 @@ import pytest
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 MiB = 1 << 20
 
 
 @pytest.mark.parametrize("size", [1, 255, 4096, 3 * MiB + 17, 9 * MiB])
-def test_htod_dtoh_round_trip_random(session: Session, size: int) -> None:
+def test_htod_dtoh_round_trip_random(session: GuestSession, size: int) -> None:
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     addr = session.mem_alloc(size)
     session.memcpy_htod(addr, data)
@@ -23,7 +23,7 @@ def test_htod_dtoh_round_trip_random(session: Session, size: int) -> None:
     assert np.array_equal(out, data)
 
 
-def test_dtod_and_memsets(session: Session) -> None:
+def test_dtod_and_memsets(session: GuestSession) -> None:
     n = 1 << 16
     a, b = session.mem_alloc(4 * n), session.mem_alloc(4 * n)
     src = np.random.default_rng(0).integers(0, 2**32, n, dtype=np.uint32)
@@ -38,7 +38,7 @@ def test_dtod_and_memsets(session: Session) -> None:
     assert session.memcpy_dtoh(b, 4) == bytes.fromhex("34abab12")
 
 
-def test_mem_get_info_reflects_use(session: Session) -> None:
+def test_mem_get_info_reflects_use(session: GuestSession) -> None:
     free0, total = session.mem_get_info()
     assert total == session.device.total_mem and 0 < free0 <= total
     addr = session.mem_alloc(256 * MiB)
@@ -50,7 +50,7 @@ def test_mem_get_info_reflects_use(session: Session) -> None:
     assert free2 > free1
 
 
-def test_allocation_larger_than_free_memory(session: Session) -> None:
+def test_allocation_larger_than_free_memory(session: GuestSession) -> None:
     _, total = session.mem_get_info()
     with pytest.raises(CudaError) as e:
         session.mem_alloc(total + MiB)
@@ -60,8 +60,8 @@ def test_allocation_larger_than_free_memory(session: Session) -> None:
     assert session.memcpy_dtoh(addr, 2) == b"ok"
 
 
-def test_memory_is_charged_device_wide(daemon, session: Session) -> None:  # type: ignore[no-untyped-def]
-    other = Session(daemon.address)
+def test_memory_is_charged_device_wide(daemon, session: GuestSession) -> None:  # type: ignore[no-untyped-def]
+    other = GuestSession(daemon.address)
     try:
         before, _ = other.mem_get_info()
         session.mem_alloc(512 * MiB)

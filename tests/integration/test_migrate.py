@@ -22,7 +22,7 @@ from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
 from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from tests.integration.net import CutProxy, tcp_address
 from tests.integration.workload import Workload, reference
@@ -47,7 +47,7 @@ class Guest:
 
     def __init__(
         self,
-        s: Session,
+        s: GuestSession,
         image: bytes,
         pause_at: int | None = None,
         each_step: Callable[[], None] | None = None,
@@ -106,7 +106,7 @@ def _no_sessions(d: DaemonProcess) -> None:
 def test_migrate_mid_run_is_bit_identical(trio: list[DaemonProcess], image: bytes) -> None:
     l4, a100, _ = trio
     want = reference(l4.address, image, STEPS)
-    with Session(l4.address, client="moving") as s:
+    with GuestSession(l4.address, client="moving") as s:
         g = Guest(s, image)
         g.wait_steps(5)
         assert (
@@ -125,7 +125,7 @@ def test_migrate_mid_run_is_bit_identical(trio: list[DaemonProcess], image: byte
 def test_back_and_forth_across_three_models(trio: list[DaemonProcess], image: bytes) -> None:
     l4, a100, h100 = trio
     want = reference(l4.address, image, STEPS)
-    with Session(l4.address, client="tour") as s:
+    with GuestSession(l4.address, client="tour") as s:
         window = s.va_window
         g = Guest(s, image)
         here = l4
@@ -150,7 +150,7 @@ def test_destination_killed_during_precopy_finishes_on_source(tmp_path: Path, im
     dst = DaemonProcess(tmp_path / "d", ["sim:h100-80gb"])
     try:
         want = reference(src.address, image, STEPS)
-        with Session(src.address, client="stays") as s:
+        with GuestSession(src.address, client="stays") as s:
             big = s.mem_alloc(256 << 20)  # gives pre-copy something to chew on
             s.memset_d8(big, 1, 256 << 20)
             g = Guest(s, image)
@@ -186,7 +186,7 @@ def test_refused_for_a_model_that_cannot_run_the_module(
     trio: list[DaemonProcess], image_sm90_only: bytes, image: bytes
 ) -> None:
     _, a100, h100 = trio
-    with Session(h100.address) as s:
+    with GuestSession(h100.address) as s:
         s.module_load(image_sm90_only)
         last = migrate(h100.address, s.session_id, a100.address)[-1]
         assert last.phase == "failed"
@@ -233,7 +233,7 @@ def test_destination_killed_during_switchover_finishes_on_source(
     workers: set[int] = set()
     try:
         want = reference(src.address, image, STEPS)
-        with Session(src.address, client="stays") as s:
+        with GuestSession(src.address, client="stays") as s:
             g = Guest(s, image)
             g.wait_steps(5)
             out: list = []
@@ -293,8 +293,8 @@ def test_migrate_while_a_neighbour_keeps_running(trio: list[DaemonProcess], imag
     l4, a100, _ = trio
     want = reference(l4.address, image, STEPS)
     with (
-        Session(l4.address, client="moving") as s,
-        Session(l4.address, client="neighbour") as n,
+        GuestSession(l4.address, client="moving") as s,
+        GuestSession(l4.address, client="neighbour") as n,
     ):
         gs, gn = Guest(s, image), Guest(n, image)
         gs.wait_steps(5)
@@ -322,7 +322,7 @@ def test_migrate_while_a_neighbour_keeps_running(trio: list[DaemonProcess], imag
 BIG = 32 << 20
 
 
-def _fill_random(s: Session) -> int:
+def _fill_random(s: GuestSession) -> int:
     big = s.mem_alloc(BIG)
     s.memcpy_htod(big, os.urandom(BIG))
     return big
@@ -380,7 +380,7 @@ def test_connection_cut_during_precopy_finishes_on_source(
     dst, src = daemons  # A100 -> H100 (the H100 offers every limit the A100 told)
     want = reference(src.address, image, STEPS)
     with (
-        Session(src.address, client="cut") as s,
+        GuestSession(src.address, client="cut") as s,
         CutProxy(dst.address, hold_at=BIG * 5 // 8) as proxy,
     ):
         _fill_random(s)
@@ -419,7 +419,7 @@ def test_connection_cut_during_the_final_round_finishes_on_source(
     dst, src = daemons  # A100 -> H100 (the H100 offers every limit the A100 told)
     want = reference(src.address, image, STEPS)
     with (
-        Session(src.address, client="cut-final") as s,
+        GuestSession(src.address, client="cut-final") as s,
         CutProxy(dst.address, hold_at=BIG * 5 // 8, cut_at=BIG + BIG // 2) as proxy,
     ):
         big = _fill_random(s)
@@ -460,7 +460,7 @@ def test_migrate_a_guest_on_the_relay_path(
         here, there, direct = tcp_address(src), tcp_address(dst), None
     else:
         here, there, direct = src.address, dst.address, False
-    with Session(here, client="relayed", direct=direct) as s:
+    with GuestSession(here, client="relayed", direct=direct) as s:
         assert s._t.path == "relay"
         g = Guest(s, image)
         g.wait_steps(5)

@@ -19,7 +19,7 @@ import pytest
 
 from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 MiB = 1 << 20
 
@@ -38,7 +38,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
 class Rewriter:
     """A guest rewriting ``buf`` from a rotating part of ``src`` every step, on a thread."""
 
-    def __init__(self, s: Session, src: int, src_size: int, buf: int, size: int) -> None:
+    def __init__(self, s: GuestSession, src: int, src_size: int, buf: int, size: int) -> None:
         self.s, self.src, self.span, self.buf, self.size = s, src, src_size - size, buf, size
         self.steps = 0
         self.last = src
@@ -71,7 +71,7 @@ class Rewriter:
         assert self.error is None, self.error
 
 
-def _session(s: Session, size: int) -> tuple[int, bytes]:
+def _session(s: GuestSession, size: int) -> tuple[int, bytes]:
     data = np.random.default_rng(3).standard_normal(size // 4).astype(np.float32).tobytes()
     src = s.mem_alloc(size)
     s.memcpy_htod(src, data)
@@ -81,7 +81,7 @@ def _session(s: Session, size: int) -> tuple[int, bytes]:
 
 def test_no_precopy_moves_everything_while_stopped(pair: tuple[DaemonProcess, ...]) -> None:
     a, b = pair
-    with Session(a.address, client="stop-and-copy") as s:
+    with GuestSession(a.address, client="stop-and-copy") as s:
         src, data = _session(s, 16 * MiB)
         buf = s.mem_alloc(MiB)
         g = Rewriter(s, src, 16 * MiB, buf, MiB)
@@ -104,7 +104,7 @@ def test_precopy_stops_when_the_write_set_does_not_shrink(
     pair: tuple[DaemonProcess, ...],
 ) -> None:
     a, b = pair
-    with Session(a.address, client="rewriter") as s:
+    with GuestSession(a.address, client="rewriter") as s:
         src, data = _session(s, 32 * MiB)
         buf = s.mem_alloc(8 * MiB)
         g = Rewriter(s, src, 32 * MiB, buf, 8 * MiB)

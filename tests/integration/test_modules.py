@@ -8,7 +8,7 @@ import pytest
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 SOURCE = r"""
 struct Weird { int a; double b; char c; };
@@ -46,7 +46,7 @@ WEIRD = ((0, 1), (8, 24), (32, 2), (40, 8), (48, 16))
     ],
     ids=["fatbin", "fatbin-compressed", "cubin", "ptx"],
 )
-def test_load_reports_layouts_and_globals(session: Session, cuda_build, flags) -> None:  # type: ignore[no-untyped-def]
+def test_load_reports_layouts_and_globals(session: GuestSession, cuda_build, flags) -> None:  # type: ignore[no-untyped-def]
     suffix = {"-fatbin": ".fatbin", "-cubin": ".cubin", "-ptx": ".ptx"}[flags[0]]
     image = cuda_build(SOURCE, *flags, suffix=suffix).read_bytes()
     mod = session.module_load(image)
@@ -70,10 +70,10 @@ def test_load_reports_layouts_and_globals(session: Session, cuda_build, flags) -
 
 def test_images_are_sent_once(daemon: DaemonProcess, cuda_build) -> None:  # type: ignore[no-untyped-def]
     image = cuda_build(SOURCE, "-fatbin", "-arch=sm_90").read_bytes()
-    with Session(daemon.address) as a:
+    with GuestSession(daemon.address) as a:
         a.module_load(image)
     sent = []
-    with Session(daemon.address) as b:
+    with GuestSession(daemon.address) as b:
         real = b._t.enqueue
 
         def spy(op, args, data=b"", **kw):  # type: ignore[no-untyped-def]
@@ -88,7 +88,7 @@ def test_images_are_sent_once(daemon: DaemonProcess, cuda_build) -> None:  # typ
 
 def test_no_code_for_the_device_is_refused_precisely(tmp_path, cuda_build) -> None:  # type: ignore[no-untyped-def]
     image = cuda_build(SOURCE, "-cubin", "-arch=sm_90").read_bytes()
-    with DaemonProcess(tmp_path / "run", ["sim:a100-40gb"]) as d, Session(d.address) as s:
+    with DaemonProcess(tmp_path / "run", ["sim:a100-40gb"]) as d, GuestSession(d.address) as s:
         with pytest.raises(CudaError) as e:
             s.module_load(image)
         assert e.value.code == CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU
@@ -96,7 +96,7 @@ def test_no_code_for_the_device_is_refused_precisely(tmp_path, cuda_build) -> No
         assert "NO_BINARY_FOR_GPU" in d.log_text()
 
 
-def test_garbage_image_is_invalid(session: Session) -> None:
+def test_garbage_image_is_invalid(session: GuestSession) -> None:
     with pytest.raises(CudaError) as e:
         session.module_load(b"\x50\xed\x55\xba" + b"\x00" * 40)
     assert e.value.code == CUresult.CUDA_ERROR_INVALID_IMAGE
@@ -106,7 +106,7 @@ def test_garbage_image_is_invalid(session: Session) -> None:
     session.synchronize()
 
 
-def test_launch_checks_before_execution(session: Session, cuda_build) -> None:  # type: ignore[no-untyped-def]
+def test_launch_checks_before_execution(session: GuestSession, cuda_build) -> None:  # type: ignore[no-untyped-def]
     mod = session.module_load(cuda_build(SOURCE, "-fatbin", "-arch=sm_90").read_bytes())
     fn = session.module_get_function(mod, "scale")
     x = session.mem_alloc(4 * 100)
@@ -125,7 +125,7 @@ def test_launch_checks_before_execution(session: Session, cuda_build) -> None:  
     assert e.value.code == CUresult.CUDA_ERROR_INVALID_VALUE
 
 
-def test_cubin_only_module_cannot_run_on_the_simulator(session: Session, cuda_build) -> None:  # type: ignore[no-untyped-def]
+def test_cubin_only_module_cannot_run_on_the_simulator(session: GuestSession, cuda_build) -> None:  # type: ignore[no-untyped-def]
     mod = session.module_load(cuda_build(SOURCE, "-cubin", "-arch=sm_90").read_bytes())
     fn = session.module_get_function(mod, "scale")
     x = session.mem_alloc(400)

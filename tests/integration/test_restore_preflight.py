@@ -19,7 +19,7 @@ from crane.backends.sim.profiles import get_profile
 from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.state.checkpoint import MAGIC, CheckpointReader, Kind, read_meta
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import to_grpc_target
@@ -52,7 +52,7 @@ def test_every_reason_at_once_and_the_cli_says_it(
 ) -> None:
     h100, a100 = daemons
     ckpt = tmp_path / "h.ckpt"
-    with Session(h100.address) as s:
+    with GuestSession(h100.address) as s:
         s.module_load(image_sm90_only)
         s.mem_alloc(1 << 20)
         _checkpoint(h100.address, s.session_id, ckpt)
@@ -74,11 +74,11 @@ def test_too_little_free_memory(
 ) -> None:
     h100, a100 = daemons
     ckpt = tmp_path / "m.ckpt"
-    with Session(a100.address) as s:
+    with GuestSession(a100.address) as s:
         s.mem_alloc(64 << 20)
         _checkpoint(a100.address, s.session_id, ckpt)
     total = get_profile("h100-80gb").total_mem
-    with Session(h100.address, client="hog") as hog:
+    with GuestSession(h100.address, client="hog") as hog:
         hog.mem_alloc(total - (32 << 20))  # committed (mapped), never touched: costs nothing
         hog.synchronize()
         with ControlClient(h100.address, timeout=None) as c:
@@ -106,7 +106,7 @@ def test_a_restored_session_keeps_what_its_guest_was_told(
     guest, so the way back is allowed (it would be refused were the H100's limits recorded)."""
     h100, a100 = daemons
     first, second = tmp_path / "1.ckpt", tmp_path / "2.ckpt"
-    with Session(a100.address, client="round trip", alternates=[h100.address]) as s:
+    with GuestSession(a100.address, client="round trip", alternates=[h100.address]) as s:
         told = s.device
         assert told.attributes[SMEM_OPTIN] == A100_OPTIN
         p = s.mem_alloc(1 << 20)
@@ -161,7 +161,7 @@ def test_format_1_files_restore_with_their_source_device_standing_in(
 ) -> None:
     h100, a100 = daemons
     for daemon, name in ((a100, "a"), (h100, "h")):
-        with Session(daemon.address) as s:
+        with GuestSession(daemon.address) as s:
             p = s.mem_alloc(3 << 20)
             s.memset_d8(p, 5, 3 << 20)
             _checkpoint(daemon.address, s.session_id, tmp_path / f"{name}2.ckpt")

@@ -16,7 +16,7 @@ from crane.api.results import CudaError
 from crane.cli.control_client import ControlClient
 from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import to_grpc_target
 from crane.wire.fingerprint import fingerprint
@@ -42,7 +42,7 @@ def test_parked_entry_expires_and_the_waiting_guest_fails_at_once(
 ) -> None:
     ttl = 3.0
     with DaemonProcess(tmp_path / "d", extra_args=["--parked-ttl", str(ttl)]) as d:
-        s = Session(d.address, client="waits", direct=direct)
+        s = GuestSession(d.address, client="waits", direct=direct)
         try:
             p = s.mem_alloc(1 << 20)
             s.memset_d8(p, 7, 1 << 20)
@@ -93,7 +93,7 @@ def test_parked_entry_expires_and_the_waiting_guest_fails_at_once(
 
 def test_restored_in_time_is_not_expired(tmp_path: Path) -> None:
     with DaemonProcess(tmp_path / "d", extra_args=["--parked-ttl", "2"]) as d:
-        with Session(d.address, client="back in time") as s:
+        with GuestSession(d.address, client="back in time") as s:
             p = s.mem_alloc(4096)
             s.memset_d8(p, 3, 4096)
             ckpt = tmp_path / "r.ckpt"
@@ -111,7 +111,7 @@ def test_moved_entry_redirects_until_its_ttl(tmp_path: Path) -> None:
     with (
         DaemonProcess(tmp_path / "src", extra_args=["--moved-ttl", str(ttl)]) as src,
         DaemonProcess(tmp_path / "dst") as dst,
-        Session(src.address, client="mover") as s,
+        GuestSession(src.address, client="mover") as s,
     ):
         p = s.mem_alloc(1 << 16)
         s.memset_d8(p, 9, 1 << 16)

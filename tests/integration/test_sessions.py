@@ -16,7 +16,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import OPS_BY_NAME as O
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 
 def wait_for(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -29,7 +29,7 @@ def wait_for(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-de
 
 
 def test_two_sessions_are_isolated(daemon: DaemonProcess) -> None:
-    with Session(daemon.address) as a, Session(daemon.address) as b:
+    with GuestSession(daemon.address) as a, GuestSession(daemon.address) as b:
         assert a.session_id != b.session_id
         assert a.va_window[0] != b.va_window[0]
         assert a.device.uuid != b.device.uuid  # each session has its own virtual identity
@@ -55,7 +55,7 @@ def test_concurrent_sessions_do_not_interfere(daemon: DaemonProcess) -> None:
 
     def work(seed: int) -> None:
         try:
-            with Session(daemon.address) as s:
+            with GuestSession(daemon.address) as s:
                 rng = np.random.default_rng(seed)
                 for _ in range(20):
                     data = rng.integers(0, 256, 100_000, dtype=np.uint8)
@@ -77,8 +77,8 @@ def test_concurrent_sessions_do_not_interfere(daemon: DaemonProcess) -> None:
 def test_killed_guest_is_reaped_and_its_memory_freed(daemon: DaemonProcess) -> None:
     script = textwrap.dedent(f"""
         import sys, time
-        from crane.guest.session import Session
-        s = Session({daemon.address!r}, client="doomed")
+        from crane.guest.session import GuestSession
+        s = GuestSession({daemon.address!r}, client="doomed")
         s.mem_alloc(1 << 30)
         s.synchronize()
         print("ready", flush=True)
@@ -103,7 +103,7 @@ def test_killed_guest_is_reaped_and_its_memory_freed(daemon: DaemonProcess) -> N
 
 def test_closed_session_frees_everything(daemon: DaemonProcess) -> None:
     with ControlClient(daemon.address) as ctl:
-        s = Session(daemon.address)
+        s = GuestSession(daemon.address)
         s.mem_alloc(100 << 20)
         s.synchronize()
         assert ctl.devices().devices[0].used_mem >= 100 << 20
@@ -113,7 +113,7 @@ def test_closed_session_frees_everything(daemon: DaemonProcess) -> None:
 
 
 def test_ps_reports_calls_and_memory(daemon: DaemonProcess) -> None:
-    with Session(daemon.address, client="counter") as s, ControlClient(daemon.address) as ctl:
+    with GuestSession(daemon.address, client="counter") as s, ControlClient(daemon.address) as ctl:
         p = s.mem_alloc(1 << 20)
         for _ in range(100):
             s.memset_d8(p, 1, 1 << 20)
@@ -128,7 +128,7 @@ def test_direct_and_relay_paths_are_exclusive(daemon: DaemonProcess) -> None:
 
     from crane.v1 import guest_pb2
 
-    with Session(daemon.address, direct=True) as s, ControlClient(daemon.address) as ctl:
+    with GuestSession(daemon.address, direct=True) as s, ControlClient(daemon.address) as ctl:
         s.synchronize()
         [info] = ctl.sessions().sessions
         assert info.state == "running" and info.peer.startswith("direct")
@@ -153,7 +153,7 @@ def test_relay_is_used_when_the_worker_socket_is_unreachable(
     daemon: DaemonProcess, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("CRANE_DIRECT", "0")
-    with Session(daemon.address) as s:
+    with GuestSession(daemon.address) as s:
         assert s._t.path == "relay"
         p = s.mem_alloc(8)
         s.memcpy_htod(p, b"relayed!")
@@ -165,7 +165,7 @@ def test_crashed_worker_is_reaped_and_the_daemon_carries_on(daemon: DaemonProces
 
     with ControlClient(daemon.address) as ctl:
         for direct in (True, False):
-            s = Session(daemon.address, direct=direct)
+            s = GuestSession(daemon.address, direct=direct)
             s.mem_alloc(64 << 20)
             s.synchronize()
             worker_pid = int(
@@ -183,6 +183,6 @@ def test_crashed_worker_is_reaped_and_the_daemon_carries_on(daemon: DaemonProces
             assert wait_for(lambda: not ctl.sessions().sessions)
             assert ctl.devices().devices[0].used_mem == 0
             s._t.close()
-        with Session(daemon.address) as fresh:  # the daemon still serves
+        with GuestSession(daemon.address) as fresh:  # the daemon still serves
             fresh.synchronize()
     assert "worker exited with status" in daemon.log_text()

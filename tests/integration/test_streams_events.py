@@ -7,12 +7,12 @@ import pytest
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 N = 1 << 18
 
 
-def test_in_order_within_a_stream(session: Session) -> None:
+def test_in_order_within_a_stream(session: GuestSession) -> None:
     s = session.stream_create()
     a, b = session.mem_alloc(4 * N), session.mem_alloc(4 * N)
     for v in range(1, 50):  # each step depends on the previous one
@@ -23,7 +23,7 @@ def test_in_order_within_a_stream(session: Session) -> None:
     assert set(np.frombuffer(session.memcpy_dtoh(b, 4 * N, s), np.uint32)) == {49}
 
 
-def test_wait_event_orders_across_streams(session: Session) -> None:
+def test_wait_event_orders_across_streams(session: GuestSession) -> None:
     s1, s2 = session.stream_create(), session.stream_create(flags=1, priority=-1)
     x, y = session.mem_alloc(4 * N), session.mem_alloc(4 * N)
     ev = session.event_create()
@@ -36,7 +36,7 @@ def test_wait_event_orders_across_streams(session: Session) -> None:
     assert set(np.frombuffer(session.memcpy_dtoh(y, 4 * N), np.uint32)) == {7}
 
 
-def test_event_timing(session: Session) -> None:
+def test_event_timing(session: GuestSession) -> None:
     s = session.stream_create()
     e0, e1, e2 = (session.event_create() for _ in range(3))
     buf = session.mem_alloc(64 << 20)
@@ -52,7 +52,7 @@ def test_event_timing(session: Session) -> None:
     assert session.event_elapsed(e1, e0) == pytest.approx(-t01)
 
 
-def test_timing_errors(session: Session) -> None:
+def test_timing_errors(session: GuestSession) -> None:
     quiet, never = session.event_create(flags=2), session.event_create()  # DISABLE_TIMING
     session.event_record(quiet)
     with pytest.raises(CudaError) as e:
@@ -63,7 +63,7 @@ def test_timing_errors(session: Session) -> None:
     assert e.value.code == CUresult.CUDA_ERROR_INVALID_HANDLE
 
 
-def test_destroyed_objects_are_invalid(session: Session) -> None:
+def test_destroyed_objects_are_invalid(session: GuestSession) -> None:
     s, ev = session.stream_create(), session.event_create()
     session.stream_destroy(s)
     session.event_destroy(ev)
@@ -75,7 +75,7 @@ def test_destroyed_objects_are_invalid(session: Session) -> None:
     session.stream_synchronize(0)  # the default stream is always there
 
 
-def test_context_destroy_releases_its_objects(session: Session) -> None:
+def test_context_destroy_releases_its_objects(session: GuestSession) -> None:
     ctx = session.ctx_create()
     addr = session.mem_alloc(1 << 20, ctx=ctx)
     s = session.stream_create(ctx=ctx)

@@ -10,7 +10,7 @@ import numpy as np
 
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 from crane.guest.vmm import PROP
 
 G = 2 << 20
@@ -22,7 +22,7 @@ def test_vmm_memory_survives_checkpoint_and_restore_elsewhere(tmp_path: Path) ->
         # A100 -> H100: a restore refuses a device offering less than the guest was told
         DaemonProcess(tmp_path / "a", ["sim:a100-80gb"]) as a,
         DaemonProcess(tmp_path / "b", ["sim:h100-80gb"]) as b,
-        Session(a.address, client="vmm", alternates=[b.address]) as s,
+        GuestSession(a.address, client="vmm", alternates=[b.address]) as s,
     ):
         v = s.vmm
         hint = s.va_window[0] + (128 << 30)

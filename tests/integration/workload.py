@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crane.guest.session import Session
+from crane.guest.session import GuestSession
 
 N = 4096
 
@@ -30,7 +30,7 @@ extern "C" __global__ void mix(float *x, const float *y, int n)
 class Workload:
     """The guest side: state built once, then steps that each depend on the last."""
 
-    def __init__(self, s: Session, image: bytes) -> None:
+    def __init__(self, s: GuestSession, image: bytes) -> None:
         self.s = s
         rng = np.random.default_rng(7)
         self.x = s.mem_alloc(N * 4)
@@ -76,7 +76,7 @@ class Workload:
 
 def reference(address: str, image: bytes, steps: int) -> tuple[bytes, bytes, int]:
     """The unmoved result of ``steps`` steps, computed on a session of its own."""
-    with Session(address, client="reference") as s:
+    with GuestSession(address, client="reference") as s:
         w = Workload(s, image)
         w.run(steps)
         return w.result()

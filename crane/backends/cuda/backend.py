@@ -3,14 +3,14 @@
 Same interface as the simulated GPU (:class:`crane.backends.base.Backend`); the worker above it
 is unchanged. What a real device adds:
 
-* **Addresses.** Memory lives at the guest's addresses (:mod:`crane.backends.cuda.vmm`). Module
-  variables are the exception: the driver places them, so the guest is told the driver's
-  addresses. A restore on another device loads the module again and the driver picks new
-  addresses; :meth:`CudaBackend.alias_global` then maps the addresses the guest was told to the
-  new ones for every copy and memset, so ``cudaMemcpyToSymbol`` and friends keep working. A
-  pointer *to* a module variable that the program stored in device memory, or passes to a
-  kernel, is not translated after such a move (kernels would need patching); that is a
-  documented limit.
+* **Addresses.** Memory lives at the guest's addresses
+  (:mod:`crane.backends.cuda.va_window`). Module variables are the exception: the driver places
+  them, so the guest is told the driver's addresses. A restore on another device loads the
+  module again and the driver picks new addresses; :meth:`CudaBackend.alias_global` then maps
+  the addresses the guest was told to the new ones for every copy and memset, so
+  ``cudaMemcpyToSymbol`` and friends keep working. A pointer *to* a module variable that the
+  program stored in device memory, or passes to a kernel, is not translated after such a move
+  (kernels would need patching); that is a documented limit.
 * **Asynchrony.** Launches, copies from the host and memsets are enqueued and return; a fault
   in a kernel surfaces at the next synchronizing call with the driver's own code, which the
   worker treats as sticky exactly as the simulator's faults.
@@ -37,9 +37,9 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.backends.base import Backend, GlobalVar, LoadedModule
-from crane.backends.cuda.driver import check
+from crane.backends.cuda.driver import unwrap
 from crane.backends.cuda.staging import StagingRing
-from crane.backends.cuda.vmm import VaWindow
+from crane.backends.cuda.va_window import VaWindow
 from crane.device.identity import DeviceSnapshot
 from crane.device.ledger import Ledger
 from crane.modules.image import ModuleImage
@@ -79,8 +79,8 @@ class CudaBackend(Backend):
         self.snapshot = snapshot
         self.ledger = ledger
         self.slot = slot
-        self.device = check("cuDeviceGet", drv.cuDeviceGet(ordinal))
-        self.context = check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(self.device))
+        self.device = unwrap("cuDeviceGet", drv.cuDeviceGet(ordinal))
+        self.context = unwrap("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(self.device))
         self._tls = threading.local()
         self._bind()
         self.window = VaWindow(drv, ordinal, *window)
@@ -95,7 +95,7 @@ class CudaBackend(Backend):
     def _bind(self) -> None:
         if getattr(self._tls, "bound", False):
             return
-        check("cuCtxSetCurrent", self.drv.cuCtxSetCurrent(self.context))
+        unwrap("cuCtxSetCurrent", self.drv.cuCtxSetCurrent(self.context))
         self._tls.bound = True
 
     def _addr(self, addr: int, size: int) -> int:
@@ -135,7 +135,7 @@ class CudaBackend(Backend):
 
     def mem_info(self) -> tuple[int, int]:
         self._bind()
-        free, total = check("cuMemGetInfo", self.drv.cuMemGetInfo())
+        free, total = unwrap("cuMemGetInfo", self.drv.cuMemGetInfo())
         return int(free), int(total)
 
     def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None:
@@ -150,7 +150,7 @@ class CudaBackend(Backend):
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: Any) -> None:
         self._bind()
-        check(
+        unwrap(
             "cuMemcpyDtoDAsync",
             self.drv.cuMemcpyDtoDAsync(self._addr(dst, size), self._addr(src, size), size, stream),
         )
@@ -159,32 +159,32 @@ class CudaBackend(Backend):
         self._bind()
         d, addr = self.drv, self._addr(dst, elem_size * count)
         if elem_size == 1:
-            check("cuMemsetD8Async", d.cuMemsetD8Async(addr, value & 0xFF, count, stream))
+            unwrap("cuMemsetD8Async", d.cuMemsetD8Async(addr, value & 0xFF, count, stream))
         elif elem_size == 2:
-            check("cuMemsetD16Async", d.cuMemsetD16Async(addr, value & 0xFFFF, count, stream))
+            unwrap("cuMemsetD16Async", d.cuMemsetD16Async(addr, value & 0xFFFF, count, stream))
         else:
-            check("cuMemsetD32Async", d.cuMemsetD32Async(addr, value & 0xFFFFFFFF, count, stream))
+            unwrap("cuMemsetD32Async", d.cuMemsetD32Async(addr, value & 0xFFFFFFFF, count, stream))
 
     # ---- streams and events -----------------------------------------------------------------
     def stream_create(self, flags: int, priority: int) -> Any:
         self._bind()
-        return check(
+        return unwrap(
             "cuStreamCreateWithPriority", self.drv.cuStreamCreateWithPriority(flags, priority)
         )
 
     def stream_destroy(self, stream: Any) -> None:
         self._bind()
-        check("cuStreamDestroy", self.drv.cuStreamDestroy(stream))
+        unwrap("cuStreamDestroy", self.drv.cuStreamDestroy(stream))
 
     def stream_synchronize(self, stream: Any) -> None:
         self._bind()
-        check("cuStreamSynchronize", self.drv.cuStreamSynchronize(stream))
+        unwrap("cuStreamSynchronize", self.drv.cuStreamSynchronize(stream))
 
     def _done(self, what: str, ret: Any) -> bool:
         """A query: NOT_READY is an answer (False), any other failure an error."""
         if int(ret[0]) == CUresult.CUDA_ERROR_NOT_READY:
             return False
-        check(what, ret)
+        unwrap(what, ret)
         return True
 
     def stream_query(self, stream: Any) -> bool:
@@ -193,23 +193,23 @@ class CudaBackend(Backend):
 
     def stream_wait_event(self, stream: Any, event: Any, flags: int) -> None:
         self._bind()
-        check("cuStreamWaitEvent", self.drv.cuStreamWaitEvent(stream, event, flags))
+        unwrap("cuStreamWaitEvent", self.drv.cuStreamWaitEvent(stream, event, flags))
 
     def event_create(self, flags: int) -> Any:
         self._bind()
-        return check("cuEventCreate", self.drv.cuEventCreate(flags))
+        return unwrap("cuEventCreate", self.drv.cuEventCreate(flags))
 
     def event_destroy(self, event: Any) -> None:
         self._bind()
-        check("cuEventDestroy", self.drv.cuEventDestroy(event))
+        unwrap("cuEventDestroy", self.drv.cuEventDestroy(event))
 
     def event_record(self, event: Any, stream: Any) -> None:
         self._bind()
-        check("cuEventRecord", self.drv.cuEventRecord(event, stream))
+        unwrap("cuEventRecord", self.drv.cuEventRecord(event, stream))
 
     def event_synchronize(self, event: Any) -> None:
         self._bind()
-        check("cuEventSynchronize", self.drv.cuEventSynchronize(event))
+        unwrap("cuEventSynchronize", self.drv.cuEventSynchronize(event))
 
     def event_query(self, event: Any) -> bool:
         self._bind()
@@ -217,11 +217,11 @@ class CudaBackend(Backend):
 
     def event_elapsed(self, start: Any, end: Any) -> float:
         self._bind()
-        return float(check("cuEventElapsedTime", self.drv.cuEventElapsedTime(start, end)))
+        return float(unwrap("cuEventElapsedTime", self.drv.cuEventElapsedTime(start, end)))
 
     def synchronize(self) -> None:
         self._bind()
-        check("cuCtxSynchronize", self.drv.cuCtxSynchronize())
+        unwrap("cuCtxSynchronize", self.drv.cuCtxSynchronize())
         with self._staging_lock:
             self.staging.wait_idle()
 
@@ -246,7 +246,7 @@ class CudaBackend(Backend):
             handle = self._load_jit(bytes(image.code), image)
         globals_: dict[str, GlobalVar] = {}
         for name, g in image.globals.items():
-            dptr, size = check(
+            dptr, size = unwrap(
                 f"cuModuleGetGlobal({name})",
                 self.drv.cuModuleGetGlobal(handle, name.encode()),
             )
@@ -274,7 +274,7 @@ class CudaBackend(Backend):
     def _load_linked(self, image: ModuleImage) -> Any:
         """A relocatable (-rdc) cubin must be linked before the driver loads it."""
         d = self.drv
-        state = check("cuLinkCreate", d.cuLinkCreate(0, [], []))
+        state = unwrap("cuLinkCreate", d.cuLinkCreate(0, [], []))
         try:
             code = bytes(image.code) if not isinstance(image.code, str) else image.code.encode()
             kind = (
@@ -282,13 +282,13 @@ class CudaBackend(Backend):
                 if image.kind == "ptx"
                 else d.CUjitInputType.CU_JIT_INPUT_CUBIN
             )
-            check(
+            unwrap(
                 "cuLinkAddData",
                 d.cuLinkAddData(state, kind, code, len(code), image.arch.encode(), 0, [], []),
             )
-            cubin, size = check("cuLinkComplete", d.cuLinkComplete(state))
+            cubin, size = unwrap("cuLinkComplete", d.cuLinkComplete(state))
             linked = ctypes.string_at(int(cubin), int(size))
-            return check("cuModuleLoadData", d.cuModuleLoadData(linked))
+            return unwrap("cuModuleLoadData", d.cuModuleLoadData(linked))
         finally:
             d.cuLinkDestroy(state)
 
@@ -297,7 +297,7 @@ class CudaBackend(Backend):
         told = {g.addr for g in module.globals.values()}
         for addr in told & self.aliases.keys():
             del self.aliases[addr]
-        check("cuModuleUnload", self.drv.cuModuleUnload(module.native.handle))
+        unwrap("cuModuleUnload", self.drv.cuModuleUnload(module.native.handle))
 
     def alias_global(self, told: int, real: int, size: int) -> None:
         """After a restore: the guest keeps using ``told`` for a module variable that the driver
@@ -308,7 +308,7 @@ class CudaBackend(Backend):
     def _function(self, mod: CudaModule, kernel: str) -> Any:
         fn = mod.functions.get(kernel)
         if fn is None:
-            fn = check(
+            fn = unwrap(
                 f"cuModuleGetFunction({kernel})",
                 self.drv.cuModuleGetFunction(mod.handle, kernel.encode()),
             )
@@ -332,7 +332,7 @@ class CudaBackend(Backend):
         d, mod = self.drv, module.native
         fn = self._function(mod, kernel)
         if max_dynamic_shared is not None and mod.dynamic_shared.get(kernel) != max_dynamic_shared:
-            check(
+            unwrap(
                 "cuFuncSetAttribute",
                 d.cuFuncSetAttribute(
                     fn, d.CUfunction_attribute(_FUNC_MAX_DYNAMIC_SHARED), max_dynamic_shared
@@ -348,9 +348,9 @@ class CudaBackend(Backend):
         args = ctypes.addressof(ptrs) if layout else 0
         if cooperative:
             ret = d.cuLaunchCooperativeKernel(fn, *grid, *block, shared, stream, args)
-            check("cuLaunchCooperativeKernel", ret)
+            unwrap("cuLaunchCooperativeKernel", ret)
         else:
-            check("cuLaunchKernel", d.cuLaunchKernel(fn, *grid, *block, shared, stream, args, 0))
+            unwrap("cuLaunchKernel", d.cuLaunchKernel(fn, *grid, *block, shared, stream, args, 0))
 
     def take_stdout(self) -> bytes:
         return self._stdout.take()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute
-from crane.backends.cuda.driver import check
+from crane.backends.cuda.driver import unwrap
 from crane.device.identity import DeviceSnapshot, virtual_uuid
 
 __all__ = ["device_attributes", "device_name", "device_snapshot", "pci_bus_id", "profile_key"]
@@ -33,12 +33,12 @@ def _c_string(raw: Any) -> str:
 
 
 def device_name(drv: Any, dev: Any) -> str:
-    return _c_string(check("cuDeviceGetName", drv.cuDeviceGetName(256, dev)))
+    return _c_string(unwrap("cuDeviceGetName", drv.cuDeviceGetName(256, dev)))
 
 
 def pci_bus_id(drv: Any, dev: Any) -> str:
     """``domain:bus:device.function`` in lower case, as the simulator's profiles give it."""
-    return _c_string(check("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))).lower()
+    return _c_string(unwrap("cuDeviceGetPCIBusId", drv.cuDeviceGetPCIBusId(64, dev))).lower()
 
 
 def device_attributes(drv: Any, dev: Any) -> dict[int, int]:
@@ -58,9 +58,9 @@ def device_attributes(drv: Any, dev: Any) -> dict[int, int]:
 
 
 def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
-    dev = check("cuDeviceGet", drv.cuDeviceGet(ordinal))
+    dev = unwrap("cuDeviceGet", drv.cuDeviceGet(ordinal))
     name = device_name(drv, dev)
-    total = int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev)))
+    total = int(unwrap("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev)))
     attrs = device_attributes(drv, dev)
     key = profile_key(name)
     return DeviceSnapshot(

@@ -1,6 +1,6 @@
 """The CUDA driver as the cuda backend calls it: cuda-python, every result checked.
 
-cuda-python returns ``(CUresult, *values)`` from every call. :func:`check` turns a failure into
+cuda-python returns ``(CUresult, *values)`` from every call. :func:`unwrap` turns a failure into
 the :class:`~crane.api.results.CudaError` the guest should see, naming the driver call, and
 unwraps the values, so the backend reads like the driver API instead of tuple juggling.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from crane.api.results import CudaError
 
-__all__ = ["DriverUnavailable", "check", "load"]
+__all__ = ["DriverUnavailable", "load", "unwrap"]
 
 
 class DriverUnavailable(RuntimeError):
@@ -39,7 +39,7 @@ def load() -> Any:
     return _driver
 
 
-def check(what: str, ret: Any) -> Any:
+def unwrap(what: str, ret: Any) -> Any:
     """Unwrap one cuda-python result: None, the single value, or a tuple of values."""
     if isinstance(ret, tuple):
         err, values = ret[0], ret[1:]

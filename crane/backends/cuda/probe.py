@@ -16,23 +16,23 @@ import uuid
 
 from crane.backends.cuda import driver
 from crane.backends.cuda.device import device_attributes, device_name, pci_bus_id
-from crane.backends.cuda.driver import check
+from crane.backends.cuda.driver import unwrap
 
 
 def probe() -> dict:
     drv = driver.load()
-    check("cuInit", drv.cuInit(0))
-    version = int(check("cuDriverGetVersion", drv.cuDriverGetVersion()))
+    unwrap("cuInit", drv.cuInit(0))
+    version = int(unwrap("cuDriverGetVersion", drv.cuDriverGetVersion()))
     gpus = []
-    for i in range(int(check("cuDeviceGetCount", drv.cuDeviceGetCount()))):
-        dev = check("cuDeviceGet", drv.cuDeviceGet(i))
-        raw_uuid = check("cuDeviceGetUuid", drv.cuDeviceGetUuid(dev))
+    for i in range(int(unwrap("cuDeviceGetCount", drv.cuDeviceGetCount()))):
+        dev = unwrap("cuDeviceGet", drv.cuDeviceGet(i))
+        raw_uuid = unwrap("cuDeviceGetUuid", drv.cuDeviceGetUuid(dev))
         attr = drv.CUdevice_attribute
-        major = check(
+        major = unwrap(
             "cuDeviceGetAttribute",
             drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
         )
-        minor = check(
+        minor = unwrap(
             "cuDeviceGetAttribute",
             drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
         )
@@ -41,7 +41,7 @@ def probe() -> dict:
                 "index": i,
                 "name": device_name(drv, dev),
                 "uuid": "GPU-" + str(uuid.UUID(bytes=bytes(raw_uuid.bytes)[:16])),
-                "total_mem": int(check("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev))),
+                "total_mem": int(unwrap("cuDeviceTotalMem", drv.cuDeviceTotalMem(dev))),
                 "cc": [int(major), int(minor)],
                 "pci_bus_id": pci_bus_id(drv, dev),
                 "driver_version": f"CUDA {version // 1000}.{version % 1000 // 10}",

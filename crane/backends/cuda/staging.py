@@ -14,7 +14,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from crane.backends.cuda.driver import check
+from crane.backends.cuda.driver import unwrap
 
 __all__ = ["StagingRing"]
 
@@ -39,9 +39,9 @@ class StagingRing:
         self._next = 0
         try:
             for _ in range(count):
-                addr = int(check("cuMemHostAlloc", drv.cuMemHostAlloc(size, 0)))
+                addr = int(unwrap("cuMemHostAlloc", drv.cuMemHostAlloc(size, 0)))
                 self.slots.append(_Slot(addr, None))
-                self.slots[-1].event = check(
+                self.slots[-1].event = unwrap(
                     "cuEventCreate", drv.cuEventCreate(_EVENT_DISABLE_TIMING)
                 )
         except BaseException:
@@ -52,12 +52,12 @@ class StagingRing:
         slot = self.slots[self._next]
         self._next = (self._next + 1) % len(self.slots)
         if slot.busy:
-            check("cuEventSynchronize", self.drv.cuEventSynchronize(slot.event))
+            unwrap("cuEventSynchronize", self.drv.cuEventSynchronize(slot.event))
             slot.busy = False
         return slot
 
     def _done(self, slot: _Slot, stream: Any) -> None:
-        check("cuEventRecord", self.drv.cuEventRecord(slot.event, stream))
+        unwrap("cuEventRecord", self.drv.cuEventRecord(slot.event, stream))
         slot.busy = True
 
     def upload(self, dst: int, data: Any, stream: Any) -> None:
@@ -68,7 +68,7 @@ class StagingRing:
             slot = self._take()
             n = len(piece)
             ctypes.memmove(slot.addr, _address_of(piece), n)
-            check(
+            unwrap(
                 "cuMemcpyHtoDAsync",
                 self.drv.cuMemcpyHtoDAsync(dst + off, slot.addr, n, stream),
             )
@@ -82,8 +82,8 @@ class StagingRing:
         than a slot is assembled while the next piece is already in flight."""
         if size <= self.size:
             slot = self._take()
-            check("cuMemcpyDtoHAsync", self.drv.cuMemcpyDtoHAsync(slot.addr, src, size, stream))
-            check("cuStreamSynchronize", self.drv.cuStreamSynchronize(stream))
+            unwrap("cuMemcpyDtoHAsync", self.drv.cuMemcpyDtoHAsync(slot.addr, src, size, stream))
+            unwrap("cuStreamSynchronize", self.drv.cuStreamSynchronize(stream))
             return ctypes.string_at(slot.addr, size)
         out = bytearray(size)
         dst = (ctypes.c_char * size).from_buffer(out)
@@ -92,7 +92,7 @@ class StagingRing:
         for off in range(0, size, self.size):
             n = min(self.size, size - off)
             slot = self._take()
-            check(
+            unwrap(
                 "cuMemcpyDtoHAsync",
                 self.drv.cuMemcpyDtoHAsync(slot.addr, src + off, n, stream),
             )
@@ -107,14 +107,14 @@ class StagingRing:
 
     def _drain(self, item: tuple[_Slot, int, int], base: int) -> None:
         slot, off, n = item
-        check("cuEventSynchronize", self.drv.cuEventSynchronize(slot.event))
+        unwrap("cuEventSynchronize", self.drv.cuEventSynchronize(slot.event))
         slot.busy = False
         ctypes.memmove(base + off, slot.addr, n)
 
     def wait_idle(self) -> None:
         for slot in self.slots:
             if slot.busy:
-                check("cuEventSynchronize", self.drv.cuEventSynchronize(slot.event))
+                unwrap("cuEventSynchronize", self.drv.cuEventSynchronize(slot.event))
                 slot.busy = False
 
     def close(self) -> None:

@@ -6,7 +6,14 @@ import pickle
 
 import pytest
 
-from crane.api.results import CudaError, CUresult, check, error_name, error_string, to_result
+from crane.api.results import (
+    CudaError,
+    CUresult,
+    error_name,
+    error_string,
+    raise_for_result,
+    to_result,
+)
 
 KNOWN = [
     (1, "CUDA_ERROR_INVALID_VALUE", "not within an acceptable range of values"),
@@ -59,8 +66,8 @@ def test_cuda_error_pickles() -> None:
 
 
 def test_check() -> None:
-    check(0)
-    check(CUresult.CUDA_SUCCESS)
+    raise_for_result(0)
+    raise_for_result(CUresult.CUDA_SUCCESS)
     with pytest.raises(CudaError) as info:
-        check(400, "cuStreamSynchronize")
+        raise_for_result(400, "cuStreamSynchronize")
     assert info.value.code is CUresult.CUDA_ERROR_INVALID_HANDLE

@@ -23,10 +23,10 @@ def test_the_three_kinds_do_not_share_a_class() -> None:
 
 
 def test_the_guest_session_reports_a_missing_daemon_as_a_cuda_error(tmp_path: Path) -> None:
-    from crane.guest.session import Session
+    from crane.guest.session import GuestSession
 
     with pytest.raises(CudaError) as e:
-        Session(f"unix://{tmp_path}/nobody.sock")
+        GuestSession(f"unix://{tmp_path}/nobody.sock")
     assert e.value.code is CUresult.CUDA_ERROR_NO_DEVICE
     assert isinstance(e.value.__cause__, TransportError)
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crane.modules.cubin import parse_cubin
-from crane.modules.ptx_info import PtxError, is_ptx, layout_params, scan_ptx
+from crane.modules.ptx_info import PtxImageError, is_ptx, layout_params, scan_ptx
 
 from .conftest import HANDWRITTEN_PTX
 
@@ -208,7 +208,7 @@ def test_layout_params_helper() -> None:
     ],
 )
 def test_errors_name_the_line(text: str, needle: str) -> None:
-    with pytest.raises(PtxError, match=needle):
+    with pytest.raises(PtxImageError, match=needle):
         scan_ptx(text)
 
 
@@ -230,5 +230,5 @@ def test_fuzz_scan_ptx(builds: dict[str, bytes], data: st.DataObject) -> None:
                 del chars[pos]
             else:
                 chars[pos] = data.draw(_PTX_ALPHABET)
-    with contextlib.suppress(PtxError):
+    with contextlib.suppress(PtxImageError):
         scan_ptx("".join(chars))

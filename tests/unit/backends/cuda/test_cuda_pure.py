@@ -11,7 +11,7 @@ import pytest
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.backends.cuda.device import profile_key, virtual_uuid
-from crane.backends.cuda.driver import check
+from crane.backends.cuda.driver import unwrap
 from crane.daemon import devices
 from crane.daemon.gpu_inventory import GpuInfo
 
@@ -23,15 +23,15 @@ class _Err(enum.IntEnum):  # stands in for cuda-python's CUresult enum values
 
 
 def test_check_unwraps_values_and_raises_the_drivers_code() -> None:
-    assert check("cuX", (_Err.CUDA_SUCCESS,)) is None
-    assert check("cuX", (_Err.CUDA_SUCCESS, 7)) == 7
-    assert check("cuX", (_Err.CUDA_SUCCESS, 7, 8)) == (7, 8)
+    assert unwrap("cuX", (_Err.CUDA_SUCCESS,)) is None
+    assert unwrap("cuX", (_Err.CUDA_SUCCESS, 7)) == 7
+    assert unwrap("cuX", (_Err.CUDA_SUCCESS, 7, 8)) == (7, 8)
     with pytest.raises(CudaError) as e:
-        check("cuMemCreate", (_Err.CUDA_ERROR_OUT_OF_MEMORY, None))
+        unwrap("cuMemCreate", (_Err.CUDA_ERROR_OUT_OF_MEMORY, None))
     assert e.value.code == CUresult.CUDA_ERROR_OUT_OF_MEMORY
     assert "cuMemCreate" in e.value.message and "OUT_OF_MEMORY" in e.value.message
     with pytest.raises(CudaError) as e:  # a code newer than our cuda.h is passed through
-        check("cuY", (_Err.CUDA_ERROR_SOMETHING_NEW,))
+        unwrap("cuY", (_Err.CUDA_ERROR_SOMETHING_NEW,))
     assert int(e.value.code) == 9999
 
 

@@ -1,11 +1,12 @@
-"""The cuda backend against cuda-python, with or without a GPU.
+"""The backend conformance suite (:mod:`tests.conformance.checks`) against every backend.
 
-On a GPU host the checks in :mod:`tests.backends.cuda_checks` drive the NVIDIA driver. Without
-one they drive Crane's own ``libcuda.so.1`` (the interposer) in front of a daemon on the
-simulated H100: cuda-python loads whichever ``libcuda.so.1`` the dynamic linker finds, so each
-of the backend's driver calls goes through cuda-python's real bindings, argument conversion and
-result unpacking, and is executed with the semantics Crane serves to CUDA programs. What that
-cannot show (timings, the real driver's JIT, its VA placement) is left to the GPU suite.
+``sim`` runs everywhere. ``cuda`` runs wherever cuda-python is installed: on a GPU host its
+checks drive the NVIDIA driver; without one they drive Crane's own ``libcuda.so.1`` (the
+interposer) in front of a daemon on the simulated H100: cuda-python loads whichever
+``libcuda.so.1`` the dynamic linker finds, so each of the backend's driver calls goes through
+cuda-python's real bindings, argument conversion and result unpacking, and is executed with the
+semantics Crane serves to CUDA programs. What that cannot show (timings, the real driver's JIT,
+its VA placement) is left to the GPU suite.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.cuda_checks import CHECKS, SOURCE
+from tests.conformance.checks import CHECKS, KINDS, ONLY, SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
-
-pytest.importorskip("cuda.bindings.driver", reason="cuda-python is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +30,22 @@ def fatbin(cuda_build) -> Path:  # type: ignore[no-untyped-def]
     )
 
 
-@pytest.mark.parametrize("check", sorted(CHECKS))
-def test_cuda_backend(check: str, driver_env: dict[str, str], fatbin: Path) -> None:
+CASES = [
+    pytest.param(kind, check, id=f"{kind}-{check}", marks=pytest.mark.conformance)
+    for kind in KINDS
+    for check in sorted(CHECKS)
+    if kind in ONLY.get(check, KINDS)
+]
+
+
+@pytest.mark.parametrize(("kind", "check"), CASES)
+def test_backend_conforms(
+    kind: str, check: str, fatbin: Path, request: pytest.FixtureRequest
+) -> None:
+    env = request.getfixturevalue("driver_env" if kind == "cuda" else "sim_env")
     p = subprocess.run(
-        [sys.executable, "-m", "tests.backends.cuda_checks", check, str(fatbin)],
-        env=driver_env,
+        [sys.executable, "-m", "tests.conformance.checks", kind, check, str(fatbin)],
+        env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.cuda.driver import check
+from crane.backends.cuda.driver import unwrap
 
 __all__ = ["VaWindow"]
 
@@ -34,7 +34,7 @@ class VaWindow:
         self.chunks: dict[int, tuple[int, Any]] = {}  # addr -> (size, physical handle)
         self._prop = self._allocation_prop()
         self.granularity = int(
-            check(
+            unwrap(
                 "cuMemGetAllocationGranularity",
                 drv.cuMemGetAllocationGranularity(
                     self._prop,
@@ -49,7 +49,7 @@ class VaWindow:
                 f"granularity {self.granularity:#x}",
             )
         got = int(
-            check(
+            unwrap(
                 "cuMemAddressReserve",
                 drv.cuMemAddressReserve(size, self.granularity, base, 0),
             )
@@ -93,11 +93,11 @@ class VaWindow:
         if addr in self.chunks:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"chunk {addr:#x} already mapped")
         d = self.drv
-        handle = check("cuMemCreate", d.cuMemCreate(size, self._prop, 0))
+        handle = unwrap("cuMemCreate", d.cuMemCreate(size, self._prop, 0))
         try:
-            check("cuMemMap", d.cuMemMap(addr, size, 0, handle, 0))
+            unwrap("cuMemMap", d.cuMemMap(addr, size, 0, handle, 0))
             try:
-                check("cuMemSetAccess", d.cuMemSetAccess(addr, size, [self._access], 1))
+                unwrap("cuMemSetAccess", d.cuMemSetAccess(addr, size, [self._access], 1))
             except CudaError:
                 d.cuMemUnmap(addr, size)
                 raise
@@ -111,8 +111,8 @@ class VaWindow:
         if addr not in self.chunks:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"{addr:#x} is not a mapped chunk")
         size, handle = self.chunks.pop(addr)
-        check("cuMemUnmap", self.drv.cuMemUnmap(addr, size))
-        check("cuMemRelease", self.drv.cuMemRelease(handle))
+        unwrap("cuMemUnmap", self.drv.cuMemUnmap(addr, size))
+        unwrap("cuMemRelease", self.drv.cuMemRelease(handle))
         return size
 
     def close(self) -> None:

@@ -20,11 +20,22 @@ def real_gpu() -> bool:
     return Path("/dev/nvidiactl").exists()
 
 
+def _env() -> dict[str, str]:
+    """This environment for a check's process: the repository importable, no trace."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CRANE_TRACE", "CRANE_DAEMON")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    return env
+
+
+@pytest.fixture(scope="module")
+def sim_env() -> dict[str, str]:
+    return _env()
+
+
 @pytest.fixture(scope="module")
 def driver_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     pytest.importorskip("cuda.bindings.driver", reason="cuda-python is not installed")
-    env = {k: v for k, v in os.environ.items() if k not in ("CRANE_TRACE", "CRANE_DAEMON")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = _env()
     if real_gpu():
         yield env
         return
