@@ -167,12 +167,15 @@ class GuestSession:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_CONTEXT, f"unknown context {ctx:#x}")
         return ctx
 
-    def _stream(self, stream: int) -> int:
+    def check_stream(self, stream: int) -> int:
+        """``stream`` if it names a stream of this session (or a default stream), else
+        CUDA_ERROR_INVALID_HANDLE: answered locally, without a round trip."""
         if stream not in _DEFAULT_STREAMS and stream not in self._objs.streams:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown stream {stream:#x}")
         return stream
 
-    def _event(self, event: int) -> int:
+    def check_event(self, event: int) -> int:
+        """``event`` if it names an event of this session, else CUDA_ERROR_INVALID_HANDLE."""
         if event not in self._objs.events:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown event {event:#x}")
         return event
@@ -293,7 +296,7 @@ class GuestSession:
                 self.memcpy_htod(a, view[a - dst : a - dst + n], stream)
             return
         self._range(dst, view.nbytes)
-        stream = self._stream(stream)
+        stream = self.check_stream(stream)
         op = _O["MEMCPY_HTOD"]
         for off in range(0, view.nbytes, MAX_CHUNK):
             part = view[off : off + MAX_CHUNK]
@@ -324,7 +327,7 @@ class GuestSession:
                 self.memcpy_dtoh(a, n, stream, out=whole[a - src : a - src + n])
             return None if target is not None else bytes(whole)
         self._range(src, size)
-        stream = self._stream(stream)
+        stream = self.check_stream(stream)
         op = _O["MEMCPY_DTOH"]
         seqs = []
         for off in range(0, size, MAX_CHUNK):  # one batch: the worker streams the pieces back
@@ -347,7 +350,7 @@ class GuestSession:
             return
         self._range(src, size)
         self._range(dst, size)
-        self._async(_O["MEMCPY_DTOD"], dst, src, size, self._stream(stream))
+        self._async(_O["MEMCPY_DTOD"], dst, src, size, self.check_stream(stream))
 
     def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
         spans = self._spans(dst, elem * count)
@@ -357,7 +360,12 @@ class GuestSession:
             return
         self._range(dst, elem * count)
         self._async(
-            _O["MEMSET"], dst, value & ((1 << (8 * elem)) - 1), elem, count, self._stream(stream)
+            _O["MEMSET"],
+            dst,
+            value & ((1 << (8 * elem)) - 1),
+            elem,
+            count,
+            self.check_stream(stream),
         )
 
     def memset_d8(self, dst: int, value: int, count: int, stream: int = 0) -> None:
@@ -383,12 +391,12 @@ class GuestSession:
         self._objs.streams.discard(stream)
 
     def stream_synchronize(self, stream: int = 0) -> None:
-        self._sync(_O["STREAM_SYNCHRONIZE"], self._stream(stream))
+        self._sync(_O["STREAM_SYNCHRONIZE"], self.check_stream(stream))
 
     def stream_query(self, stream: int = 0) -> bool:
         """True when idle (CUDA_SUCCESS); False for CUDA_ERROR_NOT_READY."""
         seq = self._enqueue(
-            _O["STREAM_QUERY"], _O["STREAM_QUERY"].pack(self._stream(stream)), expect=True
+            _O["STREAM_QUERY"], _O["STREAM_QUERY"].pack(self.check_stream(stream)), expect=True
         )
         reply = self._wait(seq)
         if reply.result == CUresult.CUDA_ERROR_NOT_READY:
@@ -399,7 +407,9 @@ class GuestSession:
         return True
 
     def stream_wait_event(self, stream: int, event: int, flags: int = 0) -> None:
-        self._async(_O["STREAM_WAIT_EVENT"], self._stream(stream), self._event(event), flags)
+        self._async(
+            _O["STREAM_WAIT_EVENT"], self.check_stream(stream), self.check_event(event), flags
+        )
 
     def event_create(self, flags: int = 0, ctx: int | None = None) -> int:
         h = self._handles.new(HandleKind.EVENT)
@@ -408,18 +418,18 @@ class GuestSession:
         return h
 
     def event_destroy(self, event: int) -> None:
-        self._async(_O["EVENT_DESTROY"], self._event(event))
+        self._async(_O["EVENT_DESTROY"], self.check_event(event))
         self._objs.events.discard(event)
 
     def event_record(self, event: int, stream: int = 0) -> None:
-        self._async(_O["EVENT_RECORD"], self._event(event), self._stream(stream))
+        self._async(_O["EVENT_RECORD"], self.check_event(event), self.check_stream(stream))
 
     def event_synchronize(self, event: int) -> None:
-        self._sync(_O["EVENT_SYNCHRONIZE"], self._event(event))
+        self._sync(_O["EVENT_SYNCHRONIZE"], self.check_event(event))
 
     def event_query(self, event: int) -> bool:
         seq = self._enqueue(
-            _O["EVENT_QUERY"], _O["EVENT_QUERY"].pack(self._event(event)), expect=True
+            _O["EVENT_QUERY"], _O["EVENT_QUERY"].pack(self.check_event(event)), expect=True
         )
         reply = self._wait(seq)
         ready = reply.result != CUresult.CUDA_ERROR_NOT_READY
@@ -430,7 +440,7 @@ class GuestSession:
 
     def event_elapsed(self, start: int, end: int) -> float:
         """Milliseconds between two recorded events."""
-        reply = self._sync(_O["EVENT_ELAPSED"], self._event(start), self._event(end))
+        reply = self._sync(_O["EVENT_ELAPSED"], self.check_event(start), self.check_event(end))
         return _O["EVENT_ELAPSED"].unpack_results(reply.out)[0]
 
     # ---- modules and launches -----------------------------------------------------------------
@@ -573,7 +583,7 @@ class GuestSession:
                 f"{lay.name} takes {lay.param_bytes} parameter bytes, got {len(buf)}",
             )
         if stream not in _DEFAULT_STREAMS:
-            self._stream(stream)
+            self.check_stream(stream)
         self._enqueue(
             op,
             op.pack(function.handle, (g, b, shared), stream),

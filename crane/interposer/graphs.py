@@ -37,6 +37,7 @@ __all__ = [
     "EVENT_RECORD",
     "HOST",
     "KERNEL",
+    "LOCK",
     "MEMCPY",
     "MEMSET",
     "WAIT_EVENT",
@@ -128,7 +129,8 @@ class EventParams:
 
 # ---- graphs --------------------------------------------------------------------------------
 _ids = itertools.count(1)
-_lock = threading.RLock()
+#: Guards the capture and graph tables (the graph handlers take it too).
+LOCK = threading.RLock()
 
 
 def _handle(kind: int) -> int:
@@ -158,7 +160,7 @@ class Graph:
             if d.graph is not self:
                 raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "dependency from another graph")
         node = Node(_handle(0xC7), self, kind, params, deps)
-        with _lock:
+        with LOCK:
             self.nodes.append(node)
             NODES[node.handle] = node
         return node
@@ -167,7 +169,7 @@ class Graph:
         return [n for n in self.nodes if node in n.deps]
 
     def remove(self, node: Node) -> None:
-        with _lock:
+        with LOCK:
             self.nodes.remove(node)
             for n in self.nodes:
                 if node in n.deps:
@@ -236,7 +238,7 @@ EXECS: dict[int, GraphExec] = {}
 
 def new_graph() -> Graph:
     g = Graph()
-    with _lock:
+    with LOCK:
         GRAPHS[g.handle] = g
     return g
 
@@ -263,7 +265,7 @@ def graph_exec(handle: int) -> GraphExec:
 
 
 def destroy_graph(g: Graph) -> None:
-    with _lock:
+    with LOCK:
         for n in g.nodes:
             NODES.pop(n.handle, None)
         GRAPHS.pop(g.handle, None)
@@ -343,7 +345,7 @@ def capture_of(stream: int) -> Capture | None:
     an invalidated sequence refuses all further work."""
     if not STREAMS:
         return None
-    with _lock:
+    with LOCK:
         _legacy_check(stream)
         c = STREAMS.get(key(stream))
         if c is not None and c.status != STATUS_ACTIVE:
@@ -355,7 +357,7 @@ def record(stream: int, kind: int, params: object) -> bool:
     """Add a node for a stream-ordered operation if ``stream`` is capturing (True)."""
     if not STREAMS:
         return False
-    with _lock:
+    with LOCK:
         c = capture_of(stream)
         if c is None:
             return False
@@ -369,7 +371,7 @@ def refuse(stream: int, what: str, code: CUresult = _E.CUDA_ERROR_NOT_SUPPORTED)
     of a complete graph (no silent hole in the recorded work)."""
     if not STREAMS:
         return
-    with _lock:
+    with LOCK:
         c = capture_of(stream)
         if c is not None:
             if code == _E.CUDA_ERROR_NOT_SUPPORTED:
@@ -396,7 +398,7 @@ def check_unsafe(what: str) -> None:
     it: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture is invalidated."""
     if not STREAMS:
         return
-    with _lock:
+    with LOCK:
         hit = _prohibiting()
         if hit:
             raise _fail(_E.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, f"{what} during capture", hit)
@@ -407,7 +409,7 @@ def check_sync(stream: int, what: str) -> None:
     stream, and on the legacy stream while a blocking stream captures."""
     if not STREAMS:
         return
-    with _lock:
+    with LOCK:
         c = STREAMS.get(key(stream))
         if c is not None:
             raise _fail(
@@ -420,7 +422,7 @@ def check_device_sync(what: str) -> None:
     """Waiting for the whole context while any stream captures is illegal."""
     if not STREAMS:
         return
-    with _lock:
+    with LOCK:
         hit = _active()
         if hit:
             raise _fail(_E.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, f"{what} during capture", hit)
@@ -440,8 +442,8 @@ def begin(stream: int, mode: int, into: Graph | None = None, deps: Iterable[Node
         raise CudaError(
             _E.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "cannot capture the legacy stream"
         )
-    RT.session()._stream(stream)
-    with _lock:
+    RT.session().check_stream(stream)
+    with LOCK:
         k = key(stream)
         if k in STREAMS:
             raise CudaError(_E.CUDA_ERROR_ILLEGAL_STATE, "the stream is already capturing")
@@ -472,7 +474,7 @@ def _ancestors(nodes: Iterable[Node]) -> set[Node]:
 
 def end(stream: int) -> Graph:
     """cuStreamEndCapture: the recorded graph, or the error that ended the sequence."""
-    with _lock:
+    with LOCK:
         k = key(stream)
         c = STREAMS.get(k)
         if c is None:
@@ -500,7 +502,7 @@ def end(stream: int) -> Graph:
 
 def status(stream: int) -> tuple[int, Capture | None]:
     """(CUstreamCaptureStatus, capture) for cuStreamIsCapturing / GetCaptureInfo."""
-    with _lock:
+    with LOCK:
         if STREAMS:
             _legacy_check(stream)
         c = STREAMS.get(key(stream))
@@ -512,7 +514,7 @@ def event_recorded(event: int, stream: int) -> bool:
     to execute); elsewhere it is a real record again."""
     if not STREAMS and not EVENTS:
         return False
-    with _lock:
+    with LOCK:
         c = capture_of(stream)
         if c is None:
             EVENTS.pop(event, None)
@@ -525,7 +527,7 @@ def wait_event(stream: int, event: int) -> bool:
     """cuStreamWaitEvent on a captured event or from a capturing stream (True: handled)."""
     if not STREAMS:
         return False
-    with _lock:
+    with LOCK:
         k = key(stream)
         here = STREAMS.get(k)
         rec = EVENTS.get(event)
@@ -558,7 +560,7 @@ def wait_event(stream: int, event: int) -> bool:
 
 
 def update_dependencies(stream: int, nodes: list[Node], replace: bool) -> None:
-    with _lock:
+    with LOCK:
         c = capture_of(stream)
         if c is None:
             raise CudaError(_E.CUDA_ERROR_ILLEGAL_STATE, "the stream is not capturing")

@@ -71,7 +71,7 @@ def ctx_synchronize_v2(ctx: Any) -> None:
 
 def primary_reset(dev: int) -> None:
     """Called by C after the CLS destructors ran: replace the remote primary context."""
-    if RT._session is None:
+    if not RT.has_session:
         return  # nothing remote was ever made
     RT.session().ctx_reset_primary()
     RT.sticky = None

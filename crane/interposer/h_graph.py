@@ -301,12 +301,12 @@ def graph_add_empty_node(out: Any, graph: Any, deps: Any, ndeps: int) -> None:
 
 @handles("cuGraphAddEventRecordNode@11010")
 def graph_add_event_record_node(out: Any, graph: Any, deps: Any, ndeps: int, ev: Any) -> None:
-    _add(out, graph, deps, ndeps, G.EVENT_RECORD, G.EventParams(RT.session()._event(_p(ev))))
+    _add(out, graph, deps, ndeps, G.EVENT_RECORD, G.EventParams(RT.session().check_event(_p(ev))))
 
 
 @handles("cuGraphAddEventWaitNode@11010")
 def graph_add_event_wait_node(out: Any, graph: Any, deps: Any, ndeps: int, ev: Any) -> None:
-    _add(out, graph, deps, ndeps, G.WAIT_EVENT, G.EventParams(RT.session()._event(_p(ev))))
+    _add(out, graph, deps, ndeps, G.WAIT_EVENT, G.EventParams(RT.session().check_event(_p(ev))))
 
 
 def _edges(frm: Any, to: Any, n: int) -> list[tuple[G.Node, G.Node]]:
@@ -529,7 +529,7 @@ def graph_exec_get_flags(exec_: Any, out: Any) -> None:
 @handles("cuGraphUpload@11010")
 def graph_upload(exec_: Any, stream: Any) -> None:
     G.graph_exec(_p(exec_))  # nothing to upload: the graph lives in the guest
-    RT.session()._stream(RT.stream(stream))
+    RT.session().check_stream(RT.stream(stream))
 
 
 @handles("cuGraphLaunch@10000")
@@ -541,7 +541,7 @@ def graph_launch(exec_: Any, stream: Any) -> None:
         _inline_into_capture(x, s)
         return
     sess = RT.session()
-    sess._stream(s)
+    sess.check_stream(s)
     # one launch of an executable graph runs after the previous one, whatever the stream
     if x.last_stream is not None and x.last_stream != s and x.done_event is not None:
         sess.stream_wait_event(s, x.done_event, 0)
@@ -556,7 +556,7 @@ def graph_launch(exec_: Any, stream: Any) -> None:
 def _inline_into_capture(x: G.GraphExec, stream: int) -> None:
     """A graph launched into a capturing stream: its nodes join the capture graph, after the
     stream's frontier (the child-graph node CUDA makes, flattened)."""
-    with G._lock:
+    with G.LOCK:
         c = G.STREAMS[G.key(stream)]
         k = G.key(stream)
         roots = c.frontier.get(k, [])

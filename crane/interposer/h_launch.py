@@ -125,7 +125,7 @@ def _drain(stream: int) -> int:
 
 def run_host_func(s: int, fn: Any, user_data: Any) -> None:
     """Run a host function at its point in the order of stream ``s``."""
-    RT.session()._stream(s)
+    RT.session().check_stream(s)
     status = _drain(s)
     if status:
         raise CudaError(status, "stream failed before the host function")
@@ -149,6 +149,6 @@ def stream_add_callback(stream: Any, callback: Any, user_data: Any, flags: int) 
     s = RT.stream(stream)
     # stream callbacks cannot be captured (cuLaunchHostFunc can)
     graphs.refuse(s, "cuStreamAddCallback", CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    RT.session()._stream(s)
+    RT.session().check_stream(s)
     status = _drain(s)
     RT.ffi.cast("void (*)(void *, int, void *)", callback)(stream, status, user_data)

@@ -108,7 +108,7 @@ def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
     if out == RT.ffi.NULL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
     s = RT.session()
-    s._stream(RT.stream(stream))
+    s.check_stream(RT.stream(stream))
     graphs.refuse(RT.stream(stream), "cuMemAllocAsync (memory allocation nodes)")
     out[0] = s.mem_alloc(size, RT.ctx())
 
@@ -117,7 +117,7 @@ def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
 def mem_free_async(dptr: int, stream: Any) -> None:
     # The worker applies calls in order, so the free follows the stream's earlier work.
     s = RT.session()
-    s._stream(RT.stream(stream))
+    s.check_stream(RT.stream(stream))
     graphs.refuse(RT.stream(stream), "cuMemFreeAsync (memory free nodes)")
     s.mem_free(dptr)
 

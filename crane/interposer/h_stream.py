@@ -64,7 +64,7 @@ def stream_wait_event(stream: Any, event: Any, flags: int) -> None:
     s, e = RT.stream(stream), RT.ptr(event)
     if flags & ~_EVENT_WAIT_EXTERNAL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad wait flags {flags:#x}")
-    RT.session()._event(e)
+    RT.session().check_event(e)
     if flags & _EVENT_WAIT_EXTERNAL:
         if graphs.record(s, graphs.WAIT_EVENT, graphs.EventParams(e)):
             return
@@ -128,7 +128,7 @@ def event_destroy(event: Any) -> None:
 @handles("cuEventRecord@2000")
 def event_record(event: Any, stream: Any) -> None:
     e, s = RT.ptr(event), RT.stream(stream)
-    RT.session()._event(e)
+    RT.session().check_event(e)
     if not graphs.event_recorded(e, s):
         RT.session().event_record(e, s)
 
@@ -138,7 +138,7 @@ def event_record_with_flags(event: Any, stream: Any, flags: int) -> None:
     e, s = RT.ptr(event), RT.stream(stream)
     if flags & ~_EVENT_RECORD_EXTERNAL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad record flags {flags:#x}")
-    RT.session()._event(e)
+    RT.session().check_event(e)
     if flags & _EVENT_RECORD_EXTERNAL:
         if graphs.record(s, graphs.EVENT_RECORD, graphs.EventParams(e)):
             return

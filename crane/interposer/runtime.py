@@ -80,6 +80,11 @@ class Runtime:
                     )
             return self._session
 
+    @property
+    def has_session(self) -> bool:
+        """A session with the daemon was opened (something remote exists)."""
+        return self._session is not None
+
     def require_init(self) -> GuestSession:
         if not self.initialized:
             raise CudaError(CUresult.CUDA_ERROR_NOT_INITIALIZED, "cuInit has not been called")
