@@ -43,7 +43,11 @@ class SessionHost(Protocol):
     ) -> None: ...
 
     def publish(
-        self, session: DaemonSession, progress: dict[str, Any], switching: bool
+        self,
+        session: DaemonSession,
+        progress: dict[str, Any],
+        switching: bool,
+        fresh: bool = False,
     ) -> None: ...
 
     def moved_away(self, session: DaemonSession, to: str) -> threading.Event: ...

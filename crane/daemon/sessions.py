@@ -342,11 +342,18 @@ class SessionManager:
             self.table.remember_moved(session, to)
         return released
 
-    def publish(self, session: DaemonSession, progress: dict[str, Any], switching: bool) -> None:
-        """A migration's progress (crane ps, crane migrate, a waiting Resume); ``switching``:
-        the guest is stopped for the switchover (or already moved), so a Resume waits for the
-        redirect rather than being told to retry."""
-        session.migration = {**session.migration, **progress}
+    def publish(
+        self,
+        session: DaemonSession,
+        progress: dict[str, Any],
+        switching: bool,
+        fresh: bool = False,
+    ) -> None:
+        """A migration's progress (crane ps, crane migrate, a waiting Resume), merged into what
+        was published before (``fresh``: a new migration, nothing kept of an earlier one);
+        ``switching``: the guest is stopped for the switchover (or already moved), so a Resume
+        waits for the redirect rather than being told to retry."""
+        session.migration = {**({} if fresh else session.migration), **progress}
         session.switching = switching
         self.changes.bump()
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.engine.dispatch import Dispatcher, Refused
+from crane.engine.dispatch import Bound, Dispatcher, Refused
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.replies import encode_data_reply
@@ -93,8 +94,23 @@ class BatchCodec:
             replies.done_seq = cl.done_seq
             return [*cl.last_replies, replies.SerializeToString()]
         device = self.dispatcher.device
+        bound, invoke = self.dispatcher.bound, self.dispatcher.invoke
         for call in fresh:
-            reply = self._run_call(call)
+            # one call, inline (no frame of its own: this loop is the worker's hot path)
+            b = bound.get(call.op)
+            try:
+                if b is None:
+                    raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, f"unknown op {call.op}")
+                result = invoke(b, call.args, call.data)
+                reply = self._reply(b, call, result) if b.replies else None
+            except Refused as r:
+                reply = self._error(call, b, r.fault, quiet=True)
+            except CudaError as e:
+                reply = self._error(call, b, e)
+            except Exception as e:  # a bug in a backend: report, log, keep serving
+                what = b.op.name if b is not None else f"op#{call.op}"
+                log.exception("session %s: %s failed unexpectedly", self.session_id, what)
+                reply = self._error(call, b, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
             cl.calls += 1
             cl.done_seq = call.seq
             if isinstance(reply, bytes):  # a bulk read, already a serialized ReplyBatch
@@ -131,28 +147,13 @@ class BatchCodec:
             replies.stdout = text
         return replies.SerializeToString()
 
-    def _run_call(self, call: guest_pb2.Call) -> guest_pb2.Reply | bytes | None:
-        b = self.dispatcher.bound.get(call.op)
-        if b is None:
-            e = CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, f"unknown op {call.op}")
-            return self._error(call, f"op#{call.op}", e)
-        o = b.op
-        try:
-            result = self.dispatcher.invoke(b, call.args, call.data)
-        except Refused as r:
-            return self._error(call, o.name, r.fault, quiet=True)
-        except CudaError as e:
-            return self._error(call, o.name, e)
-        except Exception as e:  # a bug in a backend: report, log, keep serving
-            log.exception("session %s: %s failed unexpectedly", self.session_id, o.name)
-            return self._error(call, o.name, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
-        if not b.replies:
-            return None
+    def _reply(self, b: Bound, call: guest_pb2.Call, result: Any) -> guest_pb2.Reply | bytes:
+        """The answer to a call that succeeded (a bulk read: a serialized ReplyBatch)."""
         if isinstance(result, memoryview) and result.nbytes >= _BULK:
             return encode_data_reply(call.seq, result, call.seq)
         reply = guest_pb2.Reply(seq=call.seq, result=0)
         if isinstance(result, tuple):
-            reply.out = o.pack_results(*result)
+            reply.out = b.op.pack_results(*result)
         elif isinstance(result, bytes | bytearray | memoryview):
             reply.data = bytes(result)
         elif isinstance(result, int) and result:
@@ -160,7 +161,7 @@ class BatchCodec:
         return reply
 
     def _error(
-        self, call: guest_pb2.Call, what: str, e: CudaError, quiet: bool = False
+        self, call: guest_pb2.Call, b: Bound | None, e: CudaError, quiet: bool = False
     ) -> guest_pb2.Reply:
         code = int(e.code)
         if not quiet:
@@ -168,7 +169,7 @@ class BatchCodec:
                 "session %s: seq %d %s -> %s: %s",
                 self.session_id,
                 call.seq,
-                what,
+                b.op.name if b is not None else f"op#{call.op}",
                 e.code.name if isinstance(e.code, CUresult) else code,
                 e.message,
             )

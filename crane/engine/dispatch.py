@@ -40,16 +40,22 @@ class Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Bound:
-    """One op bound to the method that executes it."""
+    """One op bound to the method that executes it, with the table's rules for it unpacked
+    (the worker consults them on every call)."""
 
     op: Op
     fn: Callable[..., Any]
+    decode: Callable[[bytes], tuple]  # raw argument bytes -> one value per argument
     writes: tuple[int, ...]  # indexes of the args whose allocations the op may write
+    writes_via_params: bool
+    teardown: bool
+    data_in: bool
     #: The caller needs the outcome: a synchronous op or one that returns data.
     replies: bool
 
 
 def bind(device: SessionDevice, o: Op) -> Bound:
+    """``o`` bound to ``device.<o.handler>``, whose parameters must be named as ``o``'s."""
     fn = getattr(device, o.handler, None)
     if fn is None:
         raise RuntimeError(f"the session device state has no handler for op {o.name}")
@@ -59,7 +65,16 @@ def bind(device: SessionDevice, o: Op) -> Bound:
             f"handler {o.handler}{names} does not take op {o.name}'s arguments {o.param_names}"
         )
     args = [p.name for p in o.args]
-    return Bound(o, fn, tuple(args.index(w) for w in o.writes), o.sync or o.data_out)
+    return Bound(
+        op=o,
+        fn=fn,
+        decode=o.decoder,
+        writes=tuple(args.index(w) for w in o.writes),
+        writes_via_params=o.writes_via_params,
+        teardown=o.teardown,
+        data_in=o.data_in is not None,
+        replies=o.sync or o.data_out,
+    )
 
 
 class Dispatcher:
@@ -71,23 +86,23 @@ class Dispatcher:
 
     def invoke(self, b: Bound, raw_args: bytes, data: bytes) -> Any:
         """Run one call of ``b``'s op; its result, or :class:`CudaError` / :class:`Refused`."""
-        o = b.op
         try:
-            args = o.unpack(raw_args)
+            args = b.decode(raw_args)
         except struct.error as e:
             why = f"malformed arguments: {e}"
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, why) from None
         dev = self.device
-        if dev.sticky is not None and not o.teardown:
+        if dev.sticky is not None and not b.teardown:
             raise Refused(dev.sticky)
         try:
-            result = b.fn(*args, data) if o.data_in else b.fn(*args)
+            result = b.fn(*args, data) if b.data_in else b.fn(*args)
         except CudaError as e:
             if e.code in STICKY:
                 dev.sticky = e
             raise
-        for i in b.writes:
-            dev.dirty.write(args[i])
-        if o.writes_via_params:
+        if b.writes:
+            for i in b.writes:
+                dev.dirty.write(args[i])
+        if b.writes_via_params:
             dev.dirty.launch(data)
         return result

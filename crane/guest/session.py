@@ -146,7 +146,10 @@ class GuestSession:
             raise e.as_cuda_error() from e
 
     def _async(self, op: Op, *args: object, data: bytes = b"") -> None:
-        self._enqueue(op, op.pack(*args), data, expect=False)
+        try:  # (inline, not through _enqueue: the hot path of every asynchronous call)
+            self._t.enqueue(op, op.pack(*args), data, expect=False)
+        except TransportError as e:
+            raise e.as_cuda_error() from e
 
     def _sync(self, op: Op, *args: object, data: bytes = b"") -> CallReply:
         seq = self._enqueue(op, op.pack(*args), data, expect=True)
@@ -584,12 +587,15 @@ class GuestSession:
             )
         if stream not in _DEFAULT_STREAMS:
             self.check_stream(stream)
-        self._enqueue(
-            op,
-            op.pack(function.handle, (g, b, shared), stream),
-            buf if type(buf) is bytes else bytes(buf),
-            expect=False,
-        )
+        try:  # (inline, not through _enqueue: launches are the hot path)
+            self._t.enqueue(
+                op,
+                op.pack(function.handle, (g, b, shared), stream),
+                buf if type(buf) is bytes else bytes(buf),
+                expect=False,
+            )
+        except TransportError as e:
+            raise e.as_cuda_error() from e
 
     def function_set_max_dynamic_shared(self, function: Function, size: int) -> None:
         """cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for later launches."""

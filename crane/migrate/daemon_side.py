@@ -75,7 +75,7 @@ def migrate_out(
     """Start moving ``sid`` to ``to``; progress lands in ``session.migration``."""
     session, before = host.claim(sid, "migrate", SessionState.MIGRATING)
     session.location = f"-> {to}"
-    host.publish(session, {"phase": Phase.PREFLIGHT.value}, switching=False)
+    host.publish(session, {"phase": Phase.PREFLIGHT.value}, switching=False, fresh=True)
     progress = session.stats_path.with_suffix(".migrate")
     progress.unlink(missing_ok=True)
     wake = _Wake(session.stats_path.with_suffix(".migrate-wake"))

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from crane.cli.control_client import ControlClient
@@ -24,6 +25,8 @@ from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
+from crane.v1 import control_pb2, control_pb2_grpc
+from crane.wire.address import to_grpc_target
 from tests.integration.net import CutProxy, tcp_address
 from tests.integration.workload import Workload, reference
 
@@ -156,20 +159,24 @@ def test_destination_killed_during_precopy_finishes_on_source(tmp_path: Path, im
             g = Guest(s, image)
             g.wait_steps(3)
             out: list = []
-            t = threading.Thread(
-                target=lambda: out.extend(
-                    migrate(src.address, s.session_id, dst.address, max_rounds=30, stop_bytes=1)
+            copying = threading.Event()
+
+            def follow() -> None:
+                """The migration's progress; the destination dies once pre-copy is under way
+                (at a fixed delay instead, a fast machine finished the migration first)."""
+                req = control_pb2.MigrateRequest(
+                    session_id=s.session_id, to=dst.address, max_rounds=30, stop_bytes=1
                 )
-            )
+                with grpc.insecure_channel(to_grpc_target(src.address)) as ch:
+                    for p in control_pb2_grpc.MigrationStub(ch).Migrate(req):
+                        out.append(p)
+                        if p.phase == "precopy":
+                            copying.set()
+                copying.set()
+
+            t = threading.Thread(target=follow)
             t.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with ControlClient(src.address) as c:
-                    (info,) = c.sessions().sessions
-                if info.state == "migrating":
-                    break
-                time.sleep(0.01)
-            time.sleep(0.3)
+            assert copying.wait(30)
             dst.stop(9)
             t.join(60)
             assert out and out[-1].phase == "failed"
