@@ -13,11 +13,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from crane.daemon.changes import Changes
 from crane.daemon.devices import Device
 from crane.daemon.lifecycle import SessionState
 from crane.daemon.registry import SessionTable
 from crane.daemon.session import DaemonSession
-from crane.daemon.sessions import Changes
 from crane.modules.store import ImageStore
 from crane.state.session_record import SessionRecord
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from crane.api.errors import ProtocolError
 from crane.daemon import checkpoints
+from crane.daemon.changes import Changes
 from crane.daemon.devices import Device
 from crane.daemon.expiry import Expiry
 from crane.daemon.lifecycle import (
@@ -44,7 +45,7 @@ from crane.host.stats import MODE_DIRECT, SessionStats
 from crane.modules.store import ImageStore
 from crane.state.session_record import SessionRecord
 
-__all__ = ["SWITCHOVER_WAIT_S", "Changes", "SessionManager"]
+__all__ = ["SWITCHOVER_WAIT_S", "SessionManager"]
 
 log = logging.getLogger("craned")
 
@@ -52,25 +53,6 @@ log = logging.getLogger("craned")
 SWITCHOVER_WAIT_S = 10.0
 #: How often a waiter looks again without being woken.
 _POLL_S = 0.05
-
-
-class Changes:
-    """A counter bumped on every migration update, for waiters (progress streams, resumes)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.version = 0
-
-    def bump(self) -> None:
-        with self.cond:
-            self.version += 1
-            self.cond.notify_all()
-
-    def wait(self, seen: int, timeout: float) -> int:
-        """Block until the counter differs from ``seen`` (or ``timeout``); its value."""
-        with self.cond:
-            self.cond.wait_for(lambda: self.version != seen, timeout)
-            return self.version
 
 
 class SessionManager:
@@ -150,6 +132,8 @@ class SessionManager:
         ``replenish=False``: the caller replenishes the pool once its time-critical work is
         done (see :meth:`WorkerPool.take`)."""
         sid = record.id
+        # a record without a seed (format 1 checkpoints) gets a fresh virtual device identity
+        uuid_seed = record.uuid_seed or secrets.token_hex(16)
         stats_path = self.run_dir / "sessions" / f"{sid}.stats"
         direct: Path | None = self.run_dir / "sessions" / f"{sid}.sock"
         if len(str(direct)) > 100:  # AF_UNIX paths are limited to 108 bytes
@@ -161,7 +145,7 @@ class SessionManager:
             device_arg=device.arg,
             va_base=record.va_base,
             va_size=WINDOW_SIZE,
-            uuid_seed=record.uuid_seed,
+            uuid_seed=uuid_seed,
             ledger_path=device.ledger_path,
             ledger_slot=record.slot,
             module_cache=str(self.images.root),
@@ -184,7 +168,7 @@ class SessionManager:
             stats_path=stats_path,
             state=state,
             direct_socket=direct,
-            uuid_seed=record.uuid_seed,
+            uuid_seed=uuid_seed,
             told=dict(identity.attributes),
         )
 
