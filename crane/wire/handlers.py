@@ -6,8 +6,9 @@ worker's own Guest endpoint) is registered through :func:`unary`, :func:`unary_s
 where an exception becomes a gRPC status. A :class:`~crane.api.errors.ProtocolError` becomes its
 status (with its trailers) and a log line naming the method, the peer and the reason; anything
 else is a bug, logged with its traceback and answered INTERNAL, so a client always gets a
-status that says what happened and the server carries on. Handlers never call
-``context.abort`` themselves.
+status that says what happened and the server carries on. A ``grpc.RpcError`` raised by the
+call itself (a streaming client that went away, read from its request iterator) is gRPC's own
+business and passes through. Handlers never call ``context.abort`` themselves.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
         def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             try:
                 yield from fn(request, context)
+            except grpc.RpcError:
+                raise  # the call itself ended (the client went away): gRPC's own business
             except Exception as e:
                 _refuse(name, context, e)
 
@@ -55,6 +58,8 @@ def boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
     def single(request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return fn(request, context)
+        except grpc.RpcError:
+            raise  # the call itself ended (the client went away): gRPC's own business
         except Exception as e:
             _refuse(name, context, e)
 

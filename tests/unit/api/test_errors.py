@@ -74,3 +74,19 @@ def test_the_rpc_boundary_turns_refusals_and_bugs_into_status() -> None:
         for item in boundary(stream)(None, ctx):
             out.append(item)
     assert out == [1] and e.value.code is grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_call_that_ended_is_not_reported_as_a_bug() -> None:
+    """A streaming client that goes away raises grpc.RpcError out of its request iterator:
+    that passes through the boundary untouched (no INTERNAL status, no traceback logged)."""
+
+    class Ended(grpc.RpcError):
+        pass
+
+    def stream(request: object, context: object):  # type: ignore[no-untyped-def]
+        yield 1
+        raise Ended()
+
+    ctx = _Context()
+    with pytest.raises(Ended):
+        list(boundary(stream)(None, ctx))
