@@ -164,3 +164,61 @@ def test_warp_partial_mask(program, arch, dev, rng):
                 assert out[w * 32 + lane] == -1
             else:
                 assert out[w * 32 + lane] == v[(lane + 2) & 31] + ballot
+
+
+@pytest.mark.parametrize("bs", [32, 64])
+def test_each_lane_reduces_over_its_own_member_mask(program, arch, dev, rng, bs):
+    """Two half-warps converged at one redux/vote/match, each with its own mask: the bug was a
+    reduction over the whole warp, ignoring the lane's membermask."""
+    prog = program("warp_groups", arch)
+    n = 2 * bs
+    vals = rng.integers(0, 40, n, dtype=np.int32)
+    vals[3] = 5  # something for __any_sync to find in one half only
+    pin, pout = dev.upload(vals), dev.upload(np.zeros(10 * n, np.int32))
+    dev.launch(prog, "half_masks", 2, bs, [pin, pout])
+    got = dev.download(pout, 10 * n, np.int32).reshape(n, 10)
+    for t in range(n):
+        base = t // 16 * 16  # the lane's half-warp: its member mask
+        members, lane0 = vals[base : base + 16], base % 32
+        if arch >= "compute_80":
+            assert got[t, 0] == members.sum(), t
+            assert got[t, 1] == members.min() and got[t, 2] == members.max(), t
+            assert got[t, 3] == np.bitwise_or.reduce(members), t
+        ballot = sum(1 << (lane0 + k) for k in range(16) if members[k] & 1)
+        assert np.uint32(got[t, 4]) == np.uint32(ballot), t
+        assert got[t, 5] == 1
+        assert got[t, 6] == int((members == 5).any()), t
+        mine = vals[t] & 3
+        want = sum(1 << (lane0 + k) for k in range(16) if members[k] & 3 == mine)
+        assert np.uint32(got[t, 7]) == np.uint32(want), t
+        assert np.uint32(got[t, 8]) == np.uint32(0xFFFF << lane0) and got[t, 9] == 1, t
+
+
+def test_cooperative_groups_partitions_reduce_their_own_members(program, arch, dev, rng):
+    prog = program("warp_groups", arch)
+    n = 64
+    vals = rng.integers(0, 1000, n, dtype=np.int32)
+    pin, pout = dev.upload(vals), dev.upload(np.zeros(3 * n, np.int32))
+    dev.launch(prog, "cg_partitions", 1, n, [pin, pout])
+    got = dev.download(pout, 3 * n, np.int32).reshape(n, 3)
+    for t in range(n):
+        warp = vals[(t // 32) * 32 :][:32]
+        label = warp[warp % 3 == vals[t] % 3]
+        tile = vals[(t // 8) * 8 :][:8]
+        assert got[t, 0] == label.sum(), t
+        assert got[t, 1] == tile.sum(), t
+        assert got[t, 2] == label.max(), t
+
+
+def test_syncwarp_waits_for_lanes_at_another_call_site(program, arch, dev):
+    """bar.warp.sync is a barrier for the lanes of its mask wherever each of them calls it: a
+    half-warp must not read what the other half writes before that half reached its
+    __syncwarp (it was a no-op, and min-PC scheduling ran the first branch to its end)."""
+    prog = program("warp_groups", arch)
+    pout = dev.upload(np.zeros(64, np.int32))
+    dev.launch(prog, "syncwarp_divergent", 1, 64, [pout])
+    got = dev.download(pout, 64, np.int32)
+    t = np.arange(64)
+    lane = t & 31
+    want = np.where(lane < 16, (t + 16) * 7 + 1, (t - 16) * 10 + 1000)
+    assert np.array_equal(got, want), (got, want)

@@ -12,6 +12,12 @@ so warp-level operations after a divergent call see the whole warp again.
 ``bar.sync`` parks its lanes; parked lanes are released when nothing else can run (every live
 lane of the batch is then at a barrier or has exited — exited lanes count as arrived, as on
 hardware). Blocks are independent, so releasing them together is a legal schedule.
+``bar.warp.sync`` (``__syncwarp``) parks its lanes the same way, apart, unless every lane of
+the batch is there at once: lanes of one warp may call it at different places (two divergent
+branches each holding one), and each must wait until the others of its mask arrived at theirs.
+Warp-parked lanes are released first, when nothing else can run (in a correct program the
+other lanes of their masks are then warp-parked too, or exited), so a CTA barrier is never
+completed while some lane still has a warp barrier to pass on the way to it.
 
 Cooperative launches (grid-wide sync) break that independence: a block spins in a loop
 (``ld.acquire`` until every block has arrived) and blocks that have not arrived must still run.
@@ -32,7 +38,7 @@ import numpy as np
 from crane.backends.sim.memory import MemoryFault
 
 from .errors import KernelFault, fault_code
-from .instr import BAR, BRA, CALL, EXIT, PLAIN, RET, TRAP
+from .instr import BAR, BRA, CALL, EXIT, PLAIN, RET, TRAP, WBAR
 
 __all__ = ["merge", "run_batch"]
 
@@ -80,6 +86,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     n = st.n
     groups: dict[tuple, object] = {(entry_pc,): None}
     parked: dict[tuple, object] = {}
+    wparked: dict[tuple, object] = {}  # lanes at a bar.warp.sync
     coop = st.cooperative
     held: dict[tuple, object] = {}  # cooperative only: lanes of blocks that yielded
     held_blk = np.zeros(st.nblocks, np.bool_) if coop else None
@@ -87,6 +94,10 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     try:
         while True:
             if not groups:
+                if wparked:  # every warp barrier's lanes have all arrived: move them past it
+                    _release(code, st, wparked, groups, n)
+                    wparked = {}
+                    continue
                 if coop and held:
                     if parked and _release_blocks(code, st, parked, groups, held_blk, n):
                         continue
@@ -153,8 +164,10 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     if (
                         coop
                         and back
-                        and (groups or parked)
-                        and _yield_blocks(st, (*stack, pc), idx, groups, parked, held, held_blk)
+                        and (groups or parked or wparked)
+                        and _yield_blocks(
+                            st, (*stack, pc), idx, groups, parked, wparked, held, held_blk
+                        )
                     ):
                         break
                     continue
@@ -177,6 +190,15 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                         break
                     continue
                 if kind == EXIT:
+                    break
+                if kind == WBAR:
+                    if idx is None:  # every lane of the batch is here: nobody to wait for
+                        pc += 1
+                        if groups and _rejoin(groups, (*stack, pc), idx, n, False):
+                            break
+                        continue
+                    k = (*stack, pc)
+                    wparked[k] = merge(wparked[k], idx, n) if k in wparked else idx
                     break
                 if kind == BAR:
                     if ins.fn is not None:
@@ -226,7 +248,9 @@ def _merge_into(dst: dict, src: dict, n: int) -> None:
         dst[k] = merge(dst[k], idx, n) if k in dst else idx
 
 
-def _yield_blocks(st, key: tuple, idx, groups: dict, parked: dict, held: dict, held_blk) -> bool:
+def _yield_blocks(
+    st, key: tuple, idx, groups: dict, parked: dict, wparked: dict, held: dict, held_blk
+) -> bool:
     """A group loops back in a cooperative batch: if lanes of *other* blocks wait (to run, at a
     barrier they can leave, or set aside earlier), set this group and every lane of its blocks
     aside and make the other blocks' set-aside lanes runnable again, so they go first. Returns
@@ -236,6 +260,7 @@ def _yield_blocks(st, key: tuple, idx, groups: dict, parked: dict, held: dict, h
     blk = st.block_of_lane
     if not (
         _any_outside(blk, groups.values(), mine)
+        or _any_outside(blk, wparked.values(), mine)
         or _any_outside(blk, parked.values(), mine | held_blk)
         or _any_outside(blk, held.values(), mine)
     ):

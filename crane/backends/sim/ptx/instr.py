@@ -8,10 +8,10 @@ slots (``d``, ``d2``, ``a``, ``b``, ``c``, ``e``) and in ``x``.
 
 from __future__ import annotations
 
-__all__ = ["BAR", "BRA", "CALL", "EXIT", "KIND_NAMES", "PLAIN", "RET", "TRAP", "Ins"]
+__all__ = ["BAR", "BRA", "CALL", "EXIT", "KIND_NAMES", "PLAIN", "RET", "TRAP", "WBAR", "Ins"]
 
-PLAIN, BRA, CALL, RET, EXIT, BAR, TRAP = range(7)
-KIND_NAMES = ("plain", "bra", "call", "ret", "exit", "bar", "trap")
+PLAIN, BRA, CALL, RET, EXIT, BAR, TRAP, WBAR = range(8)
+KIND_NAMES = ("plain", "bra", "call", "ret", "exit", "bar", "trap", "wbar")
 
 
 class Ins:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .instr import BAR, BRA, CALL, EXIT, RET, TRAP
+from .instr import BAR, BRA, CALL, EXIT, RET, TRAP, WBAR
 from .ops_common import Mods, h_nop
 from .printf import h_assertfail, h_vprintf
 from .ptxtypes import TYPES
@@ -159,7 +159,9 @@ def dec_bar(ctx, mods) -> None:
     if m.has("warp"):
         m.take("sync")
         m.done()
-        ins.fn = h_nop  # __syncwarp: lanes of a warp at one PC already run in lockstep
+        # __syncwarp: the lanes of the mask wait for each other, wherever each calls it (two
+        # divergent branches may each hold one); the executor parks them (see WBAR there)
+        ins.kind = WBAR
         return
     if m.has("arrive"):
         m.done()

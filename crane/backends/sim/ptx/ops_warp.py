@@ -3,9 +3,13 @@ elect.sync (warp class).
 
 A warp is 32 consecutive lanes of one block (linear thread id / 32). The lanes taking part
 in a warp instruction are those at this instruction now (the executing group, after the guard)
-and named in the member mask. Lanes are sorted, so each warp's participants are a contiguous
-run and per-warp reductions are ``reduceat`` calls. ``shfl`` reads its source lane's register
-even if that lane is elsewhere (on hardware that is undefined unless the lane participates).
+and named in the member mask. Lanes of one warp may reach one instruction with different
+masks (a warp split into partitions, as cooperative groups' ``tiled_partition`` and
+``labeled_partition`` do): each lane's result is over the lanes of *its* mask, so lanes are
+grouped by (warp, mask) (:class:`_Groups`) and each group reduces on its own; when every warp
+has one mask, its lanes are a contiguous run and the groups are ``reduceat`` runs. ``shfl``
+reads its source lane's register even if that lane is elsewhere (on hardware that is undefined
+unless the lane participates); its mask selects no data, so it needs no grouping.
 """
 
 from __future__ import annotations
@@ -22,21 +26,42 @@ def _lanes(st, idx) -> np.ndarray:
     return np.arange(st.n) if idx is None else idx
 
 
-def _segments(st, lanes: np.ndarray):
-    """Per-warp runs of ``lanes``: (start indices, run id of each lane)."""
-    wb = st.warp_base[lanes]
-    start = np.empty(lanes.size, np.bool_)
-    if lanes.size:
-        start[0] = True
-        np.not_equal(wb[1:], wb[:-1], out=start[1:])
-    starts = np.flatnonzero(start)
-    return starts, np.cumsum(start) - 1
-
-
 def _in_mask(st, lanes: np.ndarray, mask) -> np.ndarray:
     lid = st.special["%laneid"][lanes].astype(np.uint64)
     m = np.asarray(mask).astype(np.uint64)
     return ((m >> lid) & np.uint64(1)).astype(np.bool_)
+
+
+class _Groups:
+    """Lanes grouped by warp and member mask: each group's lanes contiguous after ``order``
+    (None: they already are), ``starts`` the first position of each group, ``seg`` the group
+    of each position."""
+
+    def __init__(self, st, lanes: np.ndarray, mask) -> None:
+        m = np.broadcast_to(np.asarray(mask, np.uint64), lanes.shape)
+        key = (st.warp_base[lanes].astype(np.uint64) << np.uint64(32)) | m
+        self.order = None
+        if key.size > 1 and not (key[1:] >= key[:-1]).all():  # masks differ within a warp
+            self.order = np.argsort(key, kind="stable")
+            key = key[self.order]
+        start = np.empty(key.size, np.bool_)
+        if key.size:
+            start[0] = True
+            np.not_equal(key[1:], key[:-1], out=start[1:])
+        self.starts = np.flatnonzero(start)
+        self.seg = np.cumsum(start) - 1
+
+    def reduce(self, uf, values: np.ndarray, dtype=None) -> np.ndarray:
+        """``uf`` over each group, the group's result at every one of its lanes."""
+        if values.size == 0:
+            return values
+        v = values if self.order is None else values[self.order]
+        per = uf.reduceat(v, self.starts, dtype=dtype)[self.seg]
+        if self.order is None:
+            return per
+        out = np.empty_like(per)
+        out[self.order] = per
+        return out
 
 
 # ---- shfl ---------------------------------------------------------------------------------
@@ -107,14 +132,12 @@ def dec_shfl(ctx, mods) -> None:
 # ---- vote / activemask --------------------------------------------------------------------
 
 
-def _ballot(st, lanes, pred, inmask):
+def _ballot(st, lanes, pred, inmask, g: _Groups):
     lid = st.special["%laneid"][lanes].astype(np.uint64)
     bits = np.where(pred & inmask, np.uint64(1) << lid, np.uint64(0))
-    starts, seg = _segments(st, lanes)
     if lanes.size == 0:
         return np.zeros(0, np.uint32)
-    per = np.bitwise_or.reduceat(bits, starts)
-    return per[seg].astype(np.uint32)
+    return g.reduce(np.bitwise_or, bits).astype(np.uint32)
 
 
 def _h_vote(st, ins, idx) -> None:
@@ -125,20 +148,20 @@ def _h_vote(st, ins, idx) -> None:
         pred = ~pred
     mask = ins.c.get(st, idx) if ins.c is not None else np.uint32(0xFFFFFFFF)
     inmask = np.broadcast_to(_in_mask(st, lanes, mask), lanes.shape)
+    g = _Groups(st, lanes, mask)
     if mode == "ballot":
-        ins.d.put(st, idx, _ballot(st, lanes, pred, inmask))
+        ins.d.put(st, idx, _ballot(st, lanes, pred, inmask, g))
         return
-    starts, seg = _segments(st, lanes)
     if mode == "all":
-        bad = np.add.reduceat((inmask & ~pred).astype(np.int64), starts)
-        ins.d.put(st, idx, (bad == 0)[seg])
+        bad = g.reduce(np.add, (inmask & ~pred).astype(np.int64))
+        ins.d.put(st, idx, bad == 0)
     elif mode == "any":
-        good = np.add.reduceat((inmask & pred).astype(np.int64), starts)
-        ins.d.put(st, idx, (good > 0)[seg])
+        good = g.reduce(np.add, (inmask & pred).astype(np.int64))
+        ins.d.put(st, idx, good > 0)
     else:  # uni
-        t = np.add.reduceat((inmask & pred).astype(np.int64), starts)
-        tot = np.add.reduceat(inmask.astype(np.int64), starts)
-        ins.d.put(st, idx, ((t == 0) | (t == tot))[seg])
+        t = g.reduce(np.add, (inmask & pred).astype(np.int64))
+        tot = g.reduce(np.add, inmask.astype(np.int64))
+        ins.d.put(st, idx, (t == 0) | (t == tot))
 
 
 def dec_vote(ctx, mods) -> None:
@@ -164,7 +187,7 @@ def dec_vote(ctx, mods) -> None:
 def _h_activemask(st, ins, idx) -> None:
     lanes = _lanes(st, idx)
     t = np.ones(lanes.size, np.bool_)
-    ins.d.put(st, idx, _ballot(st, lanes, t, t))
+    ins.d.put(st, idx, _ballot(st, lanes, t, t, _Groups(st, lanes, np.uint32(0xFFFFFFFF))))
 
 
 def dec_activemask(ctx, mods) -> None:
@@ -183,7 +206,8 @@ def _h_redux(st, ins, idx) -> None:
     op, dt = ins.x
     lanes = _lanes(st, idx)
     v = np.broadcast_to(np.asarray(ins.a.get(st, idx), dt), lanes.shape)
-    inmask = np.broadcast_to(_in_mask(st, lanes, ins.c.get(st, idx)), lanes.shape)
+    mask = ins.c.get(st, idx)
+    inmask = np.broadcast_to(_in_mask(st, lanes, mask), lanes.shape)
     if op == "add":
         ident, uf = dt.type(0), np.add
     elif op == "min":
@@ -197,9 +221,7 @@ def _h_redux(st, ins, idx) -> None:
     else:
         ident, uf = dt.type(0), np.bitwise_xor
     v = np.where(inmask, v, dt.type(ident))
-    starts, seg = _segments(st, lanes)
-    per = uf.reduceat(v, starts, dtype=dt)
-    ins.d.put(st, idx, per[seg])
+    ins.d.put(st, idx, _Groups(st, lanes, mask).reduce(uf, v, dtype=dt))
 
 
 def dec_redux(ctx, mods) -> None:
@@ -225,23 +247,25 @@ def _h_match(st, ins, idx) -> None:
     mode = ins.x
     lanes = _lanes(st, idx)
     v = np.broadcast_to(np.asarray(ins.a.get(st, idx)), lanes.shape)
-    inmask = np.broadcast_to(_in_mask(st, lanes, ins.c.get(st, idx)), lanes.shape)
-    full = np.zeros(st.n, np.bool_)
-    full[lanes[inmask]] = True
+    mask = np.broadcast_to(np.asarray(ins.c.get(st, idx), np.uint32), lanes.shape)
+    here = np.zeros(st.n, np.bool_)  # lanes at this instruction
+    here[lanes] = True
     vals = np.zeros(st.n, v.dtype)
     vals[lanes] = v
     base = st.warp_base[lanes]
     out = np.zeros(lanes.size, np.uint32)
+    members = np.zeros(lanes.size, np.uint32)  # this lane's mask, lanes here only
     for k in range(32):
         src = base + k
-        ok = src < st.block_end[lanes]
+        bit = np.uint32(1 << k)
+        ok = (src < st.block_end[lanes]) & ((mask & bit) != 0)  # lane k is in MY mask
         srcc = np.where(ok, src, 0)
-        same = ok & full[srcc] & (vals[srcc] == v)
-        out |= np.where(same, np.uint32(1 << k), np.uint32(0))
+        ok &= here[srcc]
+        members |= np.where(ok, bit, np.uint32(0))
+        out |= np.where(ok & (vals[srcc] == v), bit, np.uint32(0))
     if mode == "any":
         ins.d.put(st, idx, out)
         return
-    members = _ballot(st, lanes, inmask, inmask)
     alleq = out == members
     ins.d.put(st, idx, np.where(alleq, out, np.uint32(0)))
     if ins.d2 is not None:
@@ -272,11 +296,11 @@ def dec_match(ctx, mods) -> None:
 
 def _h_elect(st, ins, idx) -> None:
     lanes = _lanes(st, idx)
-    inmask = np.broadcast_to(_in_mask(st, lanes, ins.c.get(st, idx)), lanes.shape)
+    mask = ins.c.get(st, idx)
+    inmask = np.broadcast_to(_in_mask(st, lanes, mask), lanes.shape)
     lid = st.special["%laneid"][lanes].astype(np.int64)
     cand = np.where(inmask, lid, 99)
-    starts, seg = _segments(st, lanes)
-    leader = np.minimum.reduceat(cand, starts)[seg]
+    leader = _Groups(st, lanes, mask).reduce(np.minimum, cand)
     ins.d.put(st, idx, np.where(leader == 99, 0, leader).astype(np.uint32))
     if ins.d2 is not None:
         ins.d2.put(st, idx, lid == leader)
