@@ -154,6 +154,14 @@ class Backend(ABC):
         grid-sync workspace provided (the backend's own memory, as the driver's); a grid the
         device cannot keep resident raises CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE."""
 
+    def code_versions(self, module: LoadedModule, kernel: str) -> tuple[int, int]:
+        """cuFuncGetAttribute's (PTX_VERSION, BINARY_VERSION) of ``kernel`` as this device runs
+        it: the virtual architecture its code was compiled from and the architecture of the
+        code that runs (CUB checks both against what it was built for). By default what the
+        module image says of the code chosen for this device; a backend whose driver chooses
+        for itself (the cuda backend) asks the driver."""
+        return module.image.ptx_version, module.image.binary_version
+
     def alias_global(self, told: int, real: int, size: int) -> None:
         """A restored module variable the guest knows at ``told`` was placed at ``real``.
 

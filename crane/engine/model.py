@@ -324,6 +324,7 @@ class SessionDevice:
                     "param_bytes": k.param_bytes,
                     "static_shared": k.static_shared_bytes or 0,
                     "max_threads": k.max_threads_per_block,
+                    "versions": list(self.backend.code_versions(loaded, name)),
                 }
                 for name, k in info.kernels.items()
             },

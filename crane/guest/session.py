@@ -54,6 +54,9 @@ class KernelLayout:
     param_bytes: int
     static_shared: int = 0
     max_threads: int | None = None
+    #: cuFuncGetAttribute's PTX_VERSION and BINARY_VERSION of the code the device runs.
+    ptx_version: int = 0
+    binary_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -464,6 +467,7 @@ class GuestSession:
                 k["param_bytes"],
                 k["static_shared"],
                 k["max_threads"],
+                *k["versions"],
             )
             for name, k in desc["kernels"].items()
         }

@@ -148,7 +148,6 @@ def max_dynamic_shared(fn: Function) -> int:
 def function_attribute(fn: Function, attrib: int) -> int:
     s = RT.session()
     a = s.attributes
-    cc = s.device.cc[0] * 10 + s.device.cc[1]
     lay = fn.layout
     values = {
         0: lay.max_threads or a[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK],
@@ -156,8 +155,8 @@ def function_attribute(fn: Function, attrib: int) -> int:
         2: 0,  # constant bytes: module constants are globals here
         3: 0,  # local bytes: not reported by the daemon's layout
         4: 0,  # registers: the simulated device has no register file limit
-        5: cc,
-        6: cc,
+        5: lay.ptx_version,  # PTX_VERSION: the compute_XY the code was compiled from
+        6: lay.binary_version,  # BINARY_VERSION: the code that runs (JIT-ed: the device's)
         7: 0,
         _MAX_DYN: max_dynamic_shared(fn),
         _CARVEOUT: RT.func_attrs.get(fn.handle, {}).get(_CARVEOUT, -1),

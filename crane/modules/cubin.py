@@ -17,7 +17,12 @@ observed with nvcc 13.0:
   top byte; EIATTR_REGCOUNT in ``.nv.info`` does, on every architecture;
 * arch-specific cubins (``sm_90a``) have the same ``e_flags`` as plain ones; the suffix is
   only in the ``.note.nv.tkinfo`` ptxas options (``-arch sm_90a``) and, for ``a``, in
-  ``.nv.compat`` attribute 9. A fatbin entry's flags are the better source.
+  ``.nv.compat`` attribute 9. A fatbin entry's flags are the better source;
+* with ELF ABI 8 ``e_flags`` no longer carry the virtual architecture the SASS was compiled
+  from: the ``.note.nv.cuinfo`` note (type 1000) does, as a u16 after a u16 version (2),
+  followed by the toolkit version as a u32 (130 for CUDA 13.0). A cubin built with
+  ``-gencode arch=compute_80,code=sm_90`` says 80 there; cuFuncGetAttribute's PTX_VERSION
+  reports it, and CUB checks it against the architectures it was compiled for.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from dataclasses import dataclass, field
 from crane.modules.arch import Arch
 from crane.modules.elf import SHN_LORESERVE, SHN_UNDEF, SHT_NOTE, ElfError, ElfFile, ElfSection
 from crane.modules.errors import CubinError
+
+#: ``.note.nv.cuinfo`` note type: toolkit and virtual-architecture record.
+_NOTE_CUINFO = 1000
 
 __all__ = [
     "EM_CUDA",
@@ -170,6 +178,8 @@ class Cubin:
     kernels: dict[str, CubinKernel]
     globals: dict[str, CubinGlobal]
     elf: ElfFile = field(repr=False)
+    #: The virtual architecture (compute_XY, as XY) the code was compiled from, when recorded.
+    virtual_sm: int | None = None
 
     @property
     def relocatable(self) -> bool:
@@ -260,7 +270,21 @@ def _parse(data: bytes) -> Cubin:
         kernels=kernels,
         globals=_globals(elf),
         elf=elf,
+        virtual_sm=_virtual_sm(elf),
     )
+
+
+def _virtual_sm(elf: ElfFile) -> int | None:
+    """The compute_XY the SASS was compiled from: ``.note.nv.cuinfo`` (see the module doc)."""
+    sec = elf.section(".note.nv.cuinfo")
+    if sec is None or sec.type != SHT_NOTE:
+        return None
+    for note in elf.notes(sec):
+        if note.type == _NOTE_CUINFO and len(note.desc) >= 4:
+            version, sm = struct.unpack_from("<HH", note.desc, 0)
+            if version >= 2 and sm:
+                return sm
+    return None
 
 
 def _tool_options(elf: ElfFile) -> str | None:

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from crane.modules.arch import format_cc
+from crane.modules.arch import cc_to_sm, format_cc
 from crane.modules.cubin import Cubin, is_cubin, parse_cubin
 from crane.modules.elf import is_elf
 from crane.modules.errors import FatbinError, ImageError, NoCompatibleCode, PtxImageError
@@ -97,6 +97,11 @@ class ModuleImage:
     container: str
     #: The chosen cubin is relocatable (-rdc): it needs linking before a driver loads it.
     relocatable: bool = False
+    #: cuFuncGetAttribute's PTX_VERSION for its kernels: the virtual architecture (compute_XY,
+    #: as XY) the code running on the device was compiled from; BINARY_VERSION: the
+    #: architecture of that code (a cubin's sm_XY, or the device's own when PTX is JIT-ed).
+    ptx_version: int = 0
+    binary_version: int = 0
     cubin_info: Cubin | None = field(default=None, repr=False, compare=False)
     ptx_info: PtxModule | None = field(default=None, repr=False, compare=False)
 
@@ -189,6 +194,8 @@ def _cubin_image(data: bytes, cc: tuple[int, int], digest: str) -> ModuleImage:
         container="cubin",
         relocatable=cubin.relocatable,
         cubin_info=cubin,
+        ptx_version=cubin.virtual_sm or cubin.sm,
+        binary_version=cubin.sm,
     )
 
 
@@ -214,6 +221,8 @@ def _ptx_image(text: str, cc: tuple[int, int], digest: str) -> ModuleImage:
         description=desc,
         container="ptx",
         ptx_info=module,
+        ptx_version=module.arch.sm,
+        binary_version=cc_to_sm(cc),  # JIT-compiled for the device
     )
 
 
@@ -274,12 +283,14 @@ def _fatbin_image(
         globals_ = _cubin_globals(cubin)
         code: bytes | str = chosen.data
         kind, relocatable = "cubin", cubin.relocatable
+        ptx_version, binary_version = cubin.virtual_sm or cubin.sm, cubin.sm
     else:
         assert ptx_module is not None and ptx_text is not None
         cubin = None
         kernels = _ptx_kernels(ptx_module)
         globals_ = _ptx_globals(ptx_module)
         code, kind, relocatable = ptx_text, "ptx", False
+        ptx_version, binary_version = ptx_module.arch.sm, cc_to_sm(cc)
     desc = (
         f"{where}: {contents}; chose {chosen.label} for {format_cc(cc)} device; "
         f"{_counts(kernels, globals_)}"
@@ -297,6 +308,8 @@ def _fatbin_image(
         relocatable=relocatable,
         cubin_info=cubin,
         ptx_info=ptx_module,
+        ptx_version=ptx_version,
+        binary_version=binary_version,
     )
 
 

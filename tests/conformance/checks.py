@@ -250,6 +250,17 @@ def check_launch(r: Rig, fatbin: Path) -> None:
     b.module_unload(mod)
 
 
+def check_code_versions(r: Rig, fatbin: Path) -> None:
+    """cuFuncGetAttribute's PTX_VERSION / BINARY_VERSION of the code the device runs: the
+    fatbin holds sm_90 SASS and compute_90 PTX, so a 9.0 device runs the SASS (90, 90) and a
+    later one JIT-compiles the PTX (90, its own)."""
+    mod = r.module(fatbin)
+    cc = r.b.snapshot.cc
+    binary = 90 if cc == (9, 0) else cc[0] * 10 + cc[1]
+    assert r.b.code_versions(mod, "axpy") == (90, binary)
+    r.b.module_unload(mod)
+
+
 def check_globals(r: Rig, fatbin: Path) -> None:
     b = r.b
     mod = r.module(fatbin)

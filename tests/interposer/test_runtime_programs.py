@@ -74,3 +74,26 @@ def test_host_threads(program, run_guest, flags, args) -> None:
     r = run_guest(program("threads.cu", *flags), *args)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "threads=4 ok=3,3,3,3 err=cudaSuccess"
+
+
+@pytest.mark.parametrize(
+    ("gencode", "ptx", "binary"),
+    [
+        ("arch=compute_80,code=compute_80", 80, 90),  # PTX JIT-compiled for the sm_90 device
+        ("arch=compute_90,code=compute_90", 90, 90),
+        ("arch=compute_80,code=sm_90", 80, 90),  # sm_90 SASS compiled from compute_80
+        ("arch=compute_75,code=sm_75", 75, 75),  # runs on 9.0? no: refused below
+    ],
+)
+def test_function_attributes_name_the_code_the_device_runs(
+    program, run_guest, gencode: str, ptx: int, binary: int
+) -> None:
+    """cuFuncGetAttribute(PTX_VERSION / BINARY_VERSION): what CUB compares with the
+    architectures it was built for (it reported the device's 90 for both, so every Thrust/CUB
+    program not built for exactly 9.0 failed with "invalid device function")."""
+    r = run_guest(program("func_attrs.cu", "-gencode", gencode))
+    if gencode.endswith("sm_75"):  # an sm_75 cubin cannot run on a 9.0 device
+        assert r.returncode != 0 and "no kernel image" in r.stdout, r.stdout + r.stderr
+        return
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == f"no error ptx={ptx} binary={binary}", r.stdout

@@ -305,6 +305,26 @@ class CudaBackend(Backend):
         if told != real:
             self.aliases[told] = (size, real)
 
+    def code_versions(self, module: LoadedModule, kernel: str) -> tuple[int, int]:
+        """What the driver says of the code it chose (a cubin, or PTX it JIT-compiled)."""
+        self._bind()
+        fn = self._function(module.native, kernel)
+        attr = self.drv.CUfunction_attribute
+        return (
+            int(
+                unwrap(
+                    "cuFuncGetAttribute",
+                    self.drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_PTX_VERSION, fn),
+                )
+            ),
+            int(
+                unwrap(
+                    "cuFuncGetAttribute",
+                    self.drv.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_BINARY_VERSION, fn),
+                )
+            ),
+        )
+
     def _function(self, mod: CudaModule, kernel: str) -> Any:
         fn = mod.functions.get(kernel)
         if fn is None:
