@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from crane.api.errors import ProtocolError
 from crane.daemon.lifecycle import SessionState
 from crane.daemon.session import DaemonSession
-from crane.daemon.worker_control import request
+from crane.daemon.worker_control import reason, request
 from crane.device.layout import module_area_base
 from crane.host.channel import ChannelClosed
 from crane.host.messages import Checkpointed, CheckpointRequest, Refused, Restored, RestoreRequest
@@ -55,8 +55,7 @@ def checkpoint(
         raise ProtocolError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
     if not isinstance(answer, Checkpointed):
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
-        why = answer.error if isinstance(answer, Refused) else repr(answer)
-        raise ProtocolError("FAILED_PRECONDITION", f"checkpoint of {sid} failed: {why}")
+        raise ProtocolError("FAILED_PRECONDITION", f"checkpoint of {sid} failed: {reason(answer)}")
     if not release:
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
         return answer, before
@@ -135,8 +134,9 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
             answer = Refused(f"the worker exited: {e}")
         if not isinstance(answer, Restored):
             mgr.release(session)
-            error = answer.error if isinstance(answer, Refused) else repr(answer)
-            raise ProtocolError("FAILED_PRECONDITION", f"restore of {sid} refused: {error}")
+            raise ProtocolError(
+                "FAILED_PRECONDITION", f"restore of {sid} refused: {reason(answer)}"
+            )
         session.adopt(record)
         mgr.admit(session)
     except BaseException:

@@ -21,7 +21,7 @@ from crane.host.channel import ChannelClosed
 from crane.host.messages import Tag
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
-from crane.wire.fingerprint import fingerprint
+from crane.wire.fingerprint import mismatch
 from crane.wire.handlers import stream_stream, unary
 
 __all__ = ["GuestServicer", "guest_handler"]
@@ -30,12 +30,9 @@ log = logging.getLogger("craned")
 
 
 def _same_build(theirs: str) -> None:
-    if theirs != fingerprint():
-        raise ProtocolError(
-            "FAILED_PRECONDITION",
-            f"protocol fingerprint mismatch: guest {theirs!r}, daemon {fingerprint()!r}; the "
-            "guest library and craned come from different Crane builds",
-        )
+    why = mismatch(theirs, "guest", "daemon", "the guest library and craned")
+    if why:
+        raise ProtocolError("FAILED_PRECONDITION", why)
 
 
 class GuestServicer:

@@ -1,8 +1,10 @@
 """The daemon's table of sessions and VA window slots, and the entries of sessions that left.
 
 One lock guards it all, so that "is this slot free", "is this session here" and "take it" are
-one step. A slot is reserved (:meth:`SessionTable.reserve`) while a session is being opened,
-restored or migrated in, before it joins the table, so two arrivals never get one window.
+one step. A slot is held while a session is on its way in, before it joins the table (a new
+one: :meth:`SessionTable.reserve` picks a free slot; a restored or migrating one claims the slot
+its record names, after :meth:`SessionTable.slot_refusals` found it free), so two arrivals
+never get one window.
 """
 
 from __future__ import annotations
@@ -115,18 +117,16 @@ class SessionTable:
 
     # ---- slots ---------------------------------------------------------------------------------
     @contextmanager
-    def reserve(self, slot: int | None = None) -> Iterator[int]:
-        """A window slot held for a session on its way in (a random free one by default)."""
+    def reserve(self) -> Iterator[int]:
+        """A random free window slot, held for a new session until it joins the table."""
         with self.lock:
-            if slot is None:
-                used = {s.slot for s in self._sessions.values()} | self._starting
-                free = [i for i in range(WINDOW_SLOTS) if i not in used]
-                if self.full() or not free:
-                    raise ProtocolError(
-                        "RESOURCE_EXHAUSTED",
-                        f"daemon is at its limit of {self.max_sessions} sessions",
-                    )
-                slot = random.choice(free)
+            used = {s.slot for s in self._sessions.values()} | self._starting
+            free = [i for i in range(WINDOW_SLOTS) if i not in used]
+            if self.full() or not free:
+                raise ProtocolError(
+                    "RESOURCE_EXHAUSTED", f"daemon is at its limit of {self.max_sessions} sessions"
+                )
+            slot = random.choice(free)
             self._starting.add(slot)
         try:
             yield slot

@@ -15,6 +15,7 @@ from crane.host.channel import ChannelClosed
 from crane.host.messages import (
     ControlAnswer,
     MessageError,
+    Refused,
     Tag,
     WorkerConfig,
     decode,
@@ -22,7 +23,7 @@ from crane.host.messages import (
 )
 from crane.v1 import common_pb2
 
-__all__ = ["configure", "request"]
+__all__ = ["configure", "reason", "request"]
 
 
 def configure(worker: WorkerProcess, cfg: WorkerConfig) -> common_pb2.DeviceIdentity:
@@ -39,6 +40,11 @@ def configure(worker: WorkerProcess, cfg: WorkerConfig) -> common_pb2.DeviceIden
         why = raw.decode(errors="replace") or "it ended without a reason"
         raise ProtocolError("INTERNAL", f"session worker failed: {why}")
     return common_pb2.DeviceIdentity.FromString(raw)
+
+
+def reason(answer: ControlAnswer) -> str:
+    """Why a control request failed, from an answer that is not the one it asked for."""
+    return answer.error if isinstance(answer, Refused) else f"unexpected answer {answer!r}"
 
 
 def request(session: DaemonSession, msg: object) -> ControlAnswer:

@@ -309,7 +309,7 @@ class SessionDevice:
             self.store_image(digest, image)
             data: bytes | None = image
         else:
-            data = self.images.get(digest)
+            data = self.image(digest)
         if data is None:
             return CRANE_NEED_IMAGE
         info, loaded = self.load_module(

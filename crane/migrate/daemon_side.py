@@ -35,11 +35,10 @@ from crane.api.errors import ProtocolError
 from crane.daemon.host import SessionHost
 from crane.daemon.lifecycle import SessionState
 from crane.daemon.session import DaemonSession
-from crane.daemon.worker_control import request
+from crane.daemon.worker_control import reason, request
 from crane.host.channel import ChannelClosed
 from crane.host.messages import (
     MigrateRequest,
-    Refused,
     RoundApplied,
     RoundBegin,
     RoundEnd,
@@ -51,7 +50,7 @@ from crane.state.checkpoint import FORMAT_VERSION
 from crane.state.preflight import check_code, refusals
 from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2
-from crane.wire.fingerprint import fingerprint
+from crane.wire.fingerprint import mismatch
 
 __all__ = ["abort_incoming", "migrate_out", "preflight", "transfer"]
 
@@ -237,12 +236,9 @@ def _refusals(
 def preflight(host: SessionHost, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
     device = max(req.device, 0)
     why = _refusals(host, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
-    if req.fingerprint != fingerprint():
-        why.insert(
-            0,
-            f"protocol fingerprint mismatch: source {req.fingerprint!r}, destination "
-            f"{fingerprint()!r}; the two daemons come from different Crane builds",
-        )
+    build = mismatch(req.fingerprint, "source", "destination", "the two daemons")
+    if build:
+        why.insert(0, build)
     reply = peer_pb2.PreflightReply()
     if device < len(host.devices):
         dev = host.devices[device]
@@ -309,8 +305,8 @@ def transfer(
             in_round = False
             answer = request(session, RoundEnd())
             if not isinstance(answer, RoundApplied):
-                error = answer.error if isinstance(answer, Refused) else repr(answer)
-                raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {error}")
+                why = reason(answer)
+                raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {why}")
             if chunk.final:
                 host.admit(session)
                 committed = True

@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 from functools import cache
 
-__all__ = ["fingerprint", "proto_modules"]
+__all__ = ["fingerprint", "mismatch", "proto_modules"]
 
 
 def proto_modules() -> list[str]:
@@ -25,6 +25,18 @@ def proto_modules() -> list[str]:
         f"crane.v1.{m.name}"
         for m in pkgutil.iter_modules(crane.v1.__path__)
         if m.name.endswith("_pb2")
+    )
+
+
+def mismatch(theirs: str, they: str, we: str, builds: str) -> str | None:
+    """Why a peer of fingerprint ``theirs`` cannot talk to this build (None: it can): the one
+    wording of the refusal, naming both ends (``they``, ``we``) and what ``builds`` differ."""
+    ours = fingerprint()
+    if theirs == ours:
+        return None
+    return (
+        f"protocol fingerprint mismatch: {they} {theirs!r}, {we} {ours!r}; {builds} come from "
+        "different Crane builds"
     )
 
 
