@@ -97,3 +97,14 @@ def test_function_attributes_name_the_code_the_device_runs(
         return
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == f"no error ptx={ptx} binary={binary}", r.stdout
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_thrust_and_cub(run_guest, program, arch):
+    """Thrust and CUB as shipped with nvcc (sort, sort_by_key, reduce, scan, unique, copy_if,
+    radix, segmented radix sort and segmented reduce), checked against the host's answers. They
+    failed at load (CUB takes kernel parameters' addresses) and, before that, CUB refused every
+    kernel not built for exactly 9.0."""
+    r = run_guest(program("thrust_cub.cu", "-gencode", f"arch={arch},code={arch}"), "3000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout

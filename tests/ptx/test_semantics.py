@@ -11,9 +11,10 @@ import math
 import struct
 
 import numpy as np
+import pytest
 from ptxdev import Ptr
 
-from crane.backends.sim.ptx import load_ptx
+from crane.backends.sim.ptx import KernelFault, load_ptx
 
 M32 = 0xFFFFFFFF
 
@@ -570,3 +571,66 @@ def test_cp_async_global_to_shared(dev, rng):
         return [a, b, c, d, a, 0, 0, 0]
 
     run_case(dev, body, ref, rng)
+
+
+def test_kernel_parameter_addresses(dev, rng):
+    # CUB's pattern: the .param-space address of a kernel parameter (mov of its name), loads
+    # through it, and its generic form (cvta.param) read by a plain ld
+    body = """
+    mov.u64 %rd20, pout;
+    ld.param.u64 %rd21, [%rd20];
+    cvta.param.u64 %rd22, %rd20;
+    ld.u64 %rd23, [%rd22];
+    mov.u64 %rd24, pin;
+    cvta.param.u64 %rd25, %rd24;
+    ld.u32 %r20, [%rd25+8];
+    setp.eq.u64 %p1, %rd21, %rd2;
+    setp.eq.u64 %p2, %rd23, %rd2;
+    selp.u32 %r10, 1, 0, %p1;
+    selp.u32 %r11, 1, 0, %p2;
+    cvt.u32.u64 %r12, %rd20;
+    isspacep.param %p3, %rd22;
+    selp.u32 %r13, 1, 0, %p3;
+    isspacep.global %p4, %rd22;
+    selp.u32 %r14, 1, 0, %p4;
+    cvta.to.param.u64 %rd26, %rd22;
+    cvt.u32.u64 %r15, %rd26;
+    setp.eq.u32 %p5, %r20, %r20;
+    cvt.u32.u64 %r21, %rd2;
+    setp.eq.u32 %p6, %r20, %r21;
+    selp.u32 %r16, 1, 0, %p6;
+    """
+
+    def ref(a, b, c, d, t):
+        return [1, 1, 8, 1, 0, 8, 1, 0]
+
+    run_case(dev, body, ref, rng)
+
+
+def test_store_through_kernel_parameter_address_faults(dev):
+    prog = load_ptx(
+        TEMPLATE.format(
+            body="""
+    mov.u64 %rd20, pout;
+    cvta.param.u64 %rd21, %rd20;
+    st.u64 [%rd21], %rd1;
+    """
+        )
+    )
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "t", 1, 4, [Ptr(dev.zeros(16, np.uint32)), Ptr(dev.zeros(32, np.uint32))])
+    assert e.value.code == 700 and "read-only" in str(e.value)
+
+
+def test_load_past_kernel_parameters_faults(dev):
+    prog = load_ptx(
+        TEMPLATE.format(
+            body="""
+    mov.u64 %rd20, pout;
+    ld.param.u64 %rd21, [%rd20+64];
+    """
+        )
+    )
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "t", 1, 4, [Ptr(dev.zeros(16, np.uint32)), Ptr(dev.zeros(32, np.uint32))])
+    assert e.value.code == 700 and "outside the 16 bytes of kernel parameters" in str(e.value)

@@ -183,7 +183,16 @@ class Ctx:
             return Uniform(name, ty.dtype)
         return Dynamic(name, ty.dtype)
 
-    def symbol(self, var: VarDecl, ty: PtxType) -> Sym:
+    def symbol(self, var: VarDecl, ty: PtxType) -> Sym | Imm:
+        if var.space == "param":
+            # a kernel parameter's address is its .param-space offset in the launch's buffer
+            where, off = self.param_offset(var)
+            if where != "kparam":
+                raise self.unsupported(
+                    f"the address of device-function parameter {var.name} (it would live in "
+                    ".local memory)"
+                )
+            return Imm(ty.dtype.type(off))
         return Sym(self._dec.slot_for(var, self.fi), var.name, ty.dtype)
 
     def param_offset(self, var: VarDecl) -> tuple[str, int]:

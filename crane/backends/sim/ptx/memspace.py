@@ -6,7 +6,13 @@ session VA window (the daemon grants windows from 0x2000_0000_0000 upwards), so 
 pointer can be routed per lane by its value alone:
 
 * shared: ``SHARED_WINDOW + offset`` (the same offset means a different byte in each block);
-* local:  ``LOCAL_WINDOW + offset`` (a different byte in each thread).
+* local:  ``LOCAL_WINDOW + offset`` (a different byte in each thread);
+* param:  ``PARAM_WINDOW + offset`` (the launch's kernel parameter buffer, read-only).
+
+A kernel parameter's ``.param``-space address (``mov.u64 %rd, kernel_param_0``) is its offset
+in the parameter buffer; ``cvta.param`` adds the window (PTX ISA 7.7+). CUB and cuBLASLt take
+parameter addresses to index small arrays passed by value. Kernel parameters are read-only, so a
+store through such an address faults as an illegal address.
 
 Each access resolves to ``(sel, buf, off)`` parts: ``buf`` a flat uint8 buffer, ``off`` the
 validated byte offsets of the lanes ``sel`` (``None`` = all lanes of the access). Faults raise
@@ -21,6 +27,7 @@ from crane.backends.sim.memory import MemoryFault
 
 __all__ = [
     "LOCAL_WINDOW",
+    "PARAM_WINDOW",
     "SHARED_WINDOW",
     "WINDOW_SIZE",
     "from_generic",
@@ -31,11 +38,21 @@ __all__ = [
 
 SHARED_WINDOW = 0x7F00_0000_0000
 LOCAL_WINDOW = 0x7F10_0000_0000
+PARAM_WINDOW = 0x7F20_0000_0000
 WINDOW_SIZE = 1 << 32
 _LOW = np.uint64(SHARED_WINDOW)
 _SH = np.uint64(SHARED_WINDOW)
 _LO = np.uint64(LOCAL_WINDOW)
+_PA = np.uint64(PARAM_WINDOW)
 _WS = np.uint64(WINDOW_SIZE)
+_HIGH = _PA + _WS
+# generic windows other than global: (space, numpy base, int base)
+_WINDOWS = (
+    ("shared", _SH, SHARED_WINDOW),
+    ("local", _LO, LOCAL_WINDOW),
+    ("param", _PA, PARAM_WINDOW),
+)
+_BASE = {name: (nb, ib) for name, nb, ib in _WINDOWS}
 
 
 def _as_array(addr) -> np.ndarray:
@@ -102,47 +119,78 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
     return buf, lane_base + a
 
 
-def resolve(st, space: str, addr, nbytes: int, idx) -> list[tuple]:
-    """Validated ``[(sel, buf, byte_offsets)]`` for an access of ``nbytes`` per lane."""
+def _param(st, addr, nbytes: int, write: bool):
+    """Kernel parameter buffer at ``.param`` offsets ``addr`` (uniform over the launch)."""
+    kp = st.kparams
+    size = len(kp) - 8  # the parameters rounded up to 8 bytes; then 8 bytes of padding
+    a = addr.astype(np.int64) if isinstance(addr, np.ndarray) else np.int64(int(addr))
+    arr = np.atleast_1d(a)
+    if arr.size:
+        bad = (arr < 0) | (arr + nbytes > size)
+        if write or bad.any():
+            first = int(arr[int(np.argmax(bad))]) if bad.any() else int(arr[0])
+            why = (
+                "kernel parameters are read-only"
+                if write and not bad.any()
+                else f"outside the {size} bytes of kernel parameters"
+            )
+            raise MemoryFault(
+                f"{nbytes}-byte {'store' if write else 'load'} at .param offset {first:#x} "
+                f"(generic {PARAM_WINDOW + first:#x}): {why}",
+                PARAM_WINDOW + first,
+                "illegal",
+            )
+        if nbytes > 1 and ((arr & (nbytes - 1)) != 0).any():
+            first = int(arr[int(np.argmax((arr & (nbytes - 1)) != 0))])
+            raise MemoryFault(
+                f"misaligned {nbytes}-byte .param access at offset {first:#x}",
+                PARAM_WINDOW + first,
+                "misaligned",
+            )
+    return kp, a
+
+
+def resolve(st, space: str, addr, nbytes: int, idx, write: bool = False) -> list[tuple]:
+    """Validated ``[(sel, buf, byte_offsets)]`` for an access of ``nbytes`` per lane;
+    ``write`` marks stores and atomics (which read-only spaces refuse)."""
     if space in ("global", "const"):
         buf, off = _global(st, addr, nbytes)
         return [(None, buf, off)]
-    if space == "shared":
-        buf, off = _window(st, addr, nbytes, idx, "shared", SHARED_WINDOW)
+    if space in ("shared", "local"):
+        buf, off = _window(st, addr, nbytes, idx, space, _BASE[space][1])
         return [(None, buf, off)]
-    if space == "local":
-        buf, off = _window(st, addr, nbytes, idx, "local", LOCAL_WINDOW)
+    if space == "param":
+        buf, off = _param(st, addr, nbytes, write)
         return [(None, buf, off)]
     # generic: route each lane by the window its address falls in
     a = addr if isinstance(addr, np.ndarray) else None
     if a is None:
         v = int(addr)
-        if SHARED_WINDOW <= v < SHARED_WINDOW + WINDOW_SIZE:
-            return resolve(st, "shared", np.int64(v - SHARED_WINDOW), nbytes, idx)
-        if LOCAL_WINDOW <= v < LOCAL_WINDOW + WINDOW_SIZE:
-            return resolve(st, "local", np.int64(v - LOCAL_WINDOW), nbytes, idx)
-        return resolve(st, "global", addr, nbytes, idx)
+        for name, _nb, base in _WINDOWS:
+            if base <= v < base + WINDOW_SIZE:
+                return resolve(st, name, np.int64(v - base), nbytes, idx, write)
+        return resolve(st, "global", addr, nbytes, idx, write)
     a = a.astype(np.uint64, copy=False)
     if a.size == 0:
         return [(None, st.mem.buf, np.empty(0, np.int64))]
     hi = a.max()
     lo = a.min()
-    if hi < _LOW or lo >= _LO + _WS:
-        return resolve(st, "global", a, nbytes, idx)
-    if lo >= _SH and hi < _SH + _WS:
-        return resolve(st, "shared", a - _SH, nbytes, idx)
-    if lo >= _LO and hi < _LO + _WS:
-        return resolve(st, "local", a - _LO, nbytes, idx)
-    in_sh = (a >= _SH) & (a < _SH + _WS)
-    in_lo = (a >= _LO) & (a < _LO + _WS)
+    if hi < _LOW or lo >= _HIGH:
+        return resolve(st, "global", a, nbytes, idx, write)
+    for name, nb, _base in _WINDOWS:
+        if lo >= nb and hi < nb + _WS:
+            return resolve(st, name, a - nb, nbytes, idx, write)
     parts = []
-    for sel_mask, space2, base in ((in_sh, "shared", _SH), (in_lo, "local", _LO)):
-        sel = np.flatnonzero(sel_mask)
+    rest = np.ones(a.shape, np.bool_)
+    for name, nb, _base in _WINDOWS:
+        inside = (a >= nb) & (a < nb + _WS)
+        rest &= ~inside
+        sel = np.flatnonzero(inside)
         if sel.size:
             sub_idx = sel if idx is None else idx[sel]
-            ((_, buf, off),) = resolve(st, space2, a[sel] - base, nbytes, sub_idx)
+            ((_, buf, off),) = resolve(st, name, a[sel] - nb, nbytes, sub_idx, write)
             parts.append((sel, buf, off))
-    sel = np.flatnonzero(~(in_sh | in_lo))
+    sel = np.flatnonzero(rest)
     if sel.size:
         buf, off = _global(st, a[sel], nbytes)
         parts.append((sel, buf, off))
@@ -151,39 +199,28 @@ def resolve(st, space: str, addr, nbytes: int, idx) -> list[tuple]:
 
 def to_generic(space: str, addr):
     """``cvta.<space>``: a state-space address → a generic address."""
-    if space == "shared":
-        return (
-            addr.astype(np.uint64) + _SH
-            if isinstance(addr, np.ndarray)
-            else np.uint64(int(addr) + SHARED_WINDOW)
-        )
-    if space == "local":
-        return (
-            addr.astype(np.uint64) + _LO
-            if isinstance(addr, np.ndarray)
-            else np.uint64(int(addr) + LOCAL_WINDOW)
-        )
-    return addr
+    if space not in _BASE:
+        return addr
+    nb, ib = _BASE[space]
+    if isinstance(addr, np.ndarray):
+        return addr.astype(np.uint64) + nb
+    return np.uint64(int(addr) + ib)
 
 
 def from_generic(space: str, addr):
     """``cvta.to.<space>``: a generic address → the state-space address."""
-    if space == "shared":
-        return addr - _SH if isinstance(addr, np.ndarray) else np.uint64(int(addr) - SHARED_WINDOW)
-    if space == "local":
-        return addr - _LO if isinstance(addr, np.ndarray) else np.uint64(int(addr) - LOCAL_WINDOW)
-    return addr
+    if space not in _BASE:
+        return addr
+    nb, ib = _BASE[space]
+    return addr - nb if isinstance(addr, np.ndarray) else np.uint64(int(addr) - ib)
 
 
 def is_space(space: str, addr, st) -> np.ndarray:
     """``isspacep.<space>``: does each generic address point into ``space``?"""
     a = _as_array(addr).astype(np.uint64)
-    in_sh = (a >= _SH) & (a < _SH + _WS)
-    in_lo = (a >= _LO) & (a < _LO + _WS)
-    if space == "shared":
-        return in_sh
-    if space == "local":
-        return in_lo
+    inside = {name: (a >= nb) & (a < nb + _WS) for name, nb, _ib in _WINDOWS}
+    if space in inside:
+        return inside[space]
     if space in ("global", "const"):
-        return ~(in_sh | in_lo)
+        return ~(inside["shared"] | inside["local"] | inside["param"])
     return np.zeros(a.shape, np.bool_)

@@ -173,8 +173,8 @@ def _set_access(ctx, space: str, addr, ty: PtxType, nvec: int, load: bool) -> No
             ins.x = (ty.dtype, offsets)
             ins.fn = _h_ld_pm if load else _h_st_pm
         return
-    if space == "param":
-        raise ctx.unsupported("ld/st.param through a register address")
+    if space == "param" and not load:
+        raise ctx.unsupported("st.param through a register (kernel parameters are read-only)")
     ins.a = addr
     shift = {1: 0, 2: 1, 4: 2, 8: 3}[size]
     ins.x = (space, ty.dtype, size, shift)
@@ -193,7 +193,7 @@ def _h_st(st, ins, idx) -> None:
     nvec = len(srcs)
     addr = lane_addresses(st, ins.a, idx)
     vals = [s.get(st, idx) for s in srcs]
-    for sel, buf, off in resolve(st, space, addr, esize * nvec, idx):
+    for sel, buf, off in resolve(st, space, addr, esize * nvec, idx, write=True):
         view = st.view(buf, dtype)
         ei = off >> shift if shift else off
         uniform = not np.ndim(ei)
@@ -248,8 +248,6 @@ def dec_cvta(ctx, mods) -> None:
     m.done()
     if space == "generic":
         raise ctx.error("cvta needs a state space")
-    if space == "param":
-        raise ctx.unsupported("cvta.param (generic addressing of kernel parameters)")
     ctx.nops(2)
     ins = ctx.ins
     ins.d = ctx.dst(ctx.ops[0], ty)
@@ -343,7 +341,7 @@ def _h_atom(st, ins, idx) -> None:
     nl = st.n if idx is None else idx.size
     b = ins.b.get(st, idx)
     c = ins.c.get(st, idx) if ins.c is not None else None
-    for sel, buf, off in resolve(st, space, addr, size, idx):
+    for sel, buf, off in resolve(st, space, addr, size, idx, write=True):
         view = st.view(buf, dtype)
         ei = np.asarray(off) // size
         cnt = nl if sel is None else sel.size

@@ -204,7 +204,9 @@ class PtxProgram:
                 ) from None
         reg_counts = {fid: tuple(self._dec.by_fid[fid].counts) for fid in k.reachable}
         pm_sizes = {fid: self._dec.by_fid[fid].pm_size for fid in k.reachable}
-        kparams = np.frombuffer(params + bytes(8), np.uint8)
+        # 8 bytes of padding (over-wide scalar reads) and whole 8-byte words, so the buffer can be
+        # viewed as any scalar type by loads through a .param address
+        kparams = np.frombuffer(params + bytes(8 + (-len(params)) % 8), np.uint8)
         sink = printf if printf is not None else _stdout
         nsm = getattr(profile, "sm_count", 132) if profile is not None else 132
         fault: KernelFault | None = None
