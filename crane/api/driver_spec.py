@@ -113,7 +113,12 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuOccupancyAvailableDynamicSMemPerBlock@10020",
          "cuPointerGetAttribute@4000", "cuPointerGetAttributes@7000",
          "cuMemGetAddressRange@3020", "cuStreamGetFlags@5050", "cuStreamGetPriority@5050",
-         "cuStreamGetCtx@9020", "cuStreamGetId@12000")
+         "cuStreamGetCtx@9020", "cuStreamGetId@12000",
+         "cuStreamSetAttribute@11000", "cuStreamGetAttribute@11000",
+         "cuStreamCopyAttributes@11000", "cuCtxResetPersistingL2Cache@11000",
+         "cuProfilerStart@4000", "cuProfilerStop@4000",
+         "cuOccupancyMaxPotentialBlockSize@6050",
+         "cuOccupancyMaxPotentialBlockSizeWithFlags@7000")
     # -- Python, through the session (batched unless the call must wait) -----------------------
     + _e(PY, False,
          "cuCtxCreate@3020,12050",

@@ -8,15 +8,64 @@ from __future__ import annotations
 
 from typing import Any
 
+from crane.api.generated.cuda_enums import CUdevice_attribute as DA
+from crane.api.generated.cuda_enums import CUlimit as L
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
-# cuCtxGetLimit defaults (CUlimit order): stack, printf FIFO, malloc heap, sync depth,
-# pending launches, L2 fetch granularity, persisting L2.
-_LIMITS: dict[int, int] = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 64, 6: 0}
+# CUlimit, every limit cuda.h defines, with the defaults a driver starts a context with
+_LIMITS: dict[int, int] = {
+    L.CU_LIMIT_STACK_SIZE: 1024,
+    L.CU_LIMIT_PRINTF_FIFO_SIZE: 1 << 20,
+    L.CU_LIMIT_MALLOC_HEAP_SIZE: 8 << 20,
+    L.CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: 2,
+    L.CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: 2048,
+    L.CU_LIMIT_MAX_L2_FETCH_GRANULARITY: 64,
+    L.CU_LIMIT_PERSISTING_L2_CACHE_SIZE: 0,
+    L.CU_LIMIT_SHMEM_SIZE: 0,
+    L.CU_LIMIT_CIG_ENABLED: 0,
+    L.CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: 0,
+}
+#: set by the context's creation, not by cuCtxSetLimit
+_READ_ONLY = {L.CU_LIMIT_SHMEM_SIZE, L.CU_LIMIT_CIG_ENABLED}
+_MAX_STACK = 512 * 1024  # per thread, what NVIDIA's devices accept
+
+
+def limit(which: int) -> int:
+    """The context's current value of a CUlimit (device malloc's heap, CDP's depth)."""
+    return _LIMITS[which]
+
+
+def _check_limit(which: int, value: int) -> int:
+    """The value a driver would store for ``which`` (it rounds some), or the reason it refuses."""
+    if which not in _LIMITS:
+        raise CudaError(CUresult.CUDA_ERROR_UNSUPPORTED_LIMIT, f"unknown limit {which}")
+    if which in _READ_ONLY:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"limit {which} cannot be set")
+    if which == L.CU_LIMIT_STACK_SIZE and value > _MAX_STACK:
+        raise CudaError(
+            CUresult.CUDA_ERROR_INVALID_VALUE, f"stack size {value} exceeds {_MAX_STACK}"
+        )
+    if which == L.CU_LIMIT_MAX_L2_FETCH_GRANULARITY and value not in (0, 32, 64, 128):
+        raise CudaError(
+            CUresult.CUDA_ERROR_INVALID_VALUE, f"L2 fetch granularity {value} (0/32/64/128)"
+        )
+    if which == L.CU_LIMIT_PERSISTING_L2_CACHE_SIZE:
+        # the driver clamps the set-aside to what the device can persist
+        cap = RT.session().attributes.get(DA.CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 0)
+        return min(value, cap)
+    if which == L.CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH and not 1 <= value <= 24:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"sync depth {value} (1..24)")
+    if which == L.CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED and value not in (0, 1):
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad CIG fallback flag {value}")
+    if which == L.CU_LIMIT_STACK_SIZE:
+        return (value + 15) // 16 * 16
+    return value
+
+
 _cache_config = 0
 
 
@@ -89,17 +138,22 @@ def ctx_get_stream_priority_range(least: Any, greatest: Any) -> None:
 
 
 @handles("cuCtxGetLimit@3010")
-def ctx_get_limit(out: Any, limit: int) -> None:
-    if limit not in _LIMITS:
-        raise CudaError(CUresult.CUDA_ERROR_UNSUPPORTED_LIMIT, f"unknown limit {limit}")
-    RT.out(out, _LIMITS[limit])
+def ctx_get_limit(out: Any, which: int) -> None:
+    if which not in _LIMITS:
+        raise CudaError(CUresult.CUDA_ERROR_UNSUPPORTED_LIMIT, f"unknown limit {which}")
+    RT.out(out, _LIMITS[which])
 
 
 @handles("cuCtxSetLimit@3010")
-def ctx_set_limit(limit: int, value: int) -> None:
-    if limit not in _LIMITS:
-        raise CudaError(CUresult.CUDA_ERROR_UNSUPPORTED_LIMIT, f"unknown limit {limit}")
-    _LIMITS[limit] = value
+def ctx_set_limit(which: int, value: int) -> None:
+    _LIMITS[which] = _check_limit(which, value)
+
+
+@handles("cuCtxResetPersistingL2Cache@11000")
+def ctx_reset_persisting_l2() -> None:
+    """Resets persisting L2 lines to normal: no data changes, so nothing to send (the
+    simulated GPU has no cache; the cuda backend's L2 policy is the driver's)."""
+    RT.session()
 
 
 @handles("cuCtxGetCacheConfig@3020")

@@ -15,7 +15,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import Function
 from crane.interposer import graphs
-from crane.interposer.h_module import max_dynamic_shared
+from crane.interposer.h_module import max_dynamic_shared, required_cluster
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -57,6 +57,11 @@ def launch(
     params: Any, extra: Any, cooperative: bool = False,
 ) -> None:  # fmt: skip
     fn = RT.function(f)
+    if any(d > 1 for d in required_cluster(fn)):
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED,
+            f"thread-block clusters (the kernel requires {required_cluster(fn)})",
+        )
     buf = params_from_launch_args(fn, params, extra)  # a copy: a captured node keeps the values
     if cooperative:
         # graph kernel nodes carry no cooperative flag here: refuse rather than record a

@@ -1,4 +1,4 @@
-"""Error strings and pointer attributes: purely local answers."""
+"""Error strings, pointer attributes and profiler control: purely local answers."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def _known(code: int) -> None:
         CUresult(code)
     except ValueError:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown CUresult {code}") from None
+
+
+@handles("cuProfilerStart@4000", "cuProfilerStop@4000")
+def profiler_control() -> None:
+    """With no profiler attached a driver accepts both and does nothing; a profiler would
+    attach to the daemon's GPU, not to this process."""
+    RT.session()
 
 
 @handles("cuGetErrorString@6000")

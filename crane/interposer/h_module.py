@@ -8,6 +8,7 @@ when the module was loaded."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as DA
@@ -145,10 +146,17 @@ def max_dynamic_shared(fn: Function) -> int:
     )
 
 
+# CUfunction_attribute values set at run time (cuFuncSetAttribute / cuKernelSetAttribute)
+_REQ_CLUSTER = (11, 12, 13)  # REQUIRED_CLUSTER_WIDTH / HEIGHT / DEPTH
+_NON_PORTABLE_CLUSTER, _CLUSTER_POLICY = 14, 15
+_SETTABLE = {_MAX_DYN, _CARVEOUT, *_REQ_CLUSTER, _NON_PORTABLE_CLUSTER, _CLUSTER_POLICY}
+
+
 def function_attribute(fn: Function, attrib: int) -> int:
     s = RT.session()
     a = s.attributes
     lay = fn.layout
+    stored = RT.func_attrs.get(fn.handle, {})
     values = {
         0: lay.max_threads or a[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK],
         1: lay.static_shared,
@@ -159,16 +167,31 @@ def function_attribute(fn: Function, attrib: int) -> int:
         6: lay.binary_version,  # BINARY_VERSION: the code that runs (JIT-ed: the device's)
         7: 0,
         _MAX_DYN: max_dynamic_shared(fn),
-        _CARVEOUT: RT.func_attrs.get(fn.handle, {}).get(_CARVEOUT, -1),
-        10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0,
+        _CARVEOUT: stored.get(_CARVEOUT, -1),
+        10: 0,  # CLUSTER_SIZE_MUST_BE_SET: no kernel here is compiled with cluster dimensions
+        11: stored.get(11, 0), 12: stored.get(12, 0), 13: stored.get(13, 0),
+        14: stored.get(14, 0), 15: stored.get(15, 0),
     }  # fmt: skip
     if attrib not in values:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown function attribute {attrib}")
     return values[attrib]
 
 
+def required_cluster(fn: Function) -> tuple[int, int, int]:
+    """The cluster dimensions set with REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH (0s: none)."""
+    stored = RT.func_attrs.get(fn.handle, {})
+    return (stored.get(11, 0), stored.get(12, 0), stored.get(13, 0))
+
+
 def set_function_attribute(fn: Function, attrib: int, value: int) -> None:
+    """The settable attributes of cuda.h's CUfunction_attribute, validated as the driver
+    documents; the cluster ones are recorded and reported (a launch that needs a cluster of
+    more than one block is refused: clusters are not served)."""
     s = RT.session()
+    if attrib not in _SETTABLE:
+        if 0 <= attrib <= 15:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"attribute {attrib} is read-only")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown function attribute {attrib}")
     if attrib == _MAX_DYN:
         optin = s.attributes[DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN]
         if value < 0 or value + fn.layout.static_shared > optin:
@@ -180,8 +203,16 @@ def set_function_attribute(fn: Function, attrib: int, value: int) -> None:
     elif attrib == _CARVEOUT:
         if not -1 <= value <= 100:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad carveout {value}")
-    else:
-        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"attribute {attrib} is read-only")
+    elif attrib in _REQ_CLUSTER:
+        if value < 0:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad cluster dimension {value}")
+        if s.attributes.get(DA.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 0) == 0 and value > 1:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "the device has no clusters")
+    elif attrib == _NON_PORTABLE_CLUSTER:
+        if value not in (0, 1):
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad non-portable flag {value}")
+    elif not 0 <= value <= 2:  # CU_CLUSTER_SCHEDULING_POLICY_DEFAULT/SPREAD/LOAD_BALANCING
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad scheduling policy {value}")
     RT.func_attrs.setdefault(fn.handle, {})[attrib] = value
 
 
@@ -254,6 +285,64 @@ def occupancy(out: Any, func: Any, block: int, dyn: int) -> None:
 @handles("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags@7000")
 def occupancy_flags(out: Any, func: Any, block: int, dyn: int, flags: int) -> None:
     RT.out(out, max_active_blocks(RT.function(func), block, dyn))
+
+
+def potential_block_size(
+    fn: Function, smem_for: Callable[[int], int], block_limit: int
+) -> tuple[int, int]:
+    """cuOccupancyMaxPotentialBlockSize: the block size (a multiple of the warp size, within
+    the function's and ``block_limit``'s maximum) that keeps the most threads resident per SM,
+    preferring the larger block on ties, and the grid that fills every SM with it: the search
+    NVIDIA's occupancy calculator (cuda_occupancy.h) makes, over the same per-SM limits."""
+    a = RT.session().attributes
+    max_block = function_attribute(fn, 0)
+    if block_limit > 0:
+        max_block = min(max_block, block_limit)
+    warp = a[DA.CU_DEVICE_ATTRIBUTE_WARP_SIZE]
+    full = a[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR]
+    best_threads, best_block, best_blocks = 0, 0, 0
+    aligned = (max_block + warp - 1) // warp * warp
+    while aligned > 0:
+        block = min(max_block, aligned)
+        blocks = max_active_blocks(fn, block, smem_for(block))
+        if block * blocks > best_threads:
+            best_threads, best_block, best_blocks = block * blocks, block, blocks
+        if best_threads == full:
+            break
+        aligned -= warp
+    return best_blocks * a[DA.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], best_block
+
+
+@handles("cuOccupancyMaxPotentialBlockSize@6050")
+def occupancy_potential(
+    min_grid: Any, block_out: Any, func: Any, b2smem: Any, dyn: int, limit: int
+) -> None:
+    occupancy_potential_flags(min_grid, block_out, func, b2smem, dyn, limit, 0)
+
+
+@handles("cuOccupancyMaxPotentialBlockSizeWithFlags@7000")
+def occupancy_potential_flags(
+    min_grid: Any, block_out: Any, func: Any, b2smem: Any, dyn: int, limit: int, flags: int
+) -> None:
+    """``flags`` (CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE) only concerns the L1/shared split a
+    real device may pick; the answer here does not depend on it."""
+    if min_grid == RT.ffi.NULL or block_out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL output pointer")
+    if flags & ~1:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad occupancy flags {flags:#x}")
+    fn = RT.function(func)
+    if b2smem != RT.ffi.NULL:
+        callback = RT.ffi.cast("size_t (*)(int)", b2smem)
+
+        def smem_for(block: int) -> int:
+            return int(callback(block))
+    else:
+
+        def smem_for(block: int) -> int:
+            return dyn
+
+    grid, block = potential_block_size(fn, smem_for, limit)
+    min_grid[0], block_out[0] = grid, block
 
 
 @handles("cuOccupancyAvailableDynamicSMemPerBlock@10020")

@@ -3,8 +3,10 @@ the session, properties answered from what the guest recorded at creation."""
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+from crane.api.generated.cuda_enums import CUdevice_attribute as DA
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs
@@ -42,6 +44,7 @@ def stream_destroy(stream: Any) -> None:
     h = RT.ptr(stream)
     RT.session().stream_destroy(h)
     RT.streams.pop(h, None)
+    _attrs.pop(h, None)
 
 
 @handles("cuStreamSynchronize@2000")
@@ -108,6 +111,98 @@ def stream_get_ctx(stream: Any, out: Any) -> None:
 def stream_get_id(stream: Any, out: Any) -> None:
     _info(stream)
     RT.out(out, RT.stream(stream))
+
+
+# ---- attributes ----------------------------------------------------------------------------
+# CUstreamAttrID (= CUlaunchAttributeID) values a stream takes; the value is a 64-byte union
+_ACCESS_POLICY_WINDOW, _SYNC_POLICY, _PRIORITY, _SYNC_DOMAIN_MAP, _SYNC_DOMAIN = 1, 3, 8, 9, 10
+_VALUE_SIZE = 64
+_WINDOW = struct.Struct("<QQfii")  # CUaccessPolicyWindow: base, bytes, hitRatio, hitProp, missProp
+_attrs: dict[int, dict[int, bytes]] = {}  # stream handle -> attribute -> the value as set
+
+
+def _attr_stream(stream: Any) -> int:
+    h = RT.stream(stream)
+    if h not in (0, 1, 2) and h not in RT.streams:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown stream {h:#x}")
+    return h
+
+
+def _default_value(h: int, attr: int) -> bytes:
+    if attr == _PRIORITY:
+        info = RT.streams.get(h)
+        return struct.pack("<i", info.priority if info else 0).ljust(_VALUE_SIZE, b"\0")
+    if attr == _SYNC_POLICY:
+        return struct.pack("<i", 1).ljust(_VALUE_SIZE, b"\0")  # CU_SYNC_POLICY_AUTO
+    if attr == _SYNC_DOMAIN_MAP:
+        return bytes([0, 1]).ljust(_VALUE_SIZE, b"\0")  # default -> 0, remote -> 1
+    return bytes(_VALUE_SIZE)
+
+
+def _check_value(attr: int, raw: bytes) -> bytes:
+    """Validate a value as the driver does; the priority is clamped to the context's range."""
+    if attr == _ACCESS_POLICY_WINDOW:
+        _base, nbytes, ratio, hit, miss = _WINDOW.unpack_from(raw)
+        cap = RT.session().attributes.get(DA.CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, 0)
+        if nbytes > cap or not 0.0 <= ratio <= 1.0 or hit not in (0, 1, 2) or miss not in (0, 1, 2):
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE,
+                f"access policy window of {nbytes} bytes (device maximum {cap}), hit ratio "
+                f"{ratio}, properties {hit}/{miss}",
+            )
+        return raw
+    if attr == _SYNC_POLICY:
+        (policy,) = struct.unpack_from("<i", raw)
+        if policy not in (1, 2, 3, 4):
+            raise CudaError(
+                CUresult.CUDA_ERROR_INVALID_VALUE, f"bad synchronization policy {policy}"
+            )
+        return raw
+    if attr == _PRIORITY:
+        (prio,) = struct.unpack_from("<i", raw)
+        return struct.pack("<i", max(-5, min(0, prio))).ljust(_VALUE_SIZE, b"\0")
+    if attr == _SYNC_DOMAIN:
+        if struct.unpack_from("<i", raw)[0] not in (0, 1):
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "bad memory synchronization domain")
+        return raw
+    if attr == _SYNC_DOMAIN_MAP:
+        return raw
+    raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"stream attribute {attr} is not valid")
+
+
+@handles("cuStreamSetAttribute@11000")
+def stream_set_attribute(stream: Any, attr: int, value: Any) -> None:
+    """Recorded per stream and answered back: access-policy windows, synchronization policy and
+    memory synchronization domains are performance hints with no effect on results; a priority
+    changes the stream's reported priority (stream order on the simulated GPU ignores it)."""
+    h = _attr_stream(stream)
+    if value == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL attribute value")
+    raw = _check_value(attr, bytes(RT.ffi.buffer(RT.ffi.cast("char *", value), _VALUE_SIZE)))
+    _attrs.setdefault(h, {})[attr] = raw
+    if attr == _PRIORITY and h in RT.streams:
+        RT.streams[h].priority = struct.unpack_from("<i", raw)[0]
+
+
+@handles("cuStreamGetAttribute@11000")
+def stream_get_attribute(stream: Any, attr: int, out: Any) -> None:
+    h = _attr_stream(stream)
+    if out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL output pointer")
+    if attr not in (_ACCESS_POLICY_WINDOW, _SYNC_POLICY, _PRIORITY, _SYNC_DOMAIN_MAP, _SYNC_DOMAIN):
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"stream attribute {attr} is not valid")
+    raw = _attrs.get(h, {}).get(attr) or _default_value(h, attr)
+    if attr == _PRIORITY:
+        raw = _default_value(h, attr)  # the stream's own record is the truth
+    RT.ffi.memmove(RT.ffi.cast("char *", out), raw, _VALUE_SIZE)
+
+
+@handles("cuStreamCopyAttributes@11000")
+def stream_copy_attributes(dst: Any, src: Any) -> None:
+    d, s = _attr_stream(dst), _attr_stream(src)
+    _attrs[d] = dict(_attrs.get(s, {}))
+    if d in RT.streams:
+        RT.streams[d].priority = struct.unpack_from("<i", _default_value(s, _PRIORITY))[0]
 
 
 # ---- events --------------------------------------------------------------------------------

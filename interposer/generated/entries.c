@@ -156,7 +156,11 @@ CUresult cuCtxPushCurrent_v2(void * ctx) {
 
 CUresult cuCtxRecordEvent(void) { return crane_unsupported("cuCtxRecordEvent"); }
 
-CUresult cuCtxResetPersistingL2Cache(void) { return crane_unsupported("cuCtxResetPersistingL2Cache"); }
+CUresult cuCtxResetPersistingL2Cache(void) {
+    CUresult r = crane_py_cuCtxResetPersistingL2Cache_11000();
+    if (crane_trace_on) crane_trace("cuCtxResetPersistingL2Cache", r, "%s", "");
+    return r;
+}
 
 CUresult cuCtxSetCacheConfig(int config) {
     CUresult r = crane_py_cuCtxSetCacheConfig_3020(config);
@@ -1838,9 +1842,17 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int * numBlocks, v
 
 CUresult cuOccupancyMaxActiveClusters(void) { return crane_unsupported("cuOccupancyMaxActiveClusters"); }
 
-CUresult cuOccupancyMaxPotentialBlockSize(void) { return crane_unsupported("cuOccupancyMaxPotentialBlockSize"); }
+CUresult cuOccupancyMaxPotentialBlockSize(int * minGridSize, int * blockSize, void * func, void * blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit) {
+    CUresult r = crane_py_cuOccupancyMaxPotentialBlockSize_6050(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit);
+    if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialBlockSize", r, "minGridSize=%p blockSize=%p func=%p blockSizeToDynamicSMemSize=%p dynamicSMemSize=%zu blockSizeLimit=%d", (const void *)minGridSize, (const void *)blockSize, (const void *)func, (const void *)blockSizeToDynamicSMemSize, (size_t)dynamicSMemSize, (int)blockSizeLimit);
+    return r;
+}
 
-CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(void) { return crane_unsupported("cuOccupancyMaxPotentialBlockSizeWithFlags"); }
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int * minGridSize, int * blockSize, void * func, void * blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags) {
+    CUresult r = crane_py_cuOccupancyMaxPotentialBlockSizeWithFlags_7000(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit, flags);
+    if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialBlockSizeWithFlags", r, "minGridSize=%p blockSize=%p func=%p blockSizeToDynamicSMemSize=%p dynamicSMemSize=%zu blockSizeLimit=%d flags=%u", (const void *)minGridSize, (const void *)blockSize, (const void *)func, (const void *)blockSizeToDynamicSMemSize, (size_t)dynamicSMemSize, (int)blockSizeLimit, (unsigned int)flags);
+    return r;
+}
 
 CUresult cuOccupancyMaxPotentialClusterSize(void) { return crane_unsupported("cuOccupancyMaxPotentialClusterSize"); }
 
@@ -1870,9 +1882,17 @@ CUresult cuPointerSetAttribute(void) { return crane_unsupported("cuPointerSetAtt
 
 CUresult cuProfilerInitialize(void) { return crane_unsupported("cuProfilerInitialize"); }
 
-CUresult cuProfilerStart(void) { return crane_unsupported("cuProfilerStart"); }
+CUresult cuProfilerStart(void) {
+    CUresult r = crane_py_cuProfilerStart_4000();
+    if (crane_trace_on) crane_trace("cuProfilerStart", r, "%s", "");
+    return r;
+}
 
-CUresult cuProfilerStop(void) { return crane_unsupported("cuProfilerStop"); }
+CUresult cuProfilerStop(void) {
+    CUresult r = crane_py_cuProfilerStop_4000();
+    if (crane_trace_on) crane_trace("cuProfilerStop", r, "%s", "");
+    return r;
+}
 
 CUresult cuSignalExternalSemaphoresAsync(void) { return crane_unsupported("cuSignalExternalSemaphoresAsync"); }
 
@@ -1938,7 +1958,11 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(void * hStream, void * hGraph, void **
     return r;
 }
 
-CUresult cuStreamCopyAttributes(void) { return crane_unsupported("cuStreamCopyAttributes"); }
+CUresult cuStreamCopyAttributes(void * dstStream, void * srcStream) {
+    CUresult r = crane_py_cuStreamCopyAttributes_11000(dstStream, srcStream);
+    if (crane_trace_on) crane_trace("cuStreamCopyAttributes", r, "dstStream=%p srcStream=%p", (const void *)dstStream, (const void *)srcStream);
+    return r;
+}
 
 CUresult cuStreamCopyAttributes_ptsz(void) { return crane_unsupported("cuStreamCopyAttributes_ptsz"); }
 
@@ -1974,7 +1998,11 @@ CUresult cuStreamEndCapture_ptsz(void * hStream, void ** phGraph) {
     return r;
 }
 
-CUresult cuStreamGetAttribute(void) { return crane_unsupported("cuStreamGetAttribute"); }
+CUresult cuStreamGetAttribute(void * hStream, int attr, void * value) {
+    CUresult r = crane_py_cuStreamGetAttribute_11000(hStream, attr, value);
+    if (crane_trace_on) crane_trace("cuStreamGetAttribute", r, "hStream=%p attr=%d value=%p", (const void *)hStream, (int)attr, (const void *)value);
+    return r;
+}
 
 CUresult cuStreamGetAttribute_ptsz(void) { return crane_unsupported("cuStreamGetAttribute_ptsz"); }
 
@@ -2096,7 +2124,11 @@ CUresult cuStreamQuery_ptsz(void * hStream) {
     return r;
 }
 
-CUresult cuStreamSetAttribute(void) { return crane_unsupported("cuStreamSetAttribute"); }
+CUresult cuStreamSetAttribute(void * hStream, int attr, void * param) {
+    CUresult r = crane_py_cuStreamSetAttribute_11000(hStream, attr, param);
+    if (crane_trace_on) crane_trace("cuStreamSetAttribute", r, "hStream=%p attr=%d param=%p", (const void *)hStream, (int)attr, (const void *)param);
+    return r;
+}
 
 CUresult cuStreamSetAttribute_ptsz(void) { return crane_unsupported("cuStreamSetAttribute_ptsz"); }
 

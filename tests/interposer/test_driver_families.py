@@ -1,0 +1,13 @@
+"""Driver-API families real programs use beside launches and copies, through the interposer
+against a craned on the simulated GPU: each an nvcc-built program that checks its own results
+against what CUDA documents (and, for occupancy, against cudart's own calculator)."""
+
+from __future__ import annotations
+
+
+def test_profiler_occupancy_limits_stream_and_function_attributes(
+    program, run_guest, link_flags
+) -> None:
+    r = run_guest(program("driver_families.cu", *link_flags))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout
