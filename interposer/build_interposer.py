@@ -30,10 +30,17 @@ void *crane_primary_ctx(int dev);
 int crane_primary_dev(void *ctx);
 void crane_ctx_forget(void *ctx);
 int crane_c_cuCtxPushCurrent_4000(void *ctx);
-int crane_host_lookup(const void *p, void **base, size_t *size, unsigned *flags);
 int crane_reserve_window(unsigned long long base, unsigned long long size);
 const char *crane_self_path(void);
 """
+
+
+def _python_callable() -> str:
+    """The declarations crane_cuda.h marks as called from Python (host memory)."""
+    text = (HERE / "src" / "crane_cuda.h").read_text()
+    begin = text.index("/* python-callable begin")
+    return text[text.index("\n", begin) + 1 : text.index("/* python-callable end */")]
+
 EXTRA_API = "int crane_py_primary_reset(int dev);\n"
 
 INIT = """
@@ -62,7 +69,7 @@ def build(out_dir: Path = DEFAULT_OUT, site_dirs: list[str] | None = None) -> Pa
 
     ffi = cffi.FFI()
     ffi.embedding_api(embedding_api() + EXTRA_API)
-    ffi.cdef(C_API)
+    ffi.cdef(C_API + _python_callable())
     sources = sorted(str(p) for p in (HERE / "src").glob("*.c"))
     sources += [str(HERE / "generated" / "entries.c"), str(HERE / "generated" / "procs.c")]
     libdir = sysconfig.get_config_var("LIBDIR")

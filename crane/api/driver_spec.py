@@ -91,8 +91,9 @@ SPEC: tuple[Entry, ...] = tuple(
        "cuDevicePrimaryCtxRetain@7000", "cuDevicePrimaryCtxRelease@7000,11000",
        "cuDevicePrimaryCtxReset@7000,11000", "cuDevicePrimaryCtxGetState@7000",
        "cuDevicePrimaryCtxSetFlags@7000,11000",
-       "cuMemAllocHost@3020", "cuMemHostAlloc@2020", "cuMemFreeHost@2000",
-       "cuMemHostRegister@6050", "cuMemHostUnregister@4000", "cuMemHostGetFlags@2030")
+       "cuMemAllocHost@3020", "cuMemHostGetFlags@2030",
+       # by-value CUmemLocation: C turns it into the device ordinal of the older forms
+       "cuMemPrefetchAsync@12020", "cuMemAdvise@12020")
     # -- Python, answered locally from the session's snapshot or guest tables ------------------
     + _e(PY, True,
          "cuInit@2000", "cuDriverGetVersion@2020", "cuDeviceGet@2000", "cuDeviceGetCount@2000",
@@ -146,6 +147,14 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuEventRecord@2000",
          "cuEventRecordWithFlags@11010", "cuEventSynchronize@2000", "cuEventQuery@2000",
          "cuEventElapsedTime@2000,12080")
+    # -- Python, host memory kernels reach and managed memory (h_hostmap, crane.guest.mirror);
+    #    the plain pinned paths stay in C (interposer/src/hostmem.c) ----------------------------
+    + _e(PY, False,
+         "cuMemHostAlloc@2020", teardown("cuMemFreeHost@2000", sends="MEM_FREE"),
+         "cuMemHostRegister@6050", teardown("cuMemHostUnregister@4000", sends="MEM_FREE"),
+         "cuMemHostGetDevicePointer@3020", "cuMemAllocManaged@6000",
+         "cuMemPrefetchAsync@8000", "cuMemAdvise@8000", "cuMemRangeGetAttribute@8000",
+         "cuMemRangeGetAttributes@8000", "cuStreamAttachMemAsync@6000")
     # -- Python, virtual memory management (h_vmm, crane.guest.vmm): reservations and handles
     #    are guest records; a mapping commits memory at its address through the session --------
     + _e(PY, True,

@@ -86,7 +86,7 @@ def variants() -> list[Variant]:
         for _, ver, var, params, by_value in sorted(rows, key=lambda r: (r[1], r[2])):
             if not var:
                 e = spec.get((base, ver))
-                if e is not None and by_value:
+                if e is not None and by_value and e.how is How.PY:
                     raise SystemExit(f"{base}@{ver} passes a struct by value: write it in C")
                 target = (base, ver, e.how) if e else None
                 out.append(Variant(base, ver, "", names[ver], params, target))
@@ -128,10 +128,12 @@ def _trace_args(params: tuple[tuple[str, str], ...]) -> tuple[str, str]:
         if "*" in t:
             fmts.append(f"{n}=%p")
             vals.append(f"(const void *){n}")
-        else:
+        elif t.replace("const ", "") in _FMT:
             f, cast = _FMT[t.replace("const ", "")]
             fmts.append(f"{n}={f}")
             vals.append(f"({cast}){n}")
+        else:  # a struct passed by value (C entries only; crane_cuda.h defines the type)
+            fmts.append(f"{n}={{...}}")
     return " ".join(fmts), "".join(", " + v for v in vals)
 
 

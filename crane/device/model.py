@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as A
 from crane.device.identity import DeviceSnapshot, virtual_uuid
+from crane.device.served import served_attributes
 
 __all__ = [
     "CUDART13_QUERIED_ATTRIBUTES",
@@ -102,7 +103,7 @@ class DeviceModel:
             uuid=self.uuid_for(session_seed),
             total_mem=self.total_mem,
             cc=self.compute_capability,
-            attributes=dict(self.attributes),
+            attributes=served_attributes(self.attributes),
             profile=self.key,
             pci_bus_id=self.pci_bus_id_string,
         )

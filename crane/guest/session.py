@@ -32,6 +32,7 @@ from crane.api.ops import OPS_BY_NAME, Op
 from crane.api.results import CudaError
 from crane.device.identity import DeviceSnapshot, snapshot_from_proto
 from crane.guest.handles import HandleAllocator, HandleKind
+from crane.guest.mirror import PAGE, HostMirrors, Mirror, MirrorError, map_fixed, unmap_fixed
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
 from crane.guest.vmm import Vmm
@@ -119,6 +120,11 @@ class GuestSession:
         )
         #: The CUDA VMM API's reservations, handles and mappings (crane.guest.vmm).
         self.vmm = Vmm(self.va, _VmmDevice(self), self._lock)
+        #: Mapped and managed host memory kept coherent with its device mirror.
+        self.mirrors = HostMirrors(self._raw_htod, self._raw_dtoh)
+        #: Set by the interposer once this process reserved the device window (PROT_NONE), so
+        #: shared-address host memory may replace the reservation's pages.
+        self.window_reserved = False
         self.primary_context = self.ctx_create()
 
     @classmethod
@@ -221,6 +227,8 @@ class GuestSession:
 
     def ctx_synchronize(self, ctx: int | None = None) -> None:
         self._sync(_O["CTX_SYNCHRONIZE"], self._ctx(ctx))
+        if self.mirrors.pending:
+            self._pull(None)
 
     synchronize = ctx_synchronize
 
@@ -261,8 +269,72 @@ class GuestSession:
                     CUresult.CUDA_ERROR_INVALID_VALUE,
                     f"{addr:#x} is not an allocation of this session",
                 )
+            m = self.mirrors.by_dev(addr) if self.mirrors else None
+            if m is not None and m.dev == addr and m.kind == "managed":
+                self.mirror_release(m)  # cuMemFree frees managed memory too
+                return
+            if m is not None:
+                raise CudaError(
+                    CUresult.CUDA_ERROR_INVALID_VALUE,
+                    f"{addr:#x} is page-locked host memory (free it with cuMemFreeHost)",
+                )
             self._async(_O["MEM_FREE"], addr)
             self.va.free(addr)
+
+    # ---- host memory kernels address (crane.guest.mirror) --------------------------------------
+    def _pull(self, settled: int | None) -> None:
+        with self._lock:
+            self.mirrors.pull(settled)
+
+    def push_mirrors(self, stream: int, blocks: list[Mirror] | None = None) -> None:
+        """Send the host's changes to mirrored memory ahead of ``stream``'s next work (all
+        blocks, or ``blocks``: cuMemPrefetchAsync to the device)."""
+        with self._lock:
+            self.mirrors.push(stream, blocks)
+
+    def _page_aligned(self, size: int) -> int:
+        try:
+            return self.va.alloc(size, align=PAGE)
+        except VaError as e:
+            raise CudaError(CUresult.CUDA_ERROR_OUT_OF_MEMORY, str(e)) from None
+
+    def mirror_shared(self, size: int, kind: str, flags: int = 0) -> int:
+        """Managed memory or mapped pinned memory: ``size`` bytes at one address valid both
+        here and in kernels (device memory there, host pages mapped at the same address here)."""
+        if size <= 0:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"cannot allocate {size} bytes")
+        rounded = (size + PAGE - 1) // PAGE * PAGE
+        ctx = self._ctx(None)
+        with self._lock:
+            addr = self._page_aligned(rounded)
+            try:
+                map_fixed(addr, rounded, replace=self.window_reserved)
+            except MirrorError as e:
+                self.va.free(addr)
+                raise CudaError(CUresult.CUDA_ERROR_OUT_OF_MEMORY, str(e)) from None
+            self._async(_O["MEM_ALLOC"], ctx, addr, rounded)
+            self.mirrors.add(Mirror(addr, addr, rounded, kind, flags))
+        return addr
+
+    def mirror_register(self, host: int, size: int, flags: int = 0) -> int:
+        """cuMemHostRegister(DEVICEMAP): a device mirror of the application's own pages;
+        returns the mirror's address (what kernels use)."""
+        ctx = self._ctx(None)
+        with self._lock:
+            dev = self._page_aligned(size)
+            self._async(_O["MEM_ALLOC"], ctx, dev, size)
+            self.mirrors.add(Mirror(host, dev, size, "registered", flags))
+        return dev
+
+    def mirror_release(self, m: Mirror) -> None:
+        """Stop mirroring ``m`` and free its device memory (and, for shared-address memory,
+        its host pages)."""
+        with self._lock:
+            self.mirrors.remove(m)
+            self._async(_O["MEM_FREE"], m.dev)
+            self.va.free(m.dev)
+            if m.host == m.dev:
+                unmap_fixed(m.host, m.size, reserved=self.window_reserved)
 
     def _spans(self, addr: int, size: int) -> list[tuple[int, int]] | None:
         """The pieces of a device range that runs across back-to-back VMM mappings (one range
@@ -303,10 +375,21 @@ class GuestSession:
             return
         self._range(dst, view.nbytes)
         stream = self.check_stream(stream)
+        self._raw_htod(dst, view, stream)
+        if self.mirrors:
+            self.mirrors.issued(stream)
+
+    def _raw_htod(self, dst: int, view: memoryview, stream: int) -> None:
         op = _O["MEMCPY_HTOD"]
         for off in range(0, view.nbytes, MAX_CHUNK):
             part = view[off : off + MAX_CHUNK]
             self._async(op, dst + off, stream, data=part.tobytes())
+
+    def _raw_dtoh(self, src: int, size: int) -> bytes:
+        """Read device memory in stream order on the legacy default stream."""
+        buf = bytearray(size)
+        self._dtoh(src, size, 0, memoryview(buf))
+        return bytes(buf)
 
     def memcpy_dtoh(
         self,
@@ -334,6 +417,15 @@ class GuestSession:
             return None if target is not None else bytes(whole)
         self._range(src, size)
         stream = self.check_stream(stream)
+        buf = target if target is not None else memoryview(bytearray(size))
+        if self.mirrors:
+            self.push_mirrors(stream)
+        self._dtoh(src, size, stream, buf)
+        if self.mirrors.pending:
+            self._pull(stream)
+        return None if target is not None else bytes(buf)
+
+    def _dtoh(self, src: int, size: int, stream: int, buf: memoryview) -> None:
         op = _O["MEMCPY_DTOH"]
         seqs = []
         for off in range(0, size, MAX_CHUNK):  # one batch: the worker streams the pieces back
@@ -342,11 +434,9 @@ class GuestSession:
                 (off, self._enqueue(op, op.pack(src + off, n, stream), expect=True, send=False))
             )
         self._t.flush()
-        buf = target if target is not None else memoryview(bytearray(size))
         for off, seq in seqs:
             data = self._settle(seq, self._wait(seq)).data
             buf[off : off + len(data)] = data
-        return None if target is not None else bytes(buf)
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: int = 0) -> None:
         cuts = self._cuts(dst, src, size)
@@ -356,7 +446,11 @@ class GuestSession:
             return
         self._range(src, size)
         self._range(dst, size)
-        self._async(_O["MEMCPY_DTOD"], dst, src, size, self.check_stream(stream))
+        stream = self.check_stream(stream)
+        if self.mirrors:
+            self.push_mirrors(stream)
+            self.mirrors.issued(stream)
+        self._async(_O["MEMCPY_DTOD"], dst, src, size, stream)
 
     def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
         spans = self._spans(dst, elem * count)
@@ -365,14 +459,10 @@ class GuestSession:
                 self._memset(a, value, elem, n // elem, stream)
             return
         self._range(dst, elem * count)
-        self._async(
-            _O["MEMSET"],
-            dst,
-            value & ((1 << (8 * elem)) - 1),
-            elem,
-            count,
-            self.check_stream(stream),
-        )
+        stream = self.check_stream(stream)
+        if self.mirrors:
+            self.mirrors.issued(stream)
+        self._async(_O["MEMSET"], dst, value & ((1 << (8 * elem)) - 1), elem, count, stream)
 
     def memset_d8(self, dst: int, value: int, count: int, stream: int = 0) -> None:
         self._memset(dst, value, 1, count, stream)
@@ -398,6 +488,8 @@ class GuestSession:
 
     def stream_synchronize(self, stream: int = 0) -> None:
         self._sync(_O["STREAM_SYNCHRONIZE"], self.check_stream(stream))
+        if self.mirrors.pending:
+            self._pull(stream)
 
     def stream_query(self, stream: int = 0) -> bool:
         """True when idle (CUDA_SUCCESS); False for CUDA_ERROR_NOT_READY."""
@@ -410,6 +502,8 @@ class GuestSession:
             self._settle(seq, reply)
             return False
         self._settle(seq, reply)
+        if self.mirrors.pending:
+            self._pull(stream)
         return True
 
     def stream_wait_event(self, stream: int, event: int, flags: int = 0) -> None:
@@ -432,6 +526,8 @@ class GuestSession:
 
     def event_synchronize(self, event: int) -> None:
         self._sync(_O["EVENT_SYNCHRONIZE"], self.check_event(event))
+        if self.mirrors.pending:
+            self._pull(-1)  # which streams the event covered is not known here: keep them
 
     def event_query(self, event: int) -> bool:
         seq = self._enqueue(
@@ -442,6 +538,8 @@ class GuestSession:
         if not ready:
             reply.result = 0
         self._settle(seq, reply)
+        if ready and self.mirrors.pending:
+            self._pull(-1)
         return ready
 
     def event_elapsed(self, start: int, end: int) -> float:
@@ -591,6 +689,9 @@ class GuestSession:
             )
         if stream not in _DEFAULT_STREAMS:
             self.check_stream(stream)
+        if self.mirrors:
+            self.push_mirrors(stream)
+            self.mirrors.issued(stream)
         try:  # (inline, not through _enqueue: launches are the hot path)
             self._t.enqueue(
                 op,

@@ -150,18 +150,22 @@ class VaAllocator:
         self._map_starts: list[int] = []
 
     # ---- public --------------------------------------------------------------------------
-    def alloc(self, size: int) -> int:
-        """Return the address of a new allocation of ``size`` bytes (maps a chunk if needed)."""
+    def alloc(self, size: int, align: int = 0) -> int:
+        """Return the address of a new allocation of ``size`` bytes (maps a chunk if needed);
+        ``align`` (a power of two, at most the chunk granularity) raises the alignment, and the
+        allocation then also owns whole ``align``-sized units (host memory mapped at the same
+        address needs whole pages)."""
         if size <= 0:
             raise VaError(f"cannot allocate {size} bytes")
-        need = _round_up(size, self.align)
+        a = max(self.align, align)
+        need = _round_up(size, a)
         for chunk in self.chunks.values():
             if chunk.size - chunk.used >= need:
-                off = chunk.take(need, self.align)
+                off = chunk.take(need, a)
                 if off is not None:
                     return self._record(chunk, chunk.addr + off, size, need)
         chunk = self._new_chunk(need)
-        off = chunk.take(need, self.align)
+        off = chunk.take(need, a)
         assert off == 0
         return self._record(chunk, chunk.addr, size, need)
 

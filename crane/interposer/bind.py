@@ -20,6 +20,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_context,
     h_device,
     h_graph,
+    h_hostmap,
     h_launch,
     h_memory,
     h_misc,

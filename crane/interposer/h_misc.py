@@ -75,6 +75,18 @@ _ATTR_TYPES = {
 def pointer_attributes(ptr: int) -> dict[int, int] | None:
     """Every attribute's value for ``ptr``, or None if Crane does not know the pointer."""
     s = RT.session()
+    m = (s.mirrors.by_host(ptr) or s.mirrors.by_dev(ptr)) if s.mirrors else None
+    if m is not None:
+        off = ptr - m.host if m.host <= ptr < m.host + m.size else ptr - m.dev
+        ctx = RT.ptr(RT.lib.crane_primary_ctx(0))
+        managed = m.kind == "managed"
+        # managed memory is DEVICE memory with IS_MANAGED set (cudart then says "managed");
+        # mapped pinned memory is HOST memory that has a device pointer
+        return {
+            1: ctx, 2: 2 if managed else 1, 3: m.dev + off, 4: m.host + off, 6: 0, 7: m.dev,
+            8: int(managed), 9: 0, 10: 0, 11: m.dev, 12: m.size, 13: 1, 14: 0, 15: 0, 16: 3,
+            17: 0, 18: m.size, 19: m.dev, 20: m.dev,
+        }  # fmt: skip
     if is_device(s, ptr):
         hit = s.va.lookup(ptr)  # an allocation, or a VMM mapping
         if hit is None or ptr >= hit[0] + hit[1]:

@@ -72,7 +72,9 @@ class Runtime:
                     self._open_error = CudaError(CUresult.CUDA_ERROR_NO_DEVICE, str(e))
                     raise self._open_error from None
                 base, size = self._session.va_window
-                if self.lib.crane_reserve_window(base, size) != 0:
+                reserved = self.lib.crane_reserve_window(base, size) == 0
+                self._session.window_reserved = reserved
+                if not reserved:
                     print(
                         f"crane: warning: cannot reserve the device address window "
                         f"{base:#x}+{size:#x}; host memory there would alias device memory",

@@ -1152,9 +1152,17 @@ CUresult cuMemAddressReserve(unsigned long long * ptr, size_t size, size_t align
     return r;
 }
 
-CUresult cuMemAdvise(void) { return crane_unsupported("cuMemAdvise"); }
+CUresult cuMemAdvise(unsigned long long devPtr, size_t count, int advice, int device) {
+    CUresult r = crane_py_cuMemAdvise_8000(devPtr, count, advice, device);
+    if (crane_trace_on) crane_trace("cuMemAdvise", r, "devPtr=%#llx count=%zu advice=%d device=%d", (unsigned long long)devPtr, (size_t)count, (int)advice, (int)device);
+    return r;
+}
 
-CUresult cuMemAdvise_v2(void) { return crane_unsupported("cuMemAdvise_v2"); }
+CUresult cuMemAdvise_v2(unsigned long long devPtr, size_t count, int advice, CUmemLocation_v1 location) {
+    CUresult r = crane_c_cuMemAdvise_12020(devPtr, count, advice, location);
+    if (crane_trace_on) crane_trace("cuMemAdvise_v2", r, "devPtr=%#llx count=%zu advice=%d location={...}", (unsigned long long)devPtr, (size_t)count, (int)advice);
+    return r;
+}
 
 CUresult cuMemAlloc(void) { return crane_unsupported("cuMemAlloc"); }
 
@@ -1188,7 +1196,11 @@ CUresult cuMemAllocHost_v2(void ** pp, size_t bytesize) {
     return r;
 }
 
-CUresult cuMemAllocManaged(void) { return crane_unsupported("cuMemAllocManaged"); }
+CUresult cuMemAllocManaged(unsigned long long * dptr, size_t bytesize, unsigned int flags) {
+    CUresult r = crane_py_cuMemAllocManaged_6000(dptr, bytesize, flags);
+    if (crane_trace_on) crane_trace("cuMemAllocManaged", r, "dptr=%p bytesize=%zu flags=%u", (const void *)dptr, (size_t)bytesize, (unsigned int)flags);
+    return r;
+}
 
 CUresult cuMemAllocPitch(void) { return crane_unsupported("cuMemAllocPitch"); }
 
@@ -1243,7 +1255,7 @@ CUresult cuMemFreeAsync_ptsz(unsigned long long dptr, void * hStream) {
 }
 
 CUresult cuMemFreeHost(void * p) {
-    CUresult r = crane_c_cuMemFreeHost_2000(p);
+    CUresult r = crane_py_cuMemFreeHost_2000(p);
     if (crane_trace_on) crane_trace("cuMemFreeHost", r, "p=%p", (const void *)p);
     return r;
 }
@@ -1289,14 +1301,18 @@ CUresult cuMemGetInfo_v2(size_t * free, size_t * total) {
 CUresult cuMemGetMemPool(void) { return crane_unsupported("cuMemGetMemPool"); }
 
 CUresult cuMemHostAlloc(void ** pp, size_t bytesize, unsigned int Flags) {
-    CUresult r = crane_c_cuMemHostAlloc_2020(pp, bytesize, Flags);
+    CUresult r = crane_py_cuMemHostAlloc_2020(pp, bytesize, Flags);
     if (crane_trace_on) crane_trace("cuMemHostAlloc", r, "pp=%p bytesize=%zu Flags=%u", (const void *)pp, (size_t)bytesize, (unsigned int)Flags);
     return r;
 }
 
 CUresult cuMemHostGetDevicePointer(void) { return crane_unsupported("cuMemHostGetDevicePointer"); }
 
-CUresult cuMemHostGetDevicePointer_v2(void) { return crane_unsupported("cuMemHostGetDevicePointer_v2"); }
+CUresult cuMemHostGetDevicePointer_v2(unsigned long long * pdptr, void * p, unsigned int Flags) {
+    CUresult r = crane_py_cuMemHostGetDevicePointer_3020(pdptr, p, Flags);
+    if (crane_trace_on) crane_trace("cuMemHostGetDevicePointer_v2", r, "pdptr=%p p=%p Flags=%u", (const void *)pdptr, (const void *)p, (unsigned int)Flags);
+    return r;
+}
 
 CUresult cuMemHostGetFlags(unsigned int * pFlags, void * p) {
     CUresult r = crane_c_cuMemHostGetFlags_2030(pFlags, p);
@@ -1307,13 +1323,13 @@ CUresult cuMemHostGetFlags(unsigned int * pFlags, void * p) {
 CUresult cuMemHostRegister(void) { return crane_unsupported("cuMemHostRegister"); }
 
 CUresult cuMemHostRegister_v2(void * p, size_t bytesize, unsigned int Flags) {
-    CUresult r = crane_c_cuMemHostRegister_6050(p, bytesize, Flags);
+    CUresult r = crane_py_cuMemHostRegister_6050(p, bytesize, Flags);
     if (crane_trace_on) crane_trace("cuMemHostRegister_v2", r, "p=%p bytesize=%zu Flags=%u", (const void *)p, (size_t)bytesize, (unsigned int)Flags);
     return r;
 }
 
 CUresult cuMemHostUnregister(void * p) {
-    CUresult r = crane_c_cuMemHostUnregister_4000(p);
+    CUresult r = crane_py_cuMemHostUnregister_4000(p);
     if (crane_trace_on) crane_trace("cuMemHostUnregister", r, "p=%p", (const void *)p);
     return r;
 }
@@ -1356,21 +1372,45 @@ CUresult cuMemPoolSetAttribute(void) { return crane_unsupported("cuMemPoolSetAtt
 
 CUresult cuMemPoolTrimTo(void) { return crane_unsupported("cuMemPoolTrimTo"); }
 
-CUresult cuMemPrefetchAsync(void) { return crane_unsupported("cuMemPrefetchAsync"); }
+CUresult cuMemPrefetchAsync(unsigned long long devPtr, size_t count, int dstDevice, void * hStream) {
+    CUresult r = crane_py_cuMemPrefetchAsync_8000(devPtr, count, dstDevice, hStream);
+    if (crane_trace_on) crane_trace("cuMemPrefetchAsync", r, "devPtr=%#llx count=%zu dstDevice=%d hStream=%p", (unsigned long long)devPtr, (size_t)count, (int)dstDevice, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemPrefetchAsync_ptsz(void) { return crane_unsupported("cuMemPrefetchAsync_ptsz"); }
+CUresult cuMemPrefetchAsync_ptsz(unsigned long long devPtr, size_t count, int dstDevice, void * hStream) {
+    CUresult r = crane_py_cuMemPrefetchAsync_8000(devPtr, count, dstDevice, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemPrefetchAsync_ptsz", r, "devPtr=%#llx count=%zu dstDevice=%d hStream=%p", (unsigned long long)devPtr, (size_t)count, (int)dstDevice, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemPrefetchAsync_v2(void) { return crane_unsupported("cuMemPrefetchAsync_v2"); }
+CUresult cuMemPrefetchAsync_v2(unsigned long long devPtr, size_t count, CUmemLocation_v1 location, unsigned int flags, void * hStream) {
+    CUresult r = crane_c_cuMemPrefetchAsync_12020(devPtr, count, location, flags, hStream);
+    if (crane_trace_on) crane_trace("cuMemPrefetchAsync_v2", r, "devPtr=%#llx count=%zu location={...} flags=%u hStream=%p", (unsigned long long)devPtr, (size_t)count, (unsigned int)flags, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemPrefetchAsync_v2_ptsz(void) { return crane_unsupported("cuMemPrefetchAsync_v2_ptsz"); }
+CUresult cuMemPrefetchAsync_v2_ptsz(unsigned long long devPtr, size_t count, CUmemLocation_v1 location, unsigned int flags, void * hStream) {
+    CUresult r = crane_c_cuMemPrefetchAsync_12020(devPtr, count, location, flags, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemPrefetchAsync_v2_ptsz", r, "devPtr=%#llx count=%zu location={...} flags=%u hStream=%p", (unsigned long long)devPtr, (size_t)count, (unsigned int)flags, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemPrefetchBatchAsync(void) { return crane_unsupported("cuMemPrefetchBatchAsync"); }
 
 CUresult cuMemPrefetchBatchAsync_ptsz(void) { return crane_unsupported("cuMemPrefetchBatchAsync_ptsz"); }
 
-CUresult cuMemRangeGetAttribute(void) { return crane_unsupported("cuMemRangeGetAttribute"); }
+CUresult cuMemRangeGetAttribute(void * data, size_t dataSize, int attribute, unsigned long long devPtr, size_t count) {
+    CUresult r = crane_py_cuMemRangeGetAttribute_8000(data, dataSize, attribute, devPtr, count);
+    if (crane_trace_on) crane_trace("cuMemRangeGetAttribute", r, "data=%p dataSize=%zu attribute=%d devPtr=%#llx count=%zu", (const void *)data, (size_t)dataSize, (int)attribute, (unsigned long long)devPtr, (size_t)count);
+    return r;
+}
 
-CUresult cuMemRangeGetAttributes(void) { return crane_unsupported("cuMemRangeGetAttributes"); }
+CUresult cuMemRangeGetAttributes(void ** data, size_t * dataSizes, int * attributes, size_t numAttributes, unsigned long long devPtr, size_t count) {
+    CUresult r = crane_py_cuMemRangeGetAttributes_8000(data, dataSizes, attributes, numAttributes, devPtr, count);
+    if (crane_trace_on) crane_trace("cuMemRangeGetAttributes", r, "data=%p dataSizes=%p attributes=%p numAttributes=%zu devPtr=%#llx count=%zu", (const void *)data, (const void *)dataSizes, (const void *)attributes, (size_t)numAttributes, (unsigned long long)devPtr, (size_t)count);
+    return r;
+}
 
 CUresult cuMemRelease(unsigned long long handle) {
     CUresult r = crane_py_cuMemRelease_10020(handle);
@@ -1910,9 +1950,17 @@ CUresult cuStreamAddCallback_ptsz(void * hStream, void * callback, void * userDa
     return r;
 }
 
-CUresult cuStreamAttachMemAsync(void) { return crane_unsupported("cuStreamAttachMemAsync"); }
+CUresult cuStreamAttachMemAsync(void * hStream, unsigned long long dptr, size_t length, unsigned int flags) {
+    CUresult r = crane_py_cuStreamAttachMemAsync_6000(hStream, dptr, length, flags);
+    if (crane_trace_on) crane_trace("cuStreamAttachMemAsync", r, "hStream=%p dptr=%#llx length=%zu flags=%u", (const void *)hStream, (unsigned long long)dptr, (size_t)length, (unsigned int)flags);
+    return r;
+}
 
-CUresult cuStreamAttachMemAsync_ptsz(void) { return crane_unsupported("cuStreamAttachMemAsync_ptsz"); }
+CUresult cuStreamAttachMemAsync_ptsz(void * hStream, unsigned long long dptr, size_t length, unsigned int flags) {
+    CUresult r = crane_py_cuStreamAttachMemAsync_6000((hStream ? hStream : CRANE_STREAM_PER_THREAD), dptr, length, flags);
+    if (crane_trace_on) crane_trace("cuStreamAttachMemAsync_ptsz", r, "hStream=%p dptr=%#llx length=%zu flags=%u", (const void *)hStream, (unsigned long long)dptr, (size_t)length, (unsigned int)flags);
+    return r;
+}
 
 CUresult cuStreamBatchMemOp(void) { return crane_unsupported("cuStreamBatchMemOp"); }
 

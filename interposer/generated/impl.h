@@ -114,6 +114,17 @@ int crane_py_cuEventSynchronize_2000(void * hEvent);
 int crane_py_cuEventQuery_2000(void * hEvent);
 int crane_py_cuEventElapsedTime_2000(float * pMilliseconds, void * hStart, void * hEnd);
 int crane_py_cuEventElapsedTime_12080(float * pMilliseconds, void * hStart, void * hEnd);
+int crane_py_cuMemHostAlloc_2020(void ** pp, size_t bytesize, unsigned int Flags);
+int crane_py_cuMemFreeHost_2000(void * p);
+int crane_py_cuMemHostRegister_6050(void * p, size_t bytesize, unsigned int Flags);
+int crane_py_cuMemHostUnregister_4000(void * p);
+int crane_py_cuMemHostGetDevicePointer_3020(unsigned long long * pdptr, void * p, unsigned int Flags);
+int crane_py_cuMemAllocManaged_6000(unsigned long long * dptr, size_t bytesize, unsigned int flags);
+int crane_py_cuMemPrefetchAsync_8000(unsigned long long devPtr, size_t count, int dstDevice, void * hStream);
+int crane_py_cuMemAdvise_8000(unsigned long long devPtr, size_t count, int advice, int device);
+int crane_py_cuMemRangeGetAttribute_8000(void * data, size_t dataSize, int attribute, unsigned long long devPtr, size_t count);
+int crane_py_cuMemRangeGetAttributes_8000(void ** data, size_t * dataSizes, int * attributes, size_t numAttributes, unsigned long long devPtr, size_t count);
+int crane_py_cuStreamAttachMemAsync_6000(void * hStream, unsigned long long dptr, size_t length, unsigned int flags);
 int crane_py_cuMemGetAllocationGranularity_10020(size_t * granularity, void * prop, int option);
 int crane_py_cuMemAddressReserve_10020(unsigned long long * ptr, size_t size, size_t alignment, unsigned long long addr, unsigned long long flags);
 int crane_py_cuMemSetAccess_10020(unsigned long long ptr, size_t size, void * desc, size_t count);
@@ -202,10 +213,8 @@ int crane_c_cuDevicePrimaryCtxGetState_7000(int dev, unsigned int * flags, int *
 int crane_c_cuDevicePrimaryCtxSetFlags_7000(int dev, unsigned int flags);
 int crane_c_cuDevicePrimaryCtxSetFlags_11000(int dev, unsigned int flags);
 int crane_c_cuMemAllocHost_3020(void ** pp, size_t bytesize);
-int crane_c_cuMemHostAlloc_2020(void ** pp, size_t bytesize, unsigned int Flags);
-int crane_c_cuMemFreeHost_2000(void * p);
-int crane_c_cuMemHostRegister_6050(void * p, size_t bytesize, unsigned int Flags);
-int crane_c_cuMemHostUnregister_4000(void * p);
 int crane_c_cuMemHostGetFlags_2030(unsigned int * pFlags, void * p);
+int crane_c_cuMemPrefetchAsync_12020(unsigned long long devPtr, size_t count, CUmemLocation_v1 location, unsigned int flags, void * hStream);
+int crane_c_cuMemAdvise_12020(unsigned long long devPtr, size_t count, int advice, CUmemLocation_v1 location);
 
 #endif

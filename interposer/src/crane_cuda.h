@@ -22,6 +22,9 @@ typedef int CUdevice;
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_UNKNOWN 999
 
+/* Structs some entry points take by value (their C handlers are hand-written). */
+typedef struct { int type; int id; } CUmemLocation_v1;
+
 #define CRANE_STREAM_PER_THREAD ((void *)0x2)
 #define CRANE_MAX_DEVICES 1
 
@@ -53,7 +56,15 @@ void crane_ctx_forget(CUcontext ctx);
 int crane_reserve_window(unsigned long long base, unsigned long long size);
 
 /* hostmem.c */
+/* python-callable begin: interposer/build_interposer.py declares these to cffi as written */
 int crane_host_lookup(const void *p, void **base, size_t *size, unsigned *flags);
+int crane_host_add(void *p, size_t size, unsigned flags);
+int crane_host_remove(void *p);
+int crane_c_cuMemHostAlloc_2020(void **pp, size_t bytesize, unsigned int Flags);
+int crane_c_cuMemFreeHost_2000(void *p);
+int crane_c_cuMemHostRegister_6050(void *p, size_t bytesize, unsigned int Flags);
+int crane_c_cuMemHostUnregister_4000(void *p);
+/* python-callable end */
 const char *crane_self_path(void);
 
 /* cls.c: context-local storage */

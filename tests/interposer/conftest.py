@@ -93,6 +93,6 @@ def program(cuda_build: Callable[..., Path]) -> Callable[..., Path]:
     """Compile ``programs/<name>`` with nvcc and extra flags (cached for the whole run)."""
 
     def build(name: str, *flags: str) -> Path:
-        return cuda_build((PROGRAMS / name).read_text(), *flags, suffix=".exe")
+        return cuda_build((PROGRAMS / name).read_text(), f"-I{PROGRAMS}", *flags, suffix=".exe")
 
     return build

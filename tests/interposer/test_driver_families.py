@@ -11,3 +11,12 @@ def test_profiler_occupancy_limits_stream_and_function_attributes(
     r = run_guest(program("driver_families.cu", *link_flags))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED: 0 failures" in r.stdout, r.stdout
+
+
+def test_mapped_pinned_and_managed_memory(program, run_guest) -> None:
+    """Zero-copy memory (allocated and registered with DEVICEMAP) and managed memory: kernels
+    and the host see each other's writes at synchronization points, one pointer on both
+    sides where CUDA promises it; prefetch, advice, range and pointer attributes answer."""
+    r = run_guest(program("host_mapped_managed.cu"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout

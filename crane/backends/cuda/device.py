@@ -13,6 +13,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUdevice_attribute
 from crane.backends.cuda.driver import unwrap
 from crane.device.identity import DeviceSnapshot, virtual_uuid
+from crane.device.served import served_attributes
 
 __all__ = ["device_attributes", "device_name", "device_snapshot", "pci_bus_id", "profile_key"]
 
@@ -68,7 +69,7 @@ def device_snapshot(drv: Any, ordinal: int, seed: bytes) -> DeviceSnapshot:
         uuid=virtual_uuid(key, seed),
         total_mem=total,
         cc=(attrs[int(_CC_MAJOR)], attrs[int(_CC_MINOR)]),
-        attributes=attrs,
+        attributes=served_attributes(attrs),
         profile=key,
         pci_bus_id=pci_bus_id(drv, dev),
     )

@@ -6,16 +6,7 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL line %d: ", __LINE__);                                            \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
+#include "check.h"
 
 __global__ void scale(float *x, int n) {
     extern __shared__ float tile[];
@@ -164,6 +155,5 @@ int main() {
     CHECK(cudaStreamSynchronize(s) == cudaSuccess, "run");
     CHECK(h[255] == 510.f && h[1] == 2.f, "results %f %f", h[1], h[255]);
 
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return finish();
 }

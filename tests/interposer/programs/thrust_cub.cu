@@ -16,15 +16,12 @@
 #include <thrust/functional.h>
 #include <cub/cub.cuh>
 
-static int failures = 0;
-#define CHECK(cond, what)                                                              \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            printf("FAIL %s\n", what);                                                 \
-            failures++;                                                                \
-        } else {                                                                       \
-            printf("ok %s\n", what);                                                   \
-        }                                                                              \
+#include "check.h"
+
+#define OK(cond, what)                                                                     \
+    do {                                                                                   \
+        CHECK(cond, "%s", what);                                                           \
+        if (cond) printf("ok %s\n", what);                                                 \
     } while (0)
 
 struct is_odd {
@@ -48,7 +45,7 @@ int main(int argc, char **argv) {
     std::vector<int> want(h);
     std::sort(want.begin(), want.end());
     thrust::host_vector<int> got = d;
-    CHECK(std::equal(want.begin(), want.end(), got.begin()), "thrust::sort int");
+    OK(std::equal(want.begin(), want.end(), got.begin()), "thrust::sort int");
 
     thrust::device_vector<float> f(n);
     std::vector<float> hf(n);
@@ -57,7 +54,7 @@ int main(int argc, char **argv) {
     thrust::sort(f.begin(), f.end(), thrust::greater<float>());
     std::sort(hf.begin(), hf.end(), std::greater<float>());
     thrust::host_vector<float> gf = f;
-    CHECK(std::equal(hf.begin(), hf.end(), gf.begin()), "thrust::sort float greater");
+    OK(std::equal(hf.begin(), hf.end(), gf.begin()), "thrust::sort float greater");
 
     // sort_by_key
     thrust::device_vector<int> keys(h.begin(), h.end());
@@ -68,37 +65,37 @@ int main(int argc, char **argv) {
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return h[a] < h[b]; });
     thrust::host_vector<int> gv = vals;
-    CHECK(std::equal(idx.begin(), idx.end(), gv.begin()), "thrust::stable_sort_by_key");
+    OK(std::equal(idx.begin(), idx.end(), gv.begin()), "thrust::stable_sort_by_key");
 
     // reduce, inclusive/exclusive scan
     long long sum = thrust::reduce(d.begin(), d.end(), 0LL);
-    CHECK(sum == std::accumulate(h.begin(), h.end(), 0LL), "thrust::reduce");
+    OK(sum == std::accumulate(h.begin(), h.end(), 0LL), "thrust::reduce");
     int mx = thrust::reduce(d.begin(), d.end(), -1000000, thrust::maximum<int>());
-    CHECK(mx == want[n - 1], "thrust::reduce maximum");
+    OK(mx == want[n - 1], "thrust::reduce maximum");
     thrust::device_vector<int> in(h.begin(), h.end()), sc(n);
     thrust::inclusive_scan(in.begin(), in.end(), sc.begin());
     std::vector<int> hs(n);
     std::partial_sum(h.begin(), h.end(), hs.begin());
     thrust::host_vector<int> gs = sc;
-    CHECK(std::equal(hs.begin(), hs.end(), gs.begin()), "thrust::inclusive_scan");
+    OK(std::equal(hs.begin(), hs.end(), gs.begin()), "thrust::inclusive_scan");
     thrust::exclusive_scan(in.begin(), in.end(), sc.begin(), 7);
     gs = sc;
     bool ex_ok = gs[0] == 7;
     for (int i = 1; i < n && ex_ok; i++) ex_ok = gs[i] == hs[i - 1] + 7;
-    CHECK(ex_ok, "thrust::exclusive_scan");
+    OK(ex_ok, "thrust::exclusive_scan");
 
     // unique, copy_if
     auto end = thrust::unique(d.begin(), d.end());
     auto wend = std::unique(want.begin(), want.end());
-    CHECK((end - d.begin()) == (wend - want.begin()), "thrust::unique count");
+    OK((end - d.begin()) == (wend - want.begin()), "thrust::unique count");
     thrust::device_vector<int> odd(n);
     auto oe = thrust::copy_if(in.begin(), in.end(), odd.begin(), is_odd());
     int nodd = (int)std::count_if(h.begin(), h.end(), [](int x) { return x & 1; });
-    CHECK((oe - odd.begin()) == nodd, "thrust::copy_if count");
+    OK((oe - odd.begin()) == nodd, "thrust::copy_if count");
     thrust::host_vector<int> go(odd.begin(), oe);
     std::vector<int> wo;
     std::copy_if(h.begin(), h.end(), std::back_inserter(wo), [](int x) { return x & 1; });
-    CHECK(std::equal(wo.begin(), wo.end(), go.begin()), "thrust::copy_if order");
+    OK(std::equal(wo.begin(), wo.end(), go.begin()), "thrust::copy_if order");
 
     // cub::DeviceRadixSort::SortPairs on unsigned keys
     std::vector<unsigned> hk(n);
@@ -120,7 +117,7 @@ int main(int argc, char **argv) {
     cudaMemcpy(rk.data(), dk_out, n * sizeof(unsigned), cudaMemcpyDeviceToHost);
     std::vector<unsigned> wk(hk);
     std::sort(wk.begin(), wk.end());
-    CHECK(rk == wk, "cub::DeviceRadixSort::SortPairs");
+    OK(rk == wk, "cub::DeviceRadixSort::SortPairs");
     cudaFree(tmp);
 
     // cub::DeviceSegmentedRadixSort over 7 segments of uneven length
@@ -140,7 +137,7 @@ int main(int argc, char **argv) {
     cudaMemcpy(rk.data(), dk_out, n * sizeof(unsigned), cudaMemcpyDeviceToHost);
     wk = hk;
     for (int s = 0; s < nseg; s++) std::sort(wk.begin() + offs[s], wk.begin() + offs[s + 1]);
-    CHECK(rk == wk, "cub::DeviceSegmentedRadixSort::SortKeys");
+    OK(rk == wk, "cub::DeviceSegmentedRadixSort::SortKeys");
     cudaFree(tmp);
 
     // cub::DeviceSegmentedReduce::Sum
@@ -159,10 +156,9 @@ int main(int argc, char **argv) {
         for (int i = offs[s]; i < offs[s + 1]; i++) w += idx[i];
         seg_ok = seg_ok && rs[s] == (int)w;
     }
-    CHECK(seg_ok, "cub::DeviceSegmentedReduce::Sum");
+    OK(seg_ok, "cub::DeviceSegmentedReduce::Sum");
 
     cudaError_t err = cudaDeviceSynchronize();
-    CHECK(err == cudaSuccess, "no CUDA error");
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    OK(err == cudaSuccess, "no CUDA error");
+    return finish();
 }
