@@ -148,6 +148,15 @@ def test_struct_params(program, arch, dev):
     assert list(got) == [-5, 123456, 2.75, -300, 1.5, 2.5, 3.5, 4.5, 7, -8, 2**40 + 3, 30.0, 65]
 
 
+def test_parameters_beyond_4kb(program, arch, dev, rng):
+    prog = program("params", arch)
+    assert prog.kernels["big_params"].params[0][1] == 32000
+    v = rng.integers(-(2**20), 2**20, 8000, dtype=np.int32)
+    out = dev.zeros(8000, np.int64)
+    dev.launch(prog, "big_params", blocks(8000, 256), 256, [v.tobytes(), i32(-3), out])
+    assert np.array_equal(dev.download(out, 8000, np.int64), v.astype(np.int64) * -3)
+
+
 @pytest.mark.parametrize("n", (3, 300))
 def test_vector_loads_and_struct_arrays(program, arch, dev, rng, n):
     prog = program("params", arch)

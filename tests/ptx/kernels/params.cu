@@ -44,3 +44,11 @@ extern "C" __global__ void particles(Particle* ps, int n, float dt) {
         ps[i] = p;
     }
 }
+
+// A by-value parameter of 32000 bytes (CUDA 12.1+ allows 32764 bytes of parameters; the old
+// limit was 4 KB): every thread reads its own slice of it.
+struct Big { int v[8000]; };
+extern "C" __global__ void big_params(Big b, int scale, long long* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < 8000) out[i] = (long long)b.v[i] * scale;
+}
