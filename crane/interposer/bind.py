@@ -25,6 +25,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_memory,
     h_misc,
     h_module,
+    h_pools,
     h_stream,
     h_vmm,
 )

@@ -101,27 +101,6 @@ def mem_alloc_pitch(out: Any, pitch: Any, width: int, height: int, elem: int) ->
     RT.out(pitch, p)
 
 
-@handles("cuMemAllocAsync@11020")
-def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
-    # Allocating at once satisfies stream order (the memory exists before the stream reaches
-    # this point); the pool is the session's allocator.
-    if out == RT.ffi.NULL:
-        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
-    s = RT.session()
-    s.check_stream(RT.stream(stream))
-    graphs.refuse(RT.stream(stream), "cuMemAllocAsync (memory allocation nodes)")
-    out[0] = s.mem_alloc(size, RT.ctx())
-
-
-@handles("cuMemFreeAsync@11020")
-def mem_free_async(dptr: int, stream: Any) -> None:
-    # The worker applies calls in order, so the free follows the stream's earlier work.
-    s = RT.session()
-    s.check_stream(RT.stream(stream))
-    graphs.refuse(RT.stream(stream), "cuMemFreeAsync (memory free nodes)")
-    s.mem_free(dptr)
-
-
 @handles("cuMemGetAddressRange@3020")
 def mem_get_address_range(pbase: Any, psize: Any, dptr: int) -> None:
     hit = RT.session().va.lookup(dptr)  # an allocation, or a VMM mapping

@@ -7,6 +7,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError, error_name, error_string
 from crane.interposer.h_memory import is_device
+from crane.interposer.h_pools import pool_of
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -95,7 +96,7 @@ def pointer_attributes(ptr: int) -> dict[int, int] | None:
         ctx = RT.ptr(RT.lib.crane_primary_ctx(0))
         return {
             1: ctx, 2: 2, 3: ptr, 4: 0, 6: 0, 7: start, 8: 0, 9: 0, 10: 0, 11: start, 12: size,
-            13: 1, 14: 0, 15: 0, 16: 3, 17: 0, 18: size, 19: start, 20: start,
+            13: 1, 14: 0, 15: 0, 16: 3, 17: pool_of(start), 18: size, 19: start, 20: start,
         }  # fmt: skip
     base, size, flags = RT.ffi.new("void **"), RT.ffi.new("size_t *"), RT.ffi.new("unsigned *")
     if not RT.lib.crane_host_lookup(RT.ffi.cast("void *", ptr), base, size, flags):

@@ -238,7 +238,11 @@ CUresult cuDeviceGetCount(int * count) {
     return r;
 }
 
-CUresult cuDeviceGetDefaultMemPool(void) { return crane_unsupported("cuDeviceGetDefaultMemPool"); }
+CUresult cuDeviceGetDefaultMemPool(void ** pool_out, int dev) {
+    CUresult r = crane_py_cuDeviceGetDefaultMemPool_11020(pool_out, dev);
+    if (crane_trace_on) crane_trace("cuDeviceGetDefaultMemPool", r, "pool_out=%p dev=%d", (const void *)pool_out, (int)dev);
+    return r;
+}
 
 CUresult cuDeviceGetDevResource(void) { return crane_unsupported("cuDeviceGetDevResource"); }
 
@@ -250,7 +254,11 @@ CUresult cuDeviceGetHostAtomicCapabilities(void) { return crane_unsupported("cuD
 
 CUresult cuDeviceGetLuid(void) { return crane_unsupported("cuDeviceGetLuid"); }
 
-CUresult cuDeviceGetMemPool(void) { return crane_unsupported("cuDeviceGetMemPool"); }
+CUresult cuDeviceGetMemPool(void ** pool, int dev) {
+    CUresult r = crane_py_cuDeviceGetMemPool_11020(pool, dev);
+    if (crane_trace_on) crane_trace("cuDeviceGetMemPool", r, "pool=%p dev=%d", (const void *)pool, (int)dev);
+    return r;
+}
 
 CUresult cuDeviceGetName(char * name, int len, int dev) {
     CUresult r = crane_py_cuDeviceGetName_2000(name, len, dev);
@@ -340,7 +348,11 @@ CUresult cuDeviceRegisterAsyncNotification(void) { return crane_unsupported("cuD
 
 CUresult cuDeviceSetGraphMemAttribute(void) { return crane_unsupported("cuDeviceSetGraphMemAttribute"); }
 
-CUresult cuDeviceSetMemPool(void) { return crane_unsupported("cuDeviceSetMemPool"); }
+CUresult cuDeviceSetMemPool(int dev, void * pool) {
+    CUresult r = crane_py_cuDeviceSetMemPool_11020(dev, pool);
+    if (crane_trace_on) crane_trace("cuDeviceSetMemPool", r, "dev=%d pool=%p", (int)dev, (const void *)pool);
+    return r;
+}
 
 CUresult cuDeviceTotalMem(void) { return crane_unsupported("cuDeviceTotalMem"); }
 
@@ -1184,9 +1196,17 @@ CUresult cuMemAllocAsync_ptsz(unsigned long long * dptr, size_t bytesize, void *
     return r;
 }
 
-CUresult cuMemAllocFromPoolAsync(void) { return crane_unsupported("cuMemAllocFromPoolAsync"); }
+CUresult cuMemAllocFromPoolAsync(unsigned long long * dptr, size_t bytesize, void * pool, void * hStream) {
+    CUresult r = crane_py_cuMemAllocFromPoolAsync_11020(dptr, bytesize, pool, hStream);
+    if (crane_trace_on) crane_trace("cuMemAllocFromPoolAsync", r, "dptr=%p bytesize=%zu pool=%p hStream=%p", (const void *)dptr, (size_t)bytesize, (const void *)pool, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemAllocFromPoolAsync_ptsz(void) { return crane_unsupported("cuMemAllocFromPoolAsync_ptsz"); }
+CUresult cuMemAllocFromPoolAsync_ptsz(unsigned long long * dptr, size_t bytesize, void * pool, void * hStream) {
+    CUresult r = crane_py_cuMemAllocFromPoolAsync_11020(dptr, bytesize, pool, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemAllocFromPoolAsync_ptsz", r, "dptr=%p bytesize=%zu pool=%p hStream=%p", (const void *)dptr, (size_t)bytesize, (const void *)pool, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemAllocHost(void) { return crane_unsupported("cuMemAllocHost"); }
 
@@ -1350,27 +1370,55 @@ CUresult cuMemMapArrayAsync(void) { return crane_unsupported("cuMemMapArrayAsync
 
 CUresult cuMemMapArrayAsync_ptsz(void) { return crane_unsupported("cuMemMapArrayAsync_ptsz"); }
 
-CUresult cuMemPoolCreate(void) { return crane_unsupported("cuMemPoolCreate"); }
+CUresult cuMemPoolCreate(void ** pool, void * poolProps) {
+    CUresult r = crane_py_cuMemPoolCreate_11020(pool, poolProps);
+    if (crane_trace_on) crane_trace("cuMemPoolCreate", r, "pool=%p poolProps=%p", (const void *)pool, (const void *)poolProps);
+    return r;
+}
 
-CUresult cuMemPoolDestroy(void) { return crane_unsupported("cuMemPoolDestroy"); }
+CUresult cuMemPoolDestroy(void * pool) {
+    CUresult r = crane_py_cuMemPoolDestroy_11020(pool);
+    if (crane_trace_on) crane_trace("cuMemPoolDestroy", r, "pool=%p", (const void *)pool);
+    return r;
+}
 
 CUresult cuMemPoolExportPointer(void) { return crane_unsupported("cuMemPoolExportPointer"); }
 
 CUresult cuMemPoolExportToShareableHandle(void) { return crane_unsupported("cuMemPoolExportToShareableHandle"); }
 
-CUresult cuMemPoolGetAccess(void) { return crane_unsupported("cuMemPoolGetAccess"); }
+CUresult cuMemPoolGetAccess(int * flags, void * memPool, void * location) {
+    CUresult r = crane_py_cuMemPoolGetAccess_11020(flags, memPool, location);
+    if (crane_trace_on) crane_trace("cuMemPoolGetAccess", r, "flags=%p memPool=%p location=%p", (const void *)flags, (const void *)memPool, (const void *)location);
+    return r;
+}
 
-CUresult cuMemPoolGetAttribute(void) { return crane_unsupported("cuMemPoolGetAttribute"); }
+CUresult cuMemPoolGetAttribute(void * pool, int attr, void * value) {
+    CUresult r = crane_py_cuMemPoolGetAttribute_11020(pool, attr, value);
+    if (crane_trace_on) crane_trace("cuMemPoolGetAttribute", r, "pool=%p attr=%d value=%p", (const void *)pool, (int)attr, (const void *)value);
+    return r;
+}
 
 CUresult cuMemPoolImportFromShareableHandle(void) { return crane_unsupported("cuMemPoolImportFromShareableHandle"); }
 
 CUresult cuMemPoolImportPointer(void) { return crane_unsupported("cuMemPoolImportPointer"); }
 
-CUresult cuMemPoolSetAccess(void) { return crane_unsupported("cuMemPoolSetAccess"); }
+CUresult cuMemPoolSetAccess(void * pool, void * map, size_t count) {
+    CUresult r = crane_py_cuMemPoolSetAccess_11020(pool, map, count);
+    if (crane_trace_on) crane_trace("cuMemPoolSetAccess", r, "pool=%p map=%p count=%zu", (const void *)pool, (const void *)map, (size_t)count);
+    return r;
+}
 
-CUresult cuMemPoolSetAttribute(void) { return crane_unsupported("cuMemPoolSetAttribute"); }
+CUresult cuMemPoolSetAttribute(void * pool, int attr, void * value) {
+    CUresult r = crane_py_cuMemPoolSetAttribute_11020(pool, attr, value);
+    if (crane_trace_on) crane_trace("cuMemPoolSetAttribute", r, "pool=%p attr=%d value=%p", (const void *)pool, (int)attr, (const void *)value);
+    return r;
+}
 
-CUresult cuMemPoolTrimTo(void) { return crane_unsupported("cuMemPoolTrimTo"); }
+CUresult cuMemPoolTrimTo(void * pool, size_t minBytesToKeep) {
+    CUresult r = crane_py_cuMemPoolTrimTo_11020(pool, minBytesToKeep);
+    if (crane_trace_on) crane_trace("cuMemPoolTrimTo", r, "pool=%p minBytesToKeep=%zu", (const void *)pool, (size_t)minBytesToKeep);
+    return r;
+}
 
 CUresult cuMemPrefetchAsync(unsigned long long devPtr, size_t count, int dstDevice, void * hStream) {
     CUresult r = crane_py_cuMemPrefetchAsync_8000(devPtr, count, dstDevice, hStream);

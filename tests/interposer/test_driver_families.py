@@ -20,3 +20,9 @@ def test_mapped_pinned_and_managed_memory(program, run_guest) -> None:
     r = run_guest(program("host_mapped_managed.cu"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED: 0 failures" in r.stdout, r.stdout
+
+
+def test_memory_pools_and_stream_ordered_allocation(program, run_guest, link_flags) -> None:
+    r = run_guest(program("mem_pools.cu", *link_flags))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout
