@@ -192,6 +192,12 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuGraphInstantiateWithFlags@11040", "cuGraphInstantiateWithParams@12000",
          teardown("cuGraphExecDestroy@10000"), "cuGraphExecGetFlags@12000", "cuGraphUpload@11010",
          "cuGraphLaunch@10000", "cuGraphExecKernelNodeSetParams@10010,12000",
-         "cuGraphExecUpdate@10020,12000")
+         "cuGraphExecUpdate@10020,12000",
+         "cuGraphAddChildGraphNode@10000", "cuGraphChildGraphNodeGetGraph@10000",
+         "cuGraphClone@10000", "cuGraphNodeFindInClone@10000",
+         "cuGraphAddMemAllocNode@11040", "cuGraphMemAllocNodeGetParams@11040",
+         "cuGraphAddMemFreeNode@11040", "cuGraphMemFreeNodeGetParams@11040",
+         "cuDeviceGetGraphMemAttribute@11040", "cuDeviceSetGraphMemAttribute@11040",
+         "cuDeviceGraphMemTrim@11040")
 )
 # fmt: on

@@ -35,25 +35,32 @@ from crane.interposer.runtime import RT
 __all__ = [
     "EMPTY",
     "EVENT_RECORD",
+    "GRAPH",
+    "GRAPH_MEMORY",
     "HOST",
     "KERNEL",
     "LOCK",
     "MEMCPY",
     "MEMSET",
+    "MEM_ALLOC",
+    "MEM_FREE",
     "WAIT_EVENT",
     "Capture",
+    "ChildParams",
     "CopyParams",
     "EventParams",
     "Graph",
     "GraphExec",
     "HostParams",
     "KernelParams",
+    "MemParams",
     "MemsetParams",
     "Node",
 ]
 
 # CUgraphNodeType
 KERNEL, MEMCPY, MEMSET, HOST, GRAPH, EMPTY, WAIT_EVENT, EVENT_RECORD = range(8)
+MEM_ALLOC, MEM_FREE = 10, 11
 # CUstreamCaptureMode / CUstreamCaptureStatus
 MODE_GLOBAL, MODE_THREAD_LOCAL, MODE_RELAXED = 0, 1, 2
 STATUS_NONE, STATUS_ACTIVE, STATUS_INVALIDATED = 0, 1, 2
@@ -127,6 +134,77 @@ class EventParams:
     event: int
 
 
+@dataclass(frozen=True)
+class ChildParams:
+    """A child-graph node: its own copy of the graph it was given (CUDA clones it)."""
+
+    graph: Graph
+
+
+@dataclass(frozen=True)
+class MemParams:
+    """A memory allocation node (the address is fixed when the node is made) or a free node."""
+
+    addr: int
+    size: int = 0
+
+
+# ---- graph-owned memory ----------------------------------------------------------------------
+@dataclass
+class GraphMemory:
+    size: int
+    refs: int = 1  # graphs (and clones) holding its allocation node, and executable graphs
+
+
+#: Memory of allocation nodes: allocated when the node is made, owned by the graphs and
+#: executable graphs that hold the node, freed when the last one goes. Frees of it by the
+#: application or by free nodes leave it with its graphs (the next launch allocates it again
+#: at the same address, as a graph allocation does).
+GRAPH_MEMORY: dict[int, GraphMemory] = {}
+_graph_mem_high = [0, 0]  # used, reserved high watermarks
+
+
+def graph_memory_used() -> int:
+    return sum(m.size for m in GRAPH_MEMORY.values())
+
+
+def own_memory(addr: int, size: int) -> None:
+    with LOCK:
+        GRAPH_MEMORY[addr] = GraphMemory(size)
+        used = graph_memory_used()
+        _graph_mem_high[0] = max(_graph_mem_high[0], used)
+        _graph_mem_high[1] = max(_graph_mem_high[1], used)
+
+
+def _retain(nodes: Iterable[object]) -> None:
+    for params in nodes:
+        if isinstance(params, MemParams) and params.addr in GRAPH_MEMORY and params.size:
+            GRAPH_MEMORY[params.addr].refs += 1
+
+
+def _release(nodes: Iterable[object]) -> None:
+    for params in nodes:
+        if isinstance(params, MemParams) and params.size and params.addr in GRAPH_MEMORY:
+            m = GRAPH_MEMORY[params.addr]
+            m.refs -= 1
+            if m.refs == 0:
+                del GRAPH_MEMORY[params.addr]
+                RT.session().mem_free(params.addr)
+
+
+def is_graph_memory(addr: int) -> bool:
+    return addr in GRAPH_MEMORY
+
+
+def graph_memory_high() -> tuple[int, int]:
+    """cuDeviceGetGraphMemAttribute's used and reserved high watermarks."""
+    return _graph_mem_high[0], _graph_mem_high[1]
+
+
+def reset_graph_memory_high(which: int) -> None:
+    _graph_mem_high[which] = graph_memory_used()
+
+
 # ---- graphs --------------------------------------------------------------------------------
 _ids = itertools.count(1)
 #: Guards the capture and graph tables (the graph handlers take it too).
@@ -153,6 +231,7 @@ class Node:
 class Graph:
     handle: int = field(default_factory=lambda: _handle(0xC6))
     nodes: list[Node] = field(default_factory=list)
+    origins: dict[int, Node] = field(default_factory=dict)  # for a clone: original -> copy
 
     def add(self, kind: int, params: object, deps: Iterable[Node] = ()) -> Node:
         deps = list(dict.fromkeys(deps))
@@ -175,6 +254,39 @@ class Graph:
                 if node in n.deps:
                     n.deps.remove(node)
             NODES.pop(node.handle, None)
+            _release_node(node)
+
+    def clone(self) -> Graph:
+        """A copy with new handles (children cloned too, graph memory shared);
+        ``clone.origins`` maps each original node's handle to its copy."""
+        g = new_graph()
+        copies: dict[Node, Node] = {}
+        with LOCK:
+            for n in self.nodes:
+                params = ChildParams(n.params.graph.clone()) if n.kind == GRAPH else n.params
+                copies[n] = g.add(n.kind, params, [copies[d] for d in n.deps])
+                _retain([params])
+            g.origins = {n.handle: c for n, c in copies.items()}
+        return g
+
+    def flat(self) -> tuple[list[tuple[Node, list[int]]], list[int]]:
+        """The graph with child graphs inlined: ``(node, dependency indices)`` in a
+        topological order, and the indices nothing depends on."""
+        out: list[tuple[Node, list[int]]] = []
+        exits: dict[Node, list[int]] = {}
+        for n in self.order():
+            entry = sorted({i for d in n.deps for i in exits[d]})
+            if n.kind == GRAPH:
+                inner, sinks = n.params.graph.flat()
+                base = len(out)
+                for m, deps in inner:
+                    out.append((m, [base + i for i in deps] if deps else entry))
+                exits[n] = [base + i for i in sinks] if inner else entry
+            else:
+                out.append((n, entry))
+                exits[n] = [len(out) - 1]
+        used = {i for _, deps in out for i in deps}
+        return out, [i for i in range(len(out)) if i not in used]
 
     def order(self) -> list[Node]:
         """A topological order (insertion order among ready nodes); a cycle is an error."""
@@ -217,12 +329,16 @@ class GraphExec:
 
     @classmethod
     def of(cls, graph: Graph, flags: int = 0) -> GraphExec:
-        order = graph.order()
-        index = {n: i for i, n in enumerate(order)}
-        return cls(
-            [ExecNode(n.handle, n.kind, n.params, [index[d] for d in n.deps]) for n in order],
-            flags,
-        )
+        flat, _ = graph.flat()
+        x = cls([ExecNode(n.handle, n.kind, n.params, deps) for n, deps in flat], flags)
+        with LOCK:
+            _retain(n.params for n in x.nodes)
+        return x
+
+    def release(self) -> None:
+        """cuGraphExecDestroy: drop its hold on graph memory."""
+        with LOCK:
+            _release(n.params for n in self.nodes)
 
     def find(self, node_handle: int) -> ExecNode:
         for n in self.nodes:
@@ -264,10 +380,18 @@ def graph_exec(handle: int) -> GraphExec:
     return x
 
 
+def _release_node(n: Node) -> None:
+    if n.kind == GRAPH:
+        destroy_graph(n.params.graph)
+    else:
+        _release([n.params])
+
+
 def destroy_graph(g: Graph) -> None:
     with LOCK:
         for n in g.nodes:
             NODES.pop(n.handle, None)
+            _release_node(n)
         GRAPHS.pop(g.handle, None)
 
 

@@ -18,6 +18,7 @@ from crane.interposer import graphs as G
 from crane.interposer.h_launch import params_from_launch_args, run_host_func
 from crane.interposer.h_memory import copy, endpoint
 from crane.interposer.h_module import max_dynamic_shared
+from crane.interposer.h_pools import free_now
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -44,6 +45,13 @@ def _read(ptr: Any, st: struct.Struct) -> tuple:
     if ptr == RT.ffi.NULL:
         raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "NULL node parameters")
     return st.unpack(bytes(RT.ffi.buffer(RT.ffi.cast("char *", ptr), st.size)))
+
+
+def _write_out(out: Any, raw: bytes) -> None:
+    """Fill a caller's parameter struct."""
+    if out == RT.ffi.NULL:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "NULL node parameters")
+    RT.ffi.memmove(RT.ffi.cast("char *", out), raw, len(raw))
 
 
 def _deps(arr: Any, n: int) -> list[G.Node]:
@@ -149,7 +157,10 @@ def run_node(kind: int, p: object, stream: int) -> None:
     elif kind == G.WAIT_EVENT:
         assert isinstance(p, G.EventParams)
         s.stream_wait_event(stream, p.event, 0)
-    elif kind != G.EMPTY:
+    elif kind == G.MEM_FREE:
+        assert isinstance(p, G.MemParams)
+        free_now(p.addr, stream)
+    elif kind not in (G.EMPTY, G.MEM_ALLOC):  # allocation nodes' memory is the graph's
         raise CudaError(_E.CUDA_ERROR_NOT_SUPPORTED, f"graph node type {kind}")
 
 
@@ -418,6 +429,119 @@ def graph_destroy_node(node: Any) -> None:
     n.graph.remove(n)
 
 
+# ---- child graphs, clones, memory nodes ----------------------------------------------------
+@handles("cuGraphAddChildGraphNode@10000")
+def graph_add_child_graph_node(out: Any, graph: Any, deps: Any, ndeps: int, child: Any) -> None:
+    """The child is cloned into the node, as CUDA does; instantiation inlines it."""
+    _add(out, graph, deps, ndeps, G.GRAPH, G.ChildParams(G.graph(_p(child)).clone()))
+
+
+@handles("cuGraphChildGraphNodeGetGraph@10000")
+def graph_child_graph_node_get_graph(node: Any, out: Any) -> None:
+    p = _typed(node, G.GRAPH).params
+    assert isinstance(p, G.ChildParams)
+    RT.out(out, _vp(p.graph.handle))
+
+
+@handles("cuGraphClone@10000")
+def graph_clone(out: Any, original: Any) -> None:
+    RT.out(out, _vp(G.graph(_p(original)).clone().handle))
+
+
+@handles("cuGraphNodeFindInClone@10000")
+def graph_node_find_in_clone(out: Any, original: Any, cloned: Any) -> None:
+    copy_ = G.graph(_p(cloned)).origins.get(_p(original))
+    if copy_ is None or copy_.handle not in G.NODES:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "the node has no copy in that graph")
+    RT.out(out, _vp(copy_.handle))
+
+
+# CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps (88 bytes: allocType, handleTypes, location
+# {type, id}, win32 attributes, maxSize, usage, reserved), accessDescs, accessDescCount,
+# bytesize, dptr (written by the driver)
+_ALLOC_NODE = struct.Struct("<iiii8xQH54xQQQQ")
+
+
+@handles("cuGraphAddMemAllocNode@11040")
+def graph_add_mem_alloc_node(out: Any, graph: Any, deps: Any, ndeps: int, params: Any) -> None:
+    alloc_type, handle_types, loc_type, loc_id, _max, _usage, _descs, _n, size, _ = _read(
+        params, _ALLOC_NODE
+    )
+    if alloc_type != 1 or loc_type != 1 or loc_id != 0 or size == 0:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "allocation node: pinned memory on device 0")
+    if handle_types:
+        raise CudaError(_E.CUDA_ERROR_NOT_SUPPORTED, "exportable graph allocations (IPC)")
+    G.graph(_p(graph))
+    addr = RT.session().mem_alloc(size, RT.ctx())
+    G.own_memory(addr, size)
+    try:
+        _add(out, graph, deps, ndeps, G.MEM_ALLOC, G.MemParams(addr, size))
+    except CudaError:
+        G.GRAPH_MEMORY.pop(addr, None)
+        RT.session().mem_free(addr)
+        raise
+    RT.ffi.cast("unsigned long long *", RT.ffi.cast("char *", params) + 112)[0] = addr
+
+
+@handles("cuGraphMemAllocNodeGetParams@11040")
+def graph_mem_alloc_node_get_params(node: Any, out: Any) -> None:
+    p = _typed(node, G.MEM_ALLOC).params
+    assert isinstance(p, G.MemParams)
+    _write_out(out, _ALLOC_NODE.pack(1, 0, 1, 0, 0, 0, 0, 0, p.size, p.addr))
+
+
+@handles("cuGraphAddMemFreeNode@11040")
+def graph_add_mem_free_node(out: Any, graph: Any, deps: Any, ndeps: int, dptr: int) -> None:
+    if not G.is_graph_memory(dptr) and RT.session().va.find(dptr) is None:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"{dptr:#x} is not an allocation")
+    _add(out, graph, deps, ndeps, G.MEM_FREE, G.MemParams(dptr))
+
+
+@handles("cuGraphMemFreeNodeGetParams@11040")
+def graph_mem_free_node_get_params(node: Any, out: Any) -> None:
+    p = _typed(node, G.MEM_FREE).params
+    assert isinstance(p, G.MemParams)
+    RT.out(out, p.addr)
+
+
+# CUgraphMem_attribute
+_GMEM_USED, _GMEM_USED_HIGH, _GMEM_RESERVED, _GMEM_RESERVED_HIGH = 0, 1, 2, 3
+
+
+@handles("cuDeviceGetGraphMemAttribute@11040")
+def device_get_graph_mem_attribute(dev: int, attr: int, value: Any) -> None:
+    if dev != 0:
+        raise CudaError(_E.CUDA_ERROR_INVALID_DEVICE, f"no device {dev}")
+    used = G.graph_memory_used()
+    values = {
+        _GMEM_USED: used,
+        _GMEM_USED_HIGH: G.graph_memory_high()[0],
+        _GMEM_RESERVED: used,  # graph memory is held while its graphs live: reserved = used
+        _GMEM_RESERVED_HIGH: G.graph_memory_high()[1],
+    }
+    if attr not in values or value == RT.ffi.NULL:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"bad graph memory attribute {attr}")
+    RT.ffi.cast("unsigned long long *", value)[0] = values[attr]
+
+
+@handles("cuDeviceSetGraphMemAttribute@11040")
+def device_set_graph_mem_attribute(dev: int, attr: int, value: Any) -> None:
+    if dev != 0:
+        raise CudaError(_E.CUDA_ERROR_INVALID_DEVICE, f"no device {dev}")
+    if attr not in (_GMEM_USED_HIGH, _GMEM_RESERVED_HIGH) or value == RT.ffi.NULL:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "only the high watermarks can be reset")
+    if RT.ffi.cast("unsigned long long *", value)[0] != 0:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "a high watermark resets to 0 only")
+    G.reset_graph_memory_high(0 if attr == _GMEM_USED_HIGH else 1)
+
+
+@handles("cuDeviceGraphMemTrim@11040")
+def device_graph_mem_trim(dev: int) -> None:
+    """Graph memory here is held exactly while graphs hold it: nothing unused to trim."""
+    if dev != 0:
+        raise CudaError(_E.CUDA_ERROR_INVALID_DEVICE, f"no device {dev}")
+
+
 def _typed(node: Any, kind: int) -> G.Node:
     n = G.node(_p(node))
     if n.kind != kind:
@@ -461,9 +585,7 @@ def graph_memcpy_node_set_params(node: Any, params: Any) -> None:
 def graph_host_node_get_params(node: Any, out: Any) -> None:
     p = _typed(node, G.HOST).params
     assert isinstance(p, G.HostParams)
-    if out == RT.ffi.NULL:
-        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "NULL node parameters")
-    RT.ffi.memmove(RT.ffi.cast("char *", out), _HOST.pack(p.fn, p.user_data), _HOST.size)
+    _write_out(out, _HOST.pack(p.fn, p.user_data))
 
 
 @handles("cuGraphHostNodeSetParams@10000")
@@ -519,6 +641,7 @@ def graph_exec_destroy(exec_: Any) -> None:
         raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "unknown executable graph")
     if x.done_event is not None:
         RT.session().event_destroy(x.done_event)
+    x.release()
 
 
 @handles("cuGraphExecGetFlags@12000")

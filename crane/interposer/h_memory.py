@@ -15,6 +15,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import GuestSession
 from crane.interposer import graphs
+from crane.interposer.h_pools import free_now
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -80,8 +81,9 @@ def mem_alloc(out: Any, size: int) -> None:
 
 @handles("cuMemFree@3020")
 def mem_free(dptr: int) -> None:
+    """Also frees stream-ordered and graph allocations, each its own way (h_pools.free_now)."""
     graphs.check_unsafe("cuMemFree")
-    RT.session().mem_free(dptr)
+    free_now(dptr, 0)
 
 
 @handles("cuMemGetInfo@3020")

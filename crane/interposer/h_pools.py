@@ -136,6 +136,18 @@ def free_async(addr: int, stream: int) -> bool:
     return True
 
 
+def _captured_alloc(size: int, stream: int) -> int | None:
+    """During stream capture: a memory allocation node, its memory owned by the graph."""
+    if graphs.capture_of(stream) is None:
+        return None
+    if size == 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "zero-size allocation")
+    addr = RT.session().mem_alloc(size, RT.ctx())
+    graphs.own_memory(addr, size)
+    graphs.record(stream, graphs.MEM_ALLOC, graphs.MemParams(addr, size))
+    return addr
+
+
 @handles("cuMemAllocAsync@11020")
 def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
     """From the device's current pool. The memory exists when the call returns, which stream
@@ -143,8 +155,8 @@ def mem_alloc_async(out: Any, size: int, stream: Any) -> None:
     if out == RT.ffi.NULL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
     h = RT.stream(stream)
-    graphs.refuse(h, "cuMemAllocAsync (memory allocation nodes)")
-    out[0] = _allocate(_current[0], size, h)
+    addr = _captured_alloc(size, h)
+    out[0] = addr if addr is not None else _allocate(_current[0], size, h)
 
 
 @handles("cuMemAllocFromPoolAsync@11020")
@@ -152,19 +164,30 @@ def mem_alloc_from_pool_async(out: Any, size: int, pool: Any, stream: Any) -> No
     if out == RT.ffi.NULL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL dptr")
     h = RT.stream(stream)
-    graphs.refuse(h, "cuMemAllocFromPoolAsync (memory allocation nodes)")
-    out[0] = _allocate(_pool(pool), size, h)
+    p = _pool(pool)
+    addr = _captured_alloc(size, h)
+    out[0] = addr if addr is not None else _allocate(p, size, h)
+
+
+def free_now(addr: int, stream: int) -> None:
+    """Free ``addr`` in ``stream``'s order: back to its pool, to its graph (graph memory stays
+    with the graphs that allocate it), or to the session."""
+    if graphs.is_graph_memory(addr):
+        return
+    if not free_async(addr, stream):
+        RT.session().mem_free(addr)
 
 
 @handles("cuMemFreeAsync@11020")
 def mem_free_async(dptr: int, stream: Any) -> None:
-    """The worker applies calls in order, so a free follows the stream's earlier work."""
+    """The worker applies calls in order, so a free follows the stream's earlier work; during
+    capture it becomes a memory free node."""
     s = RT.session()
     h = RT.stream(stream)
     s.check_stream(h)
-    graphs.refuse(h, "cuMemFreeAsync (memory free nodes)")
-    if not free_async(dptr, h):
-        s.mem_free(dptr)
+    if graphs.record(h, graphs.MEM_FREE, graphs.MemParams(dptr)):
+        return
+    free_now(dptr, h)
 
 
 @handles("cuDeviceGetDefaultMemPool@11020")

@@ -248,7 +248,11 @@ CUresult cuDeviceGetDevResource(void) { return crane_unsupported("cuDeviceGetDev
 
 CUresult cuDeviceGetExecAffinitySupport(void) { return crane_unsupported("cuDeviceGetExecAffinitySupport"); }
 
-CUresult cuDeviceGetGraphMemAttribute(void) { return crane_unsupported("cuDeviceGetGraphMemAttribute"); }
+CUresult cuDeviceGetGraphMemAttribute(int device, int attr, void * value) {
+    CUresult r = crane_py_cuDeviceGetGraphMemAttribute_11040(device, attr, value);
+    if (crane_trace_on) crane_trace("cuDeviceGetGraphMemAttribute", r, "device=%d attr=%d value=%p", (int)device, (int)attr, (const void *)value);
+    return r;
+}
 
 CUresult cuDeviceGetHostAtomicCapabilities(void) { return crane_unsupported("cuDeviceGetHostAtomicCapabilities"); }
 
@@ -294,7 +298,11 @@ CUresult cuDeviceGetUuid_v2(void * uuid, int dev) {
     return r;
 }
 
-CUresult cuDeviceGraphMemTrim(void) { return crane_unsupported("cuDeviceGraphMemTrim"); }
+CUresult cuDeviceGraphMemTrim(int device) {
+    CUresult r = crane_py_cuDeviceGraphMemTrim_11040(device);
+    if (crane_trace_on) crane_trace("cuDeviceGraphMemTrim", r, "device=%d", (int)device);
+    return r;
+}
 
 CUresult cuDevicePrimaryCtxGetState(int dev, unsigned int * flags, int * active) {
     CUresult r = crane_c_cuDevicePrimaryCtxGetState_7000(dev, flags, active);
@@ -346,7 +354,11 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(int dev, unsigned int flags) {
 
 CUresult cuDeviceRegisterAsyncNotification(void) { return crane_unsupported("cuDeviceRegisterAsyncNotification"); }
 
-CUresult cuDeviceSetGraphMemAttribute(void) { return crane_unsupported("cuDeviceSetGraphMemAttribute"); }
+CUresult cuDeviceSetGraphMemAttribute(int device, int attr, void * value) {
+    CUresult r = crane_py_cuDeviceSetGraphMemAttribute_11040(device, attr, value);
+    if (crane_trace_on) crane_trace("cuDeviceSetGraphMemAttribute", r, "device=%d attr=%d value=%p", (int)device, (int)attr, (const void *)value);
+    return r;
+}
 
 CUresult cuDeviceSetMemPool(int dev, void * pool) {
     CUresult r = crane_py_cuDeviceSetMemPool_11020(dev, pool);
@@ -564,7 +576,11 @@ CUresult cuGetProcAddress_v2(const char * symbol, void ** pfn, int driverVersion
 
 CUresult cuGraphAddBatchMemOpNode(void) { return crane_unsupported("cuGraphAddBatchMemOpNode"); }
 
-CUresult cuGraphAddChildGraphNode(void) { return crane_unsupported("cuGraphAddChildGraphNode"); }
+CUresult cuGraphAddChildGraphNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * childGraph) {
+    CUresult r = crane_py_cuGraphAddChildGraphNode_10000(phGraphNode, hGraph, dependencies, numDependencies, childGraph);
+    if (crane_trace_on) crane_trace("cuGraphAddChildGraphNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu childGraph=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)childGraph);
+    return r;
+}
 
 CUresult cuGraphAddDependencies(void * hGraph, void ** from, void ** to, size_t numDependencies) {
     CUresult r = crane_py_cuGraphAddDependencies_10000(hGraph, from, to, numDependencies);
@@ -618,9 +634,17 @@ CUresult cuGraphAddKernelNode_v2(void ** phGraphNode, void * hGraph, void ** dep
     return r;
 }
 
-CUresult cuGraphAddMemAllocNode(void) { return crane_unsupported("cuGraphAddMemAllocNode"); }
+CUresult cuGraphAddMemAllocNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    CUresult r = crane_py_cuGraphAddMemAllocNode_11040(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphAddMemAllocNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphAddMemFreeNode(void) { return crane_unsupported("cuGraphAddMemFreeNode"); }
+CUresult cuGraphAddMemFreeNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, unsigned long long dptr) {
+    CUresult r = crane_py_cuGraphAddMemFreeNode_11040(phGraphNode, hGraph, dependencies, numDependencies, dptr);
+    if (crane_trace_on) crane_trace("cuGraphAddMemFreeNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu dptr=%#llx", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (unsigned long long)dptr);
+    return r;
+}
 
 CUresult cuGraphAddMemcpyNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * copyParams, void * ctx) {
     CUresult r = crane_py_cuGraphAddMemcpyNode_10000(phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx);
@@ -642,9 +666,17 @@ CUresult cuGraphBatchMemOpNodeGetParams(void) { return crane_unsupported("cuGrap
 
 CUresult cuGraphBatchMemOpNodeSetParams(void) { return crane_unsupported("cuGraphBatchMemOpNodeSetParams"); }
 
-CUresult cuGraphChildGraphNodeGetGraph(void) { return crane_unsupported("cuGraphChildGraphNodeGetGraph"); }
+CUresult cuGraphChildGraphNodeGetGraph(void * hNode, void ** phGraph) {
+    CUresult r = crane_py_cuGraphChildGraphNodeGetGraph_10000(hNode, phGraph);
+    if (crane_trace_on) crane_trace("cuGraphChildGraphNodeGetGraph", r, "hNode=%p phGraph=%p", (const void *)hNode, (const void *)phGraph);
+    return r;
+}
 
-CUresult cuGraphClone(void) { return crane_unsupported("cuGraphClone"); }
+CUresult cuGraphClone(void ** phGraphClone, void * originalGraph) {
+    CUresult r = crane_py_cuGraphClone_10000(phGraphClone, originalGraph);
+    if (crane_trace_on) crane_trace("cuGraphClone", r, "phGraphClone=%p originalGraph=%p", (const void *)phGraphClone, (const void *)originalGraph);
+    return r;
+}
 
 CUresult cuGraphConditionalHandleCreate(void) { return crane_unsupported("cuGraphConditionalHandleCreate"); }
 
@@ -844,9 +876,17 @@ CUresult cuGraphLaunch(void * hGraph, void * hStream) {
 
 CUresult cuGraphLaunch_ptsz(void) { return crane_unsupported("cuGraphLaunch_ptsz"); }
 
-CUresult cuGraphMemAllocNodeGetParams(void) { return crane_unsupported("cuGraphMemAllocNodeGetParams"); }
+CUresult cuGraphMemAllocNodeGetParams(void * hNode, void * params_out) {
+    CUresult r = crane_py_cuGraphMemAllocNodeGetParams_11040(hNode, params_out);
+    if (crane_trace_on) crane_trace("cuGraphMemAllocNodeGetParams", r, "hNode=%p params_out=%p", (const void *)hNode, (const void *)params_out);
+    return r;
+}
 
-CUresult cuGraphMemFreeNodeGetParams(void) { return crane_unsupported("cuGraphMemFreeNodeGetParams"); }
+CUresult cuGraphMemFreeNodeGetParams(void * hNode, unsigned long long * dptr_out) {
+    CUresult r = crane_py_cuGraphMemFreeNodeGetParams_11040(hNode, dptr_out);
+    if (crane_trace_on) crane_trace("cuGraphMemFreeNodeGetParams", r, "hNode=%p dptr_out=%p", (const void *)hNode, (const void *)dptr_out);
+    return r;
+}
 
 CUresult cuGraphMemcpyNodeGetParams(void) { return crane_unsupported("cuGraphMemcpyNodeGetParams"); }
 
@@ -864,7 +904,11 @@ CUresult cuGraphMemsetNodeSetParams(void * hNode, void * nodeParams) {
     return r;
 }
 
-CUresult cuGraphNodeFindInClone(void) { return crane_unsupported("cuGraphNodeFindInClone"); }
+CUresult cuGraphNodeFindInClone(void ** phNode, void * hOriginalNode, void * hClonedGraph) {
+    CUresult r = crane_py_cuGraphNodeFindInClone_10000(phNode, hOriginalNode, hClonedGraph);
+    if (crane_trace_on) crane_trace("cuGraphNodeFindInClone", r, "phNode=%p hOriginalNode=%p hClonedGraph=%p", (const void *)phNode, (const void *)hOriginalNode, (const void *)hClonedGraph);
+    return r;
+}
 
 CUresult cuGraphNodeGetDependencies(void * hNode, void ** dependencies, size_t * numDependencies) {
     CUresult r = crane_py_cuGraphNodeGetDependencies_10000(hNode, dependencies, numDependencies);

@@ -202,6 +202,17 @@ int crane_py_cuGraphExecKernelNodeSetParams_10010(void * hGraphExec, void * hNod
 int crane_py_cuGraphExecKernelNodeSetParams_12000(void * hGraphExec, void * hNode, void * nodeParams);
 int crane_py_cuGraphExecUpdate_10020(void * hGraphExec, void * hGraph, void ** hErrorNode_out, int * updateResult_out);
 int crane_py_cuGraphExecUpdate_12000(void * hGraphExec, void * hGraph, void * resultInfo);
+int crane_py_cuGraphAddChildGraphNode_10000(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * childGraph);
+int crane_py_cuGraphChildGraphNodeGetGraph_10000(void * hNode, void ** phGraph);
+int crane_py_cuGraphClone_10000(void ** phGraphClone, void * originalGraph);
+int crane_py_cuGraphNodeFindInClone_10000(void ** phNode, void * hOriginalNode, void * hClonedGraph);
+int crane_py_cuGraphAddMemAllocNode_11040(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams);
+int crane_py_cuGraphMemAllocNodeGetParams_11040(void * hNode, void * params_out);
+int crane_py_cuGraphAddMemFreeNode_11040(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, unsigned long long dptr);
+int crane_py_cuGraphMemFreeNodeGetParams_11040(void * hNode, unsigned long long * dptr_out);
+int crane_py_cuDeviceGetGraphMemAttribute_11040(int device, int attr, void * value);
+int crane_py_cuDeviceSetGraphMemAttribute_11040(int device, int attr, void * value);
+int crane_py_cuDeviceGraphMemTrim_11040(int device);
 
 /* hand-written C handlers (interposer/src) */
 int crane_c_cuGetProcAddress_11030(const char * symbol, void ** pfn, int driverVersion, unsigned long long flags);

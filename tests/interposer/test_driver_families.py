@@ -26,3 +26,9 @@ def test_memory_pools_and_stream_ordered_allocation(program, run_guest, link_fla
     r = run_guest(program("mem_pools.cu", *link_flags))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED: 0 failures" in r.stdout, r.stdout
+
+
+def test_child_graphs_clones_and_graph_memory_nodes(program, run_guest) -> None:
+    r = run_guest(program("graph_more.cu"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout
