@@ -198,6 +198,13 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuGraphAddMemAllocNode@11040", "cuGraphMemAllocNodeGetParams@11040",
          "cuGraphAddMemFreeNode@11040", "cuGraphMemFreeNodeGetParams@11040",
          "cuDeviceGetGraphMemAttribute@11040", "cuDeviceSetGraphMemAttribute@11040",
-         "cuDeviceGraphMemTrim@11040")
+         "cuDeviceGraphMemTrim@11040",
+         "cuGraphExecMemcpyNodeSetParams@10020", "cuGraphExecMemsetNodeSetParams@10020",
+         "cuGraphExecHostNodeSetParams@10020", "cuGraphExecEventRecordNodeSetEvent@11010",
+         "cuGraphExecEventWaitNodeSetEvent@11010", "cuGraphExecChildGraphNodeSetParams@11010",
+         "cuGraphNodeSetEnabled@11060", "cuGraphNodeGetEnabled@11060",
+         "cuGraphEventRecordNodeGetEvent@11010", "cuGraphEventWaitNodeGetEvent@11010",
+         "cuGraphEventRecordNodeSetEvent@11010", "cuGraphEventWaitNodeSetEvent@11010",
+         "cuGraphMemsetNodeGetParams@10000")
 )
 # fmt: on

@@ -153,7 +153,7 @@ class MemParams:
 @dataclass
 class GraphMemory:
     size: int
-    refs: int = 1  # graphs (and clones) holding its allocation node, and executable graphs
+    refs: int = 0  # graph nodes (in graphs and clones) and executable graphs holding it
 
 
 #: Memory of allocation nodes: allocated when the node is made, owned by the graphs and
@@ -169,6 +169,7 @@ def graph_memory_used() -> int:
 
 
 def own_memory(addr: int, size: int) -> None:
+    """Register the memory of an allocation node about to be added (which holds it)."""
     with LOCK:
         GRAPH_MEMORY[addr] = GraphMemory(size)
         used = graph_memory_used()
@@ -242,6 +243,7 @@ class Graph:
         with LOCK:
             self.nodes.append(node)
             NODES[node.handle] = node
+            _retain([params])  # an allocation node holds its graph memory
         return node
 
     def dependents(self, node: Node) -> list[Node]:
@@ -265,27 +267,27 @@ class Graph:
             for n in self.nodes:
                 params = ChildParams(n.params.graph.clone()) if n.kind == GRAPH else n.params
                 copies[n] = g.add(n.kind, params, [copies[d] for d in n.deps])
-                _retain([params])
             g.origins = {n.handle: c for n, c in copies.items()}
         return g
 
-    def flat(self) -> tuple[list[tuple[Node, list[int]]], list[int]]:
-        """The graph with child graphs inlined: ``(node, dependency indices)`` in a
-        topological order, and the indices nothing depends on."""
-        out: list[tuple[Node, list[int]]] = []
+    def flat(self) -> tuple[list[tuple[Node, list[int], int]], list[int]]:
+        """The graph with child graphs inlined: ``(node, dependency indices, the top-level
+        child-graph node it came from or 0)`` in a topological order, and the indices nothing
+        depends on."""
+        out: list[tuple[Node, list[int], int]] = []
         exits: dict[Node, list[int]] = {}
         for n in self.order():
             entry = sorted({i for d in n.deps for i in exits[d]})
             if n.kind == GRAPH:
                 inner, sinks = n.params.graph.flat()
                 base = len(out)
-                for m, deps in inner:
-                    out.append((m, [base + i for i in deps] if deps else entry))
+                for m, deps, _ in inner:
+                    out.append((m, [base + i for i in deps] if deps else entry, n.handle))
                 exits[n] = [base + i for i in sinks] if inner else entry
             else:
-                out.append((n, entry))
+                out.append((n, entry, 0))
                 exits[n] = [len(out) - 1]
-        used = {i for _, deps in out for i in deps}
+        used = {i for _, deps, _ in out for i in deps}
         return out, [i for i in range(len(out)) if i not in used]
 
     def order(self) -> list[Node]:
@@ -315,6 +317,8 @@ class ExecNode:
     kind: int
     params: object
     deps: list[int]  # indices of earlier ExecNodes
+    within: int = 0  # the top-level child-graph node it was inlined from (0: none)
+    enabled: bool = True  # cuGraphNodeSetEnabled
 
 
 @dataclass(eq=False)
@@ -328,12 +332,19 @@ class GraphExec:
     done_event: int | None = None  # orders a launch on another stream after the previous one
 
     @classmethod
-    def of(cls, graph: Graph, flags: int = 0) -> GraphExec:
+    def of(cls, graph: Graph, flags: int = 0, *, retain: bool = True) -> GraphExec:
+        """``retain``: the executable graph holds graph memory (False for a throw-away copy
+        of parameters, as cuGraphExecUpdate makes)."""
         flat, _ = graph.flat()
-        x = cls([ExecNode(n.handle, n.kind, n.params, deps) for n, deps in flat], flags)
-        with LOCK:
-            _retain(n.params for n in x.nodes)
+        x = cls([ExecNode(n.handle, n.kind, n.params, deps, w) for n, deps, w in flat], flags)
+        if retain:
+            with LOCK:
+                _retain(n.params for n in x.nodes)
         return x
+
+    def inlined(self, child_node: int) -> list[ExecNode]:
+        """The nodes a top-level child-graph node became."""
+        return [n for n in self.nodes if n.within == child_node]
 
     def release(self) -> None:
         """cuGraphExecDestroy: drop its hold on graph memory."""

@@ -669,7 +669,8 @@ def graph_launch(exec_: Any, stream: Any) -> None:
     if x.last_stream is not None and x.last_stream != s and x.done_event is not None:
         sess.stream_wait_event(s, x.done_event, 0)
     for n in x.nodes:
-        run_node(n.kind, n.params, s)
+        if n.enabled:
+            run_node(n.kind, n.params, s)
     if x.done_event is None:
         x.done_event = sess.event_create(2, RT.ctx())  # CU_EVENT_DISABLE_TIMING
     sess.event_record(x.done_event, s)
@@ -709,17 +710,111 @@ def graph_exec_kernel_node_set_params(exec_: Any, node: Any, params: Any) -> Non
     n.params = _kernel_params(params, True)
 
 
+def _exec_node(exec_: Any, node: Any, kind: int, what: str) -> G.ExecNode:
+    n = G.graph_exec(_p(exec_)).find(_p(node))
+    if n.kind != kind:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"not a {what} node")
+    return n
+
+
+@handles("cuGraphExecMemcpyNodeSetParams@10020")
+def graph_exec_memcpy_node_set_params(exec_: Any, node: Any, params: Any, ctx: Any) -> None:
+    _exec_node(exec_, node, G.MEMCPY, "memcpy").params = _copy_params(params)
+
+
+@handles("cuGraphExecMemsetNodeSetParams@10020")
+def graph_exec_memset_node_set_params(exec_: Any, node: Any, params: Any, ctx: Any) -> None:
+    _exec_node(exec_, node, G.MEMSET, "memset").params = _memset_params(params)
+
+
+@handles("cuGraphExecHostNodeSetParams@10020")
+def graph_exec_host_node_set_params(exec_: Any, node: Any, params: Any) -> None:
+    _exec_node(exec_, node, G.HOST, "host").params = _host_params(params)
+
+
+@handles("cuGraphExecEventRecordNodeSetEvent@11010")
+def graph_exec_event_record_node_set_event(exec_: Any, node: Any, event: Any) -> None:
+    RT.session().check_event(_p(event))
+    _exec_node(exec_, node, G.EVENT_RECORD, "event record").params = G.EventParams(_p(event))
+
+
+@handles("cuGraphExecEventWaitNodeSetEvent@11010")
+def graph_exec_event_wait_node_set_event(exec_: Any, node: Any, event: Any) -> None:
+    RT.session().check_event(_p(event))
+    _exec_node(exec_, node, G.WAIT_EVENT, "event wait").params = G.EventParams(_p(event))
+
+
+@handles("cuGraphExecChildGraphNodeSetParams@11010")
+def graph_exec_child_graph_node_set_params(exec_: Any, node: Any, child: Any) -> None:
+    """The new child must have the topology of the one instantiated; its parameters are
+    copied into the inlined nodes (allocation nodes keep their memory)."""
+    x = G.graph_exec(_p(exec_))
+    if G.node(_p(node)).kind != G.GRAPH:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "not a child graph node")
+    old = x.inlined(_p(node))
+    new = G.GraphExec.of(G.graph(_p(child)), retain=False).nodes
+    if len(new) != len(old) or any(a.kind != b.kind for a, b in zip(old, new, strict=True)):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "the child graph's topology differs")
+    for a, b in zip(old, new, strict=True):
+        if a.kind != G.MEM_ALLOC:
+            a.params = b.params
+
+
+@handles("cuGraphNodeSetEnabled@11060")
+def graph_node_set_enabled(exec_: Any, node: Any, enabled: int) -> None:
+    n = G.graph_exec(_p(exec_)).find(_p(node))
+    if n.kind not in (G.KERNEL, G.MEMCPY, G.MEMSET):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "only kernel, memcpy and memset nodes")
+    n.enabled = bool(enabled)
+
+
+@handles("cuGraphNodeGetEnabled@11060")
+def graph_node_get_enabled(exec_: Any, node: Any, out: Any) -> None:
+    n = G.graph_exec(_p(exec_)).find(_p(node))
+    if n.kind not in (G.KERNEL, G.MEMCPY, G.MEMSET):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "only kernel, memcpy and memset nodes")
+    RT.out(out, int(n.enabled))
+
+
+def _event_node(node: Any) -> G.Node:
+    n = G.node(_p(node))
+    if n.kind not in (G.EVENT_RECORD, G.WAIT_EVENT):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "not an event node")
+    return n
+
+
+@handles("cuGraphEventRecordNodeGetEvent@11010", "cuGraphEventWaitNodeGetEvent@11010")
+def graph_event_node_get_event(node: Any, out: Any) -> None:
+    p = _event_node(node).params
+    assert isinstance(p, G.EventParams)
+    RT.out(out, _vp(p.event))
+
+
+@handles("cuGraphEventRecordNodeSetEvent@11010", "cuGraphEventWaitNodeSetEvent@11010")
+def graph_event_node_set_event(node: Any, event: Any) -> None:
+    RT.session().check_event(_p(event))
+    _event_node(node).params = G.EventParams(_p(event))
+
+
+@handles("cuGraphMemsetNodeGetParams@10000")
+def graph_memset_node_get_params(node: Any, out: Any) -> None:
+    p = _typed(node, G.MEMSET).params
+    assert isinstance(p, G.MemsetParams)
+    _write_out(out, _MEMSET.pack(p.dst, p.pitch, p.value, p.elem, p.width, p.height))
+
+
 def _update(exec_: Any, graph: Any) -> tuple[int, int]:
     """Copy parameters from a graph of the same topology: (CUgraphExecUpdateResult, node)."""
     x = G.graph_exec(_p(exec_))
-    new = G.GraphExec.of(G.graph(_p(graph)))
+    new = G.GraphExec.of(G.graph(_p(graph)), retain=False)
     if len(new.nodes) != len(x.nodes):
         return _UPDATE_TOPOLOGY_CHANGED, 0
     for a, b in zip(x.nodes, new.nodes, strict=True):
         if a.kind != b.kind or a.deps != b.deps:
             return _UPDATE_TOPOLOGY_CHANGED, b.origin
     for a, b in zip(x.nodes, new.nodes, strict=True):
-        a.params = b.params
+        if a.kind != G.MEM_ALLOC:  # an allocation keeps its memory (CUDA: not updatable)
+            a.params = b.params
     return 0, 0
 
 

@@ -700,17 +700,37 @@ CUresult cuGraphDestroyNode(void * hNode) {
     return r;
 }
 
-CUresult cuGraphEventRecordNodeGetEvent(void) { return crane_unsupported("cuGraphEventRecordNodeGetEvent"); }
+CUresult cuGraphEventRecordNodeGetEvent(void * hNode, void ** event_out) {
+    CUresult r = crane_py_cuGraphEventRecordNodeGetEvent_11010(hNode, event_out);
+    if (crane_trace_on) crane_trace("cuGraphEventRecordNodeGetEvent", r, "hNode=%p event_out=%p", (const void *)hNode, (const void *)event_out);
+    return r;
+}
 
-CUresult cuGraphEventRecordNodeSetEvent(void) { return crane_unsupported("cuGraphEventRecordNodeSetEvent"); }
+CUresult cuGraphEventRecordNodeSetEvent(void * hNode, void * event) {
+    CUresult r = crane_py_cuGraphEventRecordNodeSetEvent_11010(hNode, event);
+    if (crane_trace_on) crane_trace("cuGraphEventRecordNodeSetEvent", r, "hNode=%p event=%p", (const void *)hNode, (const void *)event);
+    return r;
+}
 
-CUresult cuGraphEventWaitNodeGetEvent(void) { return crane_unsupported("cuGraphEventWaitNodeGetEvent"); }
+CUresult cuGraphEventWaitNodeGetEvent(void * hNode, void ** event_out) {
+    CUresult r = crane_py_cuGraphEventWaitNodeGetEvent_11010(hNode, event_out);
+    if (crane_trace_on) crane_trace("cuGraphEventWaitNodeGetEvent", r, "hNode=%p event_out=%p", (const void *)hNode, (const void *)event_out);
+    return r;
+}
 
-CUresult cuGraphEventWaitNodeSetEvent(void) { return crane_unsupported("cuGraphEventWaitNodeSetEvent"); }
+CUresult cuGraphEventWaitNodeSetEvent(void * hNode, void * event) {
+    CUresult r = crane_py_cuGraphEventWaitNodeSetEvent_11010(hNode, event);
+    if (crane_trace_on) crane_trace("cuGraphEventWaitNodeSetEvent", r, "hNode=%p event=%p", (const void *)hNode, (const void *)event);
+    return r;
+}
 
 CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return crane_unsupported("cuGraphExecBatchMemOpNodeSetParams"); }
 
-CUresult cuGraphExecChildGraphNodeSetParams(void) { return crane_unsupported("cuGraphExecChildGraphNodeSetParams"); }
+CUresult cuGraphExecChildGraphNodeSetParams(void * hGraphExec, void * hNode, void * childGraph) {
+    CUresult r = crane_py_cuGraphExecChildGraphNodeSetParams_11010(hGraphExec, hNode, childGraph);
+    if (crane_trace_on) crane_trace("cuGraphExecChildGraphNodeSetParams", r, "hGraphExec=%p hNode=%p childGraph=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)childGraph);
+    return r;
+}
 
 CUresult cuGraphExecDestroy(void * hGraphExec) {
     CUresult r = crane_py_cuGraphExecDestroy_10000(hGraphExec);
@@ -718,9 +738,17 @@ CUresult cuGraphExecDestroy(void * hGraphExec) {
     return r;
 }
 
-CUresult cuGraphExecEventRecordNodeSetEvent(void) { return crane_unsupported("cuGraphExecEventRecordNodeSetEvent"); }
+CUresult cuGraphExecEventRecordNodeSetEvent(void * hGraphExec, void * hNode, void * event) {
+    CUresult r = crane_py_cuGraphExecEventRecordNodeSetEvent_11010(hGraphExec, hNode, event);
+    if (crane_trace_on) crane_trace("cuGraphExecEventRecordNodeSetEvent", r, "hGraphExec=%p hNode=%p event=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)event);
+    return r;
+}
 
-CUresult cuGraphExecEventWaitNodeSetEvent(void) { return crane_unsupported("cuGraphExecEventWaitNodeSetEvent"); }
+CUresult cuGraphExecEventWaitNodeSetEvent(void * hGraphExec, void * hNode, void * event) {
+    CUresult r = crane_py_cuGraphExecEventWaitNodeSetEvent_11010(hGraphExec, hNode, event);
+    if (crane_trace_on) crane_trace("cuGraphExecEventWaitNodeSetEvent", r, "hGraphExec=%p hNode=%p event=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)event);
+    return r;
+}
 
 CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return crane_unsupported("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 
@@ -732,7 +760,11 @@ CUresult cuGraphExecGetFlags(void * hGraphExec, unsigned long long * flags) {
     return r;
 }
 
-CUresult cuGraphExecHostNodeSetParams(void) { return crane_unsupported("cuGraphExecHostNodeSetParams"); }
+CUresult cuGraphExecHostNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphExecHostNodeSetParams_10020(hGraphExec, hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphExecHostNodeSetParams", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphExecKernelNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
     CUresult r = crane_py_cuGraphExecKernelNodeSetParams_10010(hGraphExec, hNode, nodeParams);
@@ -746,9 +778,17 @@ CUresult cuGraphExecKernelNodeSetParams_v2(void * hGraphExec, void * hNode, void
     return r;
 }
 
-CUresult cuGraphExecMemcpyNodeSetParams(void) { return crane_unsupported("cuGraphExecMemcpyNodeSetParams"); }
+CUresult cuGraphExecMemcpyNodeSetParams(void * hGraphExec, void * hNode, void * copyParams, void * ctx) {
+    CUresult r = crane_py_cuGraphExecMemcpyNodeSetParams_10020(hGraphExec, hNode, copyParams, ctx);
+    if (crane_trace_on) crane_trace("cuGraphExecMemcpyNodeSetParams", r, "hGraphExec=%p hNode=%p copyParams=%p ctx=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)copyParams, (const void *)ctx);
+    return r;
+}
 
-CUresult cuGraphExecMemsetNodeSetParams(void) { return crane_unsupported("cuGraphExecMemsetNodeSetParams"); }
+CUresult cuGraphExecMemsetNodeSetParams(void * hGraphExec, void * hNode, void * memsetParams, void * ctx) {
+    CUresult r = crane_py_cuGraphExecMemsetNodeSetParams_10020(hGraphExec, hNode, memsetParams, ctx);
+    if (crane_trace_on) crane_trace("cuGraphExecMemsetNodeSetParams", r, "hGraphExec=%p hNode=%p memsetParams=%p ctx=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)memsetParams, (const void *)ctx);
+    return r;
+}
 
 CUresult cuGraphExecNodeSetParams(void) { return crane_unsupported("cuGraphExecNodeSetParams"); }
 
@@ -896,7 +936,11 @@ CUresult cuGraphMemcpyNodeSetParams(void * hNode, void * nodeParams) {
     return r;
 }
 
-CUresult cuGraphMemsetNodeGetParams(void) { return crane_unsupported("cuGraphMemsetNodeGetParams"); }
+CUresult cuGraphMemsetNodeGetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphMemsetNodeGetParams_10000(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphMemsetNodeGetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphMemsetNodeSetParams(void * hNode, void * nodeParams) {
     CUresult r = crane_py_cuGraphMemsetNodeSetParams_10000(hNode, nodeParams);
@@ -926,7 +970,11 @@ CUresult cuGraphNodeGetDependentNodes(void * hNode, void ** dependentNodes, size
 
 CUresult cuGraphNodeGetDependentNodes_v2(void) { return crane_unsupported("cuGraphNodeGetDependentNodes_v2"); }
 
-CUresult cuGraphNodeGetEnabled(void) { return crane_unsupported("cuGraphNodeGetEnabled"); }
+CUresult cuGraphNodeGetEnabled(void * hGraphExec, void * hNode, unsigned int * isEnabled) {
+    CUresult r = crane_py_cuGraphNodeGetEnabled_11060(hGraphExec, hNode, isEnabled);
+    if (crane_trace_on) crane_trace("cuGraphNodeGetEnabled", r, "hGraphExec=%p hNode=%p isEnabled=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)isEnabled);
+    return r;
+}
 
 CUresult cuGraphNodeGetType(void * hNode, int * type) {
     CUresult r = crane_py_cuGraphNodeGetType_10000(hNode, type);
@@ -934,7 +982,11 @@ CUresult cuGraphNodeGetType(void * hNode, int * type) {
     return r;
 }
 
-CUresult cuGraphNodeSetEnabled(void) { return crane_unsupported("cuGraphNodeSetEnabled"); }
+CUresult cuGraphNodeSetEnabled(void * hGraphExec, void * hNode, unsigned int isEnabled) {
+    CUresult r = crane_py_cuGraphNodeSetEnabled_11060(hGraphExec, hNode, isEnabled);
+    if (crane_trace_on) crane_trace("cuGraphNodeSetEnabled", r, "hGraphExec=%p hNode=%p isEnabled=%u", (const void *)hGraphExec, (const void *)hNode, (unsigned int)isEnabled);
+    return r;
+}
 
 CUresult cuGraphNodeSetParams(void) { return crane_unsupported("cuGraphNodeSetParams"); }
 

@@ -213,6 +213,19 @@ int crane_py_cuGraphMemFreeNodeGetParams_11040(void * hNode, unsigned long long 
 int crane_py_cuDeviceGetGraphMemAttribute_11040(int device, int attr, void * value);
 int crane_py_cuDeviceSetGraphMemAttribute_11040(int device, int attr, void * value);
 int crane_py_cuDeviceGraphMemTrim_11040(int device);
+int crane_py_cuGraphExecMemcpyNodeSetParams_10020(void * hGraphExec, void * hNode, void * copyParams, void * ctx);
+int crane_py_cuGraphExecMemsetNodeSetParams_10020(void * hGraphExec, void * hNode, void * memsetParams, void * ctx);
+int crane_py_cuGraphExecHostNodeSetParams_10020(void * hGraphExec, void * hNode, void * nodeParams);
+int crane_py_cuGraphExecEventRecordNodeSetEvent_11010(void * hGraphExec, void * hNode, void * event);
+int crane_py_cuGraphExecEventWaitNodeSetEvent_11010(void * hGraphExec, void * hNode, void * event);
+int crane_py_cuGraphExecChildGraphNodeSetParams_11010(void * hGraphExec, void * hNode, void * childGraph);
+int crane_py_cuGraphNodeSetEnabled_11060(void * hGraphExec, void * hNode, unsigned int isEnabled);
+int crane_py_cuGraphNodeGetEnabled_11060(void * hGraphExec, void * hNode, unsigned int * isEnabled);
+int crane_py_cuGraphEventRecordNodeGetEvent_11010(void * hNode, void ** event_out);
+int crane_py_cuGraphEventWaitNodeGetEvent_11010(void * hNode, void ** event_out);
+int crane_py_cuGraphEventRecordNodeSetEvent_11010(void * hNode, void * event);
+int crane_py_cuGraphEventWaitNodeSetEvent_11010(void * hNode, void * event);
+int crane_py_cuGraphMemsetNodeGetParams_10000(void * hNode, void * nodeParams);
 
 /* hand-written C handlers (interposer/src) */
 int crane_c_cuGetProcAddress_11030(const char * symbol, void ** pfn, int driverVersion, unsigned long long flags);
