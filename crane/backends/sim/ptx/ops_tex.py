@@ -442,7 +442,8 @@ def _surface_addresses(st, ins, idx, sel, desc: TexDesc, nbytes: int):
             lv.base,
             "illegal",
         )
-    addr = (lv.base + z * lv.slice + y * lv.pitch + np.where(outside, 0, x)).astype(np.uint64)
+    addr = np.where(outside, lv.base, lv.base + z * lv.slice + y * lv.pitch + x)
+    addr = addr.astype(np.uint64)  # lanes outside (.zero) read nothing and store nothing
     if (x % nbytes).any():
         k = int(np.argmax(x % nbytes != 0))
         raise MemoryFault(
