@@ -34,8 +34,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from crane.backends.sim.memory import SimMemory  # noqa: E402
-from crane.backends.sim.profiles import get_profile  # noqa: E402
 from crane.api.texdesc import (  # noqa: E402
     MAGIC_TEX,
     RES_ARRAY,
@@ -43,6 +41,8 @@ from crane.api.texdesc import (  # noqa: E402
     Level,
     TexDesc,
 )
+from crane.backends.sim.memory import SimMemory  # noqa: E402
+from crane.backends.sim.profiles import get_profile  # noqa: E402
 from crane.backends.sim.ptx import load_ptx  # noqa: E402
 
 SOURCE = r"""
