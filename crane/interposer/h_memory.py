@@ -1,7 +1,7 @@
-"""Device memory: allocation, every linear and 2D copy, memsets, stream-ordered allocation.
+"""Device memory: allocation, every linear copy, memsets, stream-ordered allocation.
 
 Device pointers are guest-chosen addresses inside the session's VA window, so "is this a device
-pointer" (for ``cuMemcpy`` and 2D copies with unified addressing) is a local range check. Host
+pointer" (for ``cuMemcpy`` and copies with unified addressing) is a local range check. Host
 memory, pinned or not, is plain guest memory: copies read or fill it through the session. A
 device-to-host copy waits for its data (it must land before the call, or before the stream's
 next synchronization, returns: waiting early is never wrong)."""
@@ -16,8 +16,6 @@ from crane.guest.session import GuestSession
 from crane.interposer import graphs
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
-
-_MT_HOST, _MT_DEVICE, _MT_ARRAY, _MT_UNIFIED = 1, 2, 3, 4
 
 
 def is_device(s: GuestSession, addr: int) -> bool:
@@ -189,21 +187,7 @@ def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
         RT.session().memcpy_dtod(dst, src, n, RT.stream(stream))
 
 
-# ---- 2D copies -----------------------------------------------------------------------------
-def endpoint(mtype: int, host: int, dev: int, arr: int) -> int:
-    """The address a copy descriptor's side names (CUmemorytype)."""
-    if mtype == _MT_HOST:
-        return host
-    if mtype == _MT_DEVICE:
-        return dev
-    if mtype == _MT_UNIFIED:
-        return dev
-    if mtype == _MT_ARRAY:
-        raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "CUDA arrays are not supported")
-    raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad memory type {mtype}")
-
-
-# cuMemcpy2D*/3D* (and arrays as their endpoints) are served by crane.interposer.h_copy.
+# ---- 2D and 3D copies (arrays among their endpoints): crane.interposer.h_copy --------------
 
 
 # ---- memsets ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ def test_arrays_textures_surfaces(program, run_guest) -> None:
         "normalized ok",
         "linear ok",
         "mipmap ok",
+        "graph ok",
         "done cudaSuccess",
     ], r.stdout + r.stderr
     assert "not supported" not in r.stderr.lower(), r.stderr

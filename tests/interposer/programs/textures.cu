@@ -400,6 +400,48 @@ static void memory_textures() {
   else printf("%s ok\n", sec);
 }
 
+// ---- 7: array copies captured into a graph, and an explicit memcpy node naming an array -------
+static void graph_copies() {
+  const char* sec = "graph";
+  const int w = 12, h = 5;
+  std::vector<short> src(w * h), back(w * h, 0), back2(w * h, 0);
+  for (int i = 0; i < w * h; i++) src[i] = (short)(i * 11 - 300);
+  cudaChannelFormatDesc cd = cudaCreateChannelDesc<short>();
+  cudaArray_t arr;
+  CK(cudaMallocArray(&arr, &cd, w, h));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  CK(cudaMemcpy2DToArrayAsync(arr, 0, 0, src.data(), w * 2, w * 2, h, cudaMemcpyHostToDevice, st));
+  CK(cudaMemcpy2DFromArrayAsync(back.data(), w * 2, arr, 0, 0, w * 2, h, cudaMemcpyDeviceToHost,
+                                st));
+  CK(cudaStreamEndCapture(st, &g));
+  cudaMemcpy3DParms p = {};
+  p.srcArray = arr;
+  p.dstPtr = make_cudaPitchedPtr(back2.data(), w * 2, w, h);
+  p.extent = make_cudaExtent(w, h, 1);
+  p.kind = cudaMemcpyDeviceToHost;
+  cudaGraphNode_t last = nullptr, node;
+  size_t n = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  CK(cudaGraphGetNodes(g, nodes.data(), &n));
+  last = nodes[n - 1];
+  CK(cudaGraphAddMemcpyNode(&node, g, &last, 1, &p));
+  cudaGraphExec_t x;
+  CK(cudaGraphInstantiate(&x, g, 0));
+  CK(cudaGraphLaunch(x, st));
+  CK(cudaStreamSynchronize(st));
+  int bad = 0;
+  for (int i = 0; i < w * h; i++) bad += back[i] != src[i] || back2[i] != src[i];
+  CK(cudaGraphExecDestroy(x));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(st));
+  CK(cudaFreeArray(arr));
+  report(sec, bad);
+}
+
 int main() {
   rotation();
   array3d();
@@ -407,6 +449,7 @@ int main() {
   surfaces();
   gather_and_normalized();
   memory_textures();
+  graph_copies();
   printf("done %s\n", cudaGetErrorName(cudaDeviceSynchronize()));
   return 0;
 }
