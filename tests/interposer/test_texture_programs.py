@@ -83,3 +83,20 @@ def test_array_and_texture_objects_survive_a_move(program, tmp_path: Path, how: 
         assert prog.returncode == 0, out + err
         assert out.splitlines() == ["after copy=cudaSuccess ok=1"], out + err
         assert f"session {info.id}" in b.log_text()  # the second half ran on b
+
+
+def test_driver_api_arrays(program, run_guest, link_flags) -> None:
+    """cuArrayCreate/cuArray3DCreate and descriptors, byte-offset and 2D copies with arrays,
+    the documented refusals, texture descriptor queries (programs/arrays_driver.cpp)."""
+    r = run_guest(program("arrays_driver.cpp", *link_flags))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "desc w=10 h=6 fmt=2 ch=2 depth=0 flags=0",
+        "copies ok=1",
+        "refused region=CUDA_ERROR_INVALID_VALUE lod=CUDA_ERROR_INVALID_VALUE "
+        "span=CUDA_ERROR_INVALID_VALUE",
+        "array3d cube=CUDA_ERROR_INVALID_VALUE channels=CUDA_ERROR_INVALID_VALUE size_ok=1",
+        "tex desc_ok=1 res_ok=1 view=CUDA_ERROR_NOT_SUPPORTED surf=CUDA_ERROR_INVALID_VALUE",
+        "destroyed again tex=CUDA_ERROR_INVALID_HANDLE array=CUDA_ERROR_INVALID_HANDLE",
+        "ok",
+    ], r.stdout + r.stderr
