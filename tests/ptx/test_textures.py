@@ -14,6 +14,7 @@ from ptxdev import Ptr
 
 from crane.api.texdesc import (
     ARRAY3D_CUBEMAP,
+    ARRAY3D_LAYERED,
     MAGIC_SURF,
     MAGIC_TEX,
     RES_ARRAY,
@@ -240,3 +241,33 @@ def test_gradient_sampling_is_refused_at_load() -> None:
     body = "    tex.grad.1d.v4.f32.f32 {%f10, %f11, %f12, %f13}, [%rd1, {%f1}], {%f2}, {%f3};\n"
     with pytest.raises(PtxUnsupported, match=r"tex\.grad"):
         load_ptx(HEAD + body + TAIL)
+
+
+QUERY = """
+    txq.width.b32 %r10, [%rd1];
+    txq.height.b32 %r11, [%rd1];
+    txq.array_size.b32 %r12, [%rd1];
+    txq.level.width.b32 %r13, [%rd1], %r2;
+    mov.b32 %f10, %r10; mov.b32 %f11, %r11; mov.b32 %f12, %r12; mov.b32 %f13, %r13;
+"""
+
+
+def test_txq_and_suq(dev) -> None:
+    data = np.zeros((3, 4, 6), np.float32)
+    t = texture(dev, data, _F32, flags=ARRAY3D_LAYERED)
+    lod = np.zeros((2, 4), np.int32)
+    lod[1, 0] = 3
+    got = run(dev, QUERY, t, lod.view(np.float32)).view(np.int32)
+    assert list(got[0]) == [6, 4, 3, 6]  # one level: any lod answers level 0
+    s = texture(dev, data, _F32, flags=ARRAY3D_LAYERED, magic=MAGIC_SURF)
+    body = (
+        "    suq.width.b32 %r10, [%rd1]; suq.depth.b32 %r11, [%rd1];\n"
+        "    suq.array_size.b32 %r12, [%rd1]; mov.u32 %r13, 0;\n"
+        "    mov.b32 %f10, %r10; mov.b32 %f11, %r11; mov.b32 %f12, %r12; mov.b32 %f13, %r13;\n"
+    )
+    got = run(dev, body, s, np.zeros((1, 4), np.float32)).view(np.int32)
+    assert list(got[0, :3]) == [6, 1, 3]
+    with pytest.raises(KernelFault):  # a texture queried as a surface
+        run(dev, body, t, np.zeros((1, 4), np.float32))
+    with pytest.raises(PtxUnsupported, match="channel_order"):
+        load_ptx(HEAD + "    txq.channel_order.b32 %r10, [%rd1];\n" + TAIL)

@@ -156,6 +156,8 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("tld4", "texture", tex.dec_tld4),
     ("suld", "texture", tex.dec_suld),
     ("sust", "texture", tex.dec_sust),
+    ("txq", "texture", tex.dec_txq),
+    ("suq", "texture", tex.dec_suq),
 ]
 
 OPCODES: dict[str, OpSpec] = {name: OpSpec(name, cls, dec) for name, cls, dec in _TABLE}

@@ -1,4 +1,4 @@
-"""Texture and surface instructions: tex, tld4, suld.b, sust.b (texture class).
+"""Texture and surface instructions: tex, tld4, suld.b, sust.b, txq, suq (texture class).
 
 A texture or surface operand is ``[handle, {coordinates}]`` (unified mode: the handle is a
 ``.u64`` register holding a ``CUtexObject``/``CUsurfObject``). Crane's handles are the device
@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from crane.api.texdesc import (
+    ARRAY3D_CUBEMAP,
+    ARRAY3D_LAYERED,
     DESC_BYTES,
     FORMATS,
     MAGIC_SURF,
@@ -39,7 +41,7 @@ from .memspace import resolve
 from .ops_common import Mods
 from .ptxtypes import TYPES
 
-__all__ = ["dec_suld", "dec_sust", "dec_tex", "dec_tld4"]
+__all__ = ["dec_suld", "dec_suq", "dec_sust", "dec_tex", "dec_tld4", "dec_txq"]
 
 _WRAP, _CLAMP, _MIRROR, _BORDER = range(4)
 # geometry -> (number of spatial coordinates, layered, cube)
@@ -541,3 +543,97 @@ def dec_suld(ctx, mods) -> None:
 
 def dec_sust(ctx, mods) -> None:
     _dec_surface(ctx, mods, load=False)
+
+
+# ---- txq / suq --------------------------------------------------------------------------------
+_TXQ = (
+    "width",
+    "height",
+    "depth",
+    "array_size",
+    "num_mipmap_levels",
+    "normalized_coords",
+    "filter_mode",
+    "addr_mode_0",
+    "addr_mode_1",
+    "addr_mode_2",
+    "force_unnormalized_coords",
+)
+_SUQ = ("width", "height", "depth", "array_size")
+_UNKNOWN_ENCODING = ("channel_data_type", "channel_order", "num_samples", "memory_layout")
+
+
+def _query(desc: TexDesc, what: str, level: int) -> int:
+    """One attribute. Layered resources report their layers (cubemaps: cubes) as array_size
+    and a depth of 1; 1D resources a height of 1."""
+    lv = desc.levels[min(max(level, 0), len(desc.levels) - 1)]
+    layered = bool(desc.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP))
+    cube = 6 if desc.flags & ARRAY3D_CUBEMAP else 1
+    return {
+        "width": lv.width,
+        "height": lv.height,
+        "depth": 1 if layered else lv.depth,
+        "array_size": lv.depth // cube if layered else 1,
+        "num_mipmap_levels": len(desc.levels),
+        "normalized_coords": int(bool(desc.tex_flags & TRSF_NORMALIZED_COORDINATES)),
+        "filter_mode": desc.filter,
+        "addr_mode_0": desc.address[0],
+        "addr_mode_1": desc.address[1],
+        "addr_mode_2": desc.address[2],
+        "force_unnormalized_coords": 0,
+    }[what]
+
+
+def _h_query(st, ins, idx) -> None:
+    what, magic = ins.x
+    n = _count(st, idx)
+    out = np.zeros(n, np.uint32)
+    lod = ins.c.get(st, idx) if ins.c is not None else None
+    for sel, handle in _groups(st, ins, idx):
+        desc = _read_desc(st, handle, magic)
+        m = n if sel is None else int(np.count_nonzero(sel))
+        if lod is None:
+            vals = np.full(m, _query(desc, what, 0), np.uint32)
+        else:
+            lv = np.broadcast_to(np.asarray(_pick(lod, sel)).view(np.int32), (m,))
+            vals = np.zeros(m, np.uint32)
+            for u in np.unique(lv):
+                vals[lv == u] = _query(desc, what, int(u))
+        if sel is None:
+            out = vals
+        else:
+            out[sel] = vals
+    ins.d.put(st, idx, out)
+
+
+def _dec_query(ctx, mods, surface: bool) -> None:
+    m = Mods(ctx, mods)
+    level = not surface and m.take("level") is not None
+    names = _SUQ if surface else _TXQ
+    what = m.take(*names, *_UNKNOWN_ENCODING)
+    if what is None or (level and what not in ("width", "height", "depth")):
+        raise ctx.error("unknown texture/surface query")
+    if what in _UNKNOWN_ENCODING or what not in names:
+        raise ctx.unsupported(f".{what} queries")
+    ts = m.types()
+    m.done()
+    if [t.name for t in ts] != ["b32"]:
+        raise ctx.error("queries return .b32")
+    ctx.nops(3 if level else 2)
+    ins = ctx.ins
+    ref = ctx.ops[1]
+    if ref[0] != "mem" or ref[2] or ref[1][0] != "reg":
+        raise ctx.unsupported("queries of .texref/.surfref variables; use texture objects")
+    ins.a = ctx.src(ref[1], TYPES["u64"])
+    ins.d = ctx.dst(ctx.ops[0], TYPES["b32"])
+    ins.c = ctx.src(ctx.ops[2], TYPES["b32"]) if level else None
+    ins.x = (what, MAGIC_SURF if surface else MAGIC_TEX)
+    ins.fn = _h_query
+
+
+def dec_txq(ctx, mods) -> None:
+    _dec_query(ctx, mods, surface=False)
+
+
+def dec_suq(ctx, mods) -> None:
+    _dec_query(ctx, mods, surface=True)
