@@ -18,6 +18,7 @@ from crane.api.texdesc import (
     MAGIC_SURF,
     MAGIC_TEX,
     RES_ARRAY,
+    RES_MIPMAPPED,
     TRSF_NORMALIZED_COORDINATES,
     TRSF_READ_AS_INTEGER,
     TRSF_SRGB,
@@ -271,3 +272,29 @@ def test_txq_and_suq(dev) -> None:
         run(dev, body, t, np.zeros((1, 4), np.float32))
     with pytest.raises(PtxUnsupported, match="channel_order"):
         load_ptx(HEAD + "    txq.channel_order.b32 %r10, [%rd1];\n" + TAIL)
+
+
+def test_mip_level_selection_clamp_and_linear_blend(dev) -> None:
+    levels = []
+    for i, w in enumerate((8, 4, 2, 1)):
+        base = dev.upload(np.full(w, 10.0 * (i + 1), np.float32))
+        levels.append(Level(base, w * 4, w * 4, w, 1, 1))
+
+    def mip(mip_filter: int, mip_max: float) -> Ptr:
+        d = TexDesc(MAGIC_TEX, RES_MIPMAPPED, _F32, 1, 0, tuple(levels), address=(CLAMP,) * 3,
+                    tex_flags=TRSF_NORMALIZED_COORDINATES, mip_filter=mip_filter,
+                    mip_max=mip_max)  # fmt: skip
+        return dev.upload(np.frombuffer(d.pack(), np.uint8))
+
+    body = "    tex.level.1d.v4.f32.f32 {%f10, %f11, %f12, %f13}, [%rd1, {%f1}], %f2;\n"
+    lods = np.array([0.0, 0.4, 0.6, 1.25, 2.0, 7.0, -1.0], np.float32)
+    rows = np.stack([np.full_like(lods, 0.5), lods, lods, lods], 1)
+    got = run(dev, body, mip(0, 3.0), rows)[:, 0]
+    assert list(got) == [10, 10, 20, 20, 30, 40, 10]  # nearest level
+    got = run(dev, body, mip(0, 1.0), rows)[:, 0]
+    assert list(got) == [10, 10, 20, 20, 20, 20, 10]  # maxMipmapLevelClamp
+    got = run(dev, body, mip(1, 3.0), rows)[:, 0]
+    # between levels: weights in the same 9-bit fixed point as texel filtering
+    want = [10, 10 + 10 * round(0.4 * 256) / 256, 10 + 10 * round(0.6 * 256) / 256, 22.5, 30,
+            40, 10]  # fmt: skip
+    assert got == pytest.approx(want, abs=1e-5)

@@ -61,6 +61,8 @@ _SURF_GEOM = ("1d", "2d", "3d", "a1d", "a2d")
 def _read_desc(st, handle: int, magic: int) -> TexDesc:
     what = "texture" if magic == MAGIC_TEX else "surface"
     try:
+        # both ends in the session's memory, 8-byte aligned, before a byte is read
+        st.mem.offsets(np.array([handle + DESC_BYTES - 8], np.uint64), 8)
         for _sel, buf, off in resolve(st, "global", np.uint64(handle), 8, None):
             raw = bytes(buf[int(off) : int(off) + DESC_BYTES])
         desc = TexDesc.unpack(raw)
@@ -241,8 +243,9 @@ def _levels_for(desc: TexDesc, lod, n: int):
     if desc.res_type != RES_MIPMAPPED or lod is None or count == 1:
         return np.zeros(n, np.int64), None
     lam = np.asarray(lod, np.float64) + desc.mip_bias
-    hi = min(desc.mip_max, count - 1) if desc.mip_max > 0 else count - 1
-    lam = np.clip(lam, max(desc.mip_min, 0.0), hi)
+    # the descriptor's [minMipmapLevelClamp, maxMipmapLevelClamp], within the levels there are
+    hi = min(max(desc.mip_max, 0.0), count - 1)
+    lam = np.clip(lam, min(max(desc.mip_min, 0.0), hi), hi)
     lam = np.broadcast_to(lam, (n,))
     if desc.mip_filter == 0:
         return np.floor(lam + 0.5).astype(np.int64), None
