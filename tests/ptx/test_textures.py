@@ -175,6 +175,10 @@ def test_read_as_integer_sign_extends(dev) -> None:
     got = run(dev, body, t, np.stack([idx] * 4, 1)).view(np.int32)
     assert list(got[:, 0]) == [-5, 7, -128, 127, 127, -5]  # clamped indices
     assert list(got[0, 1:]) == [0, 0, 1]
+    t = texture(dev, s, _S8, tex_flags=TRSF_READ_AS_INTEGER, address=(BORDER,) * 3,
+                border=(2.0, 0.0, 0.0, 0.0))  # fmt: skip
+    got = run(dev, body, t, np.stack([idx] * 4, 1)).view(np.int32)
+    assert list(got[:, 0]) == [-5, 7, -128, 127, 0x40000000, 0x40000000]  # 2.0f's bits
 
 
 def _face(x: float, y: float, z: float) -> tuple[int, float, float]:

@@ -139,8 +139,10 @@ def _fetch(st, desc: TexDesc, lv: Level, ix, iy, iz, outside) -> np.ndarray:
     if isf and desc.tex_flags & TRSF_SRGB and csize == 1:
         out[:, :3] = _srgb(out[:, :3])
     if outside.any():
-        border = np.zeros(4) if desc.res_type in (RES_LINEAR,) else np.array(desc.border)
-        out[outside] = border.astype(out.dtype) if isf else border.view(np.uint32)
+        linear = desc.res_type == RES_LINEAR
+        border = np.zeros(4, np.float32) if linear else np.array(desc.border, np.float32)
+        # an integer texture returns the border colour's bits
+        out[outside] = border if isf else border.view(np.uint32).astype(np.int64)
     return out
 
 
@@ -191,7 +193,7 @@ def _sample(st, desc: TexDesc, lv: Level, coords, layer, int_coords: bool, geom)
         norm = bool(desc.tex_flags & TRSF_NORMALIZED_COORDINATES)
     if not norm:  # wrap and mirror need normalized coordinates; unnormalized ones clamp
         modes = [_CLAMP if m in (_WRAP, _MIRROR) else m for m in modes]
-    linear_mem = desc.res_type in (RES_LINEAR,)
+    linear_mem = desc.res_type == RES_LINEAR
     axes = []
     for k in range(ndim):
         size = sizes[k]
