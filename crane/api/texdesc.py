@@ -152,6 +152,18 @@ class TexDesc:
         levels = tuple(
             Level(*_LEVEL.unpack_from(raw, _HEAD.size + 4 + i * _LEVEL.size)) for i in range(n)
         )
+        csize = FORMATS[h[2]][1]
+        for v in levels:  # device memory is the application's to overwrite: trust nothing
+            if (
+                min(v.width, v.height, v.depth) < 1
+                or v.pitch < v.width * csize * h[3]
+                or v.slice < v.pitch * v.height
+                or v.pitch % csize
+                or v.slice % csize
+                or v.base + v.slice * v.depth >= 1 << 64
+                or (h[4] & ARRAY3D_CUBEMAP and v.depth % 6)
+            ):
+                raise ValueError("inconsistent texture descriptor")
         return cls(
             magic=h[0],
             res_type=h[1],

@@ -34,3 +34,25 @@ def test_random_bytes_are_no_descriptor() -> None:
         TexDesc.unpack(bytes(range(256)) * 2)
     with pytest.raises(ValueError):
         TexDesc.unpack(b"\0" * 8)
+
+
+@pytest.mark.parametrize(
+    "level",
+    [
+        Level(0x1000, 64, 256, 16, 4, 0),  # no depth
+        Level(0x1000, 32, 256, 16, 4, 1),  # pitch below the row
+        Level(0x1000, 64, 128, 16, 4, 1),  # slice below the rows
+        Level(0x1000, 65, 260, 16, 4, 1),  # pitch not a whole number of components
+        Level((1 << 64) - 64, 64, 256, 16, 4, 1),  # past the address space
+    ],
+)
+def test_inconsistent_levels_are_refused(level: Level) -> None:
+    d = TexDesc(MAGIC_TEX, RES_MIPMAPPED, 0x09, 2, 0, (level,))  # 4-byte elements
+    with pytest.raises(ValueError):
+        TexDesc.unpack(d.pack())
+
+
+def test_a_cubemap_has_six_faces_per_layer() -> None:
+    d = TexDesc(MAGIC_TEX, 0, 0x20, 1, 4, (Level(0x1000, 32, 256, 8, 8, 5),))
+    with pytest.raises(ValueError):
+        TexDesc.unpack(d.pack())

@@ -61,6 +61,8 @@ _SURF_GEOM = ("1d", "2d", "3d", "a1d", "a2d")
 def _read_desc(st, handle: int, magic: int) -> TexDesc:
     what = "texture" if magic == MAGIC_TEX else "surface"
     try:
+        if handle > (1 << 64) - DESC_BYTES:
+            raise ValueError("past the end of the address space")
         # both ends in the session's memory, 8-byte aligned, before a byte is read
         st.mem.offsets(np.array([handle + DESC_BYTES - 8], np.uint64), 8)
         for _sel, buf, off in resolve(st, "global", np.uint64(handle), 8, None):
