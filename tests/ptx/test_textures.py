@@ -302,3 +302,13 @@ def test_mip_level_selection_clamp_and_linear_blend(dev) -> None:
     want = [10, 10 + 10 * round(0.4 * 256) / 256, 10 + 10 * round(0.6 * 256) / 256, 22.5, 30,
             40, 10]  # fmt: skip
     assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_non_finite_coordinates_and_lod_sample_finite_texels(dev) -> None:
+    t = texture(dev, np.arange(4, dtype=np.float32), _F32, filter=1, tex_flags=2)
+    bad = np.array([np.nan, np.inf, -np.inf, 1e30], np.float32)
+    got = run(dev, TEX1D, t, np.stack([bad] * 4, 1))
+    assert np.isfinite(got).all() and (got[:, 0] >= 0).all() and (got[:, 0] <= 3).all()
+    body = "    tex.level.1d.v4.f32.f32 {%f10, %f11, %f12, %f13}, [%rd1, {%f1}], %f2;\n"
+    got = run(dev, body, t, np.stack([np.full(4, 0.5, np.float32), bad, bad, bad], 1))
+    assert np.isfinite(got).all()

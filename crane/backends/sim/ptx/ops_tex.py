@@ -175,6 +175,12 @@ def _cube(x, y, z):
     return face, (sc / ma + 1) * 0.5, (tc / ma + 1) * 0.5
 
 
+def _finite(u: np.ndarray) -> np.ndarray:
+    """Coordinates as the texture unit's fixed-point conversion sees them: NaN as 0, and
+    infinities (and anything huge) saturated far outside every texture."""
+    return np.clip(np.nan_to_num(u, nan=0.0), -(2.0**40), 2.0**40)
+
+
 def _quantize(frac: np.ndarray) -> np.ndarray:
     """Filter weights in 9-bit fixed point with 8 fraction bits, as the texture unit."""
     return (np.round(frac * 256.0) / 256.0).astype(np.float32)
@@ -204,7 +210,7 @@ def _sample(st, desc: TexDesc, lv: Level, coords, layer, int_coords: bool, geom)
             axes.append([(i, np.ones(n, np.float32))])
             continue
         u = coords[k].astype(np.float64)
-        u = np.where(np.isnan(u), 0.0, u)
+        u = _finite(u)
         if norm:
             u = u * size
         if desc.filter == 0:
@@ -246,7 +252,7 @@ def _levels_for(desc: TexDesc, lod, n: int):
     count = len(desc.levels)
     if desc.res_type != RES_MIPMAPPED or lod is None or count == 1:
         return np.zeros(n, np.int64), None
-    lam = np.asarray(lod, np.float64) + desc.mip_bias
+    lam = np.nan_to_num(np.asarray(lod, np.float64) + desc.mip_bias, nan=0.0)
     # the descriptor's [minMipmapLevelClamp, maxMipmapLevelClamp], within the levels there are
     hi = min(max(desc.mip_max, 0.0), count - 1)
     lam = np.clip(lam, min(max(desc.mip_min, 0.0), hi), hi)
@@ -330,7 +336,7 @@ def _gather(st, desc: TexDesc, spatial, layer, geom, comp: int) -> np.ndarray:
     ij = []
     for k, size in enumerate((lv.width, lv.height)):
         u = spatial[k].astype(np.float64)
-        u = np.where(np.isnan(u), 0.0, u) * (size if norm else 1)
+        u = _finite(u) * (size if norm else 1)
         i0 = np.floor(u - 0.5).astype(np.int64)
         ij.append([_address(i0, size, modes[k]), _address(i0 + 1, size, modes[k])])
     z = layer if layer is not None else np.zeros(n, np.int64)
