@@ -5,7 +5,7 @@ loads (``PtxUnsupported`` naming the instruction and line). Decoders live in sma
 class — ``ops_int`` (integer ALU), ``ops_bits`` (bit manipulation), ``ops_float`` (float ALU),
 ``ops_move`` (mov/cvt/compare/select), ``ops_sfu`` (special functions), ``ops_mem`` (memory,
 atomics), ``ops_control`` (branches, calls, barriers), ``ops_warp`` (warp-level), ``ops_tex``
-(texture and surface instructions). Mnemonics
+(texture instructions), ``ops_surf`` (surface instructions). Mnemonics
 shared by integer and float forms (``add``, ``mul``, ``min`` ...) dispatch on the type.
 """
 
@@ -21,6 +21,7 @@ from . import ops_int as alu
 from . import ops_mem as mem
 from . import ops_move as mov
 from . import ops_sfu as sfu
+from . import ops_surf as surf
 from . import ops_tex as tex
 from . import ops_warp as warp
 from .ptxtypes import TYPES
@@ -154,10 +155,10 @@ _TABLE: list[tuple[str, str, Callable]] = [
     # ---- texture / surface (texture objects; descriptors in device memory) ----
     ("tex", "texture", tex.dec_tex),
     ("tld4", "texture", tex.dec_tld4),
-    ("suld", "texture", tex.dec_suld),
-    ("sust", "texture", tex.dec_sust),
+    ("suld", "texture", surf.dec_suld),
+    ("sust", "texture", surf.dec_sust),
     ("txq", "texture", tex.dec_txq),
-    ("suq", "texture", tex.dec_suq),
+    ("suq", "texture", surf.dec_suq),
 ]
 
 OPCODES: dict[str, OpSpec] = {name: OpSpec(name, cls, dec) for name, cls, dec in _TABLE}

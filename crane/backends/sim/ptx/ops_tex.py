@@ -1,7 +1,7 @@
-"""Texture and surface instructions: tex, tld4, suld.b, sust.b, txq, suq (texture class).
+"""Texture instructions: tex, tld4, txq (texture class; surfaces are :mod:`.ops_surf`).
 
-A texture or surface operand is ``[handle, {coordinates}]`` (unified mode: the handle is a
-``.u64`` register holding a ``CUtexObject``/``CUsurfObject``). Crane's handles are the device
+A texture operand is ``[handle, {coordinates}]`` (unified mode: the handle is a
+``.u64`` register holding a ``CUtexObject``). Crane's handles are the device
 address of a :class:`~crane.api.texdesc.TexDesc` (see that module for why), so each execution
 reads the descriptor of every distinct handle its lanes hold, validates it, and samples the
 array or linear memory it describes, for all lanes at once.
@@ -21,9 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from crane.api.texdesc import (
-    ARRAY3D_CUBEMAP,
-    ARRAY3D_LAYERED,
-    DESC_BYTES,
     FORMATS,
     MAGIC_SURF,
     MAGIC_TEX,
@@ -35,44 +32,14 @@ from crane.api.texdesc import (
     Level,
     TexDesc,
 )
-from crane.backends.sim.memory import MemoryFault
 
-from .memspace import resolve
 from .ops_common import Mods
 from .ptxtypes import TYPES
+from .texobj import GEOM, dec_query, lane_count, lane_groups, object_operand, pick, read_desc
 
-__all__ = ["dec_suld", "dec_suq", "dec_sust", "dec_tex", "dec_tld4", "dec_txq"]
+__all__ = ["dec_tex", "dec_tld4", "dec_txq"]
 
 _WRAP, _CLAMP, _MIRROR, _BORDER = range(4)
-# geometry -> (number of spatial coordinates, layered, cube)
-_GEOM = {
-    "1d": (1, False, False),
-    "2d": (2, False, False),
-    "3d": (3, False, False),
-    "a1d": (1, True, False),
-    "a2d": (2, True, False),
-    "cube": (3, False, True),
-    "acube": (3, True, True),
-}
-_SURF_GEOM = ("1d", "2d", "3d", "a1d", "a2d")
-
-
-# ---- descriptors ------------------------------------------------------------------------------
-def _read_desc(st, handle: int, magic: int) -> TexDesc:
-    what = "texture" if magic == MAGIC_TEX else "surface"
-    try:
-        if handle > (1 << 64) - DESC_BYTES:
-            raise ValueError("past the end of the address space")
-        # both ends in the session's memory, 8-byte aligned, before a byte is read
-        st.mem.offsets(np.array([handle + DESC_BYTES - 8], np.uint64), 8)
-        for _sel, buf, off in resolve(st, "global", np.uint64(handle), 8, None):
-            raw = bytes(buf[int(off) : int(off) + DESC_BYTES])
-        desc = TexDesc.unpack(raw)
-    except (MemoryFault, ValueError) as e:
-        raise MemoryFault(f"{handle:#x} is not a {what} object ({e})", handle, "illegal") from e
-    if desc.magic != magic:
-        raise MemoryFault(f"{handle:#x} is not a {what} object", handle, "illegal")
-    return desc
 
 
 def _texels(st, desc: TexDesc, lv: Level) -> np.ndarray:
@@ -82,23 +49,6 @@ def _texels(st, desc: TexDesc, lv: Level) -> np.ndarray:
     offs = st.mem.offsets(np.array([lv.base, lv.base + size - 1], np.uint64), 1)
     start = int(offs[0])
     return st.mem.buf[start : start + size - size % csize].view(dt)
-
-
-def _groups(st, ins, idx):
-    """(lanes selector or None, handle) per distinct handle the lanes hold."""
-    h = ins.a.get(st, idx)
-    if not isinstance(h, np.ndarray) or h.size == 0:
-        return [(None, int(h))] if not isinstance(h, np.ndarray) else []
-    first = h[0]
-    if (h == first).all():
-        return [(None, int(first))]
-    return [(h == u, int(u)) for u in np.unique(h)]
-
-
-def _pick(vals, sel):
-    if sel is None or not isinstance(vals, np.ndarray) or vals.ndim == 0:
-        return vals
-    return vals[sel]
 
 
 # ---- texel fetch and conversion ------------------------------------------------------------
@@ -268,12 +218,12 @@ def _h_tex(st, ins, idx) -> None:
     ndim, layered, _ = geom
     coords_all = [c.get(st, idx) for c in ins.b]
     lod_all = ins.c.get(st, idx) if ins.c is not None else None
-    n = _count(st, idx)
+    n = lane_count(st, idx)
     result = np.zeros((n, 4), np.float32 if dst_dtype.kind == "f" else np.int64)
-    for sel, handle in _groups(st, ins, idx):
-        desc = _read_desc(st, handle, MAGIC_TEX)
+    for sel, handle in lane_groups(st, ins, idx):
+        desc = read_desc(st, handle, MAGIC_TEX)
         m = n if sel is None else int(np.count_nonzero(sel))
-        vals = [np.broadcast_to(_pick(v, sel), (m,)) for v in coords_all]
+        vals = [np.broadcast_to(pick(v, sel), (m,)) for v in coords_all]
         layer = None
         if layered:
             count = desc.levels[0].depth // (6 if geom[2] else 1)
@@ -287,21 +237,21 @@ def _h_tex(st, ins, idx) -> None:
         if gather is not None:
             out = _gather(st, desc, spatial, layer, geom, gather)
         else:
-            lod = None if lod_all is None else np.broadcast_to(_pick(lod_all, sel), (m,))
+            lod = None if lod_all is None else np.broadcast_to(pick(lod_all, sel), (m,))
             lev, blend = _levels_for(desc, lod, m)
             out = None
             for L in np.unique(lev):
-                pick = lev == L
-                sub = [c[pick] for c in spatial]
-                lay = None if layer is None else layer[pick]
+                here = lev == L
+                sub = [c[here] for c in spatial]
+                lay = None if layer is None else layer[here]
                 v = _sample(st, desc, desc.levels[int(L)], sub, lay, int_coords, geom)
                 if blend is not None and int(L) + 1 < len(desc.levels):
                     v2 = _sample(st, desc, desc.levels[int(L) + 1], sub, lay, int_coords, geom)
-                    b = blend[pick][:, None]
+                    b = blend[here][:, None]
                     v = v.astype(np.float32) * (1 - b) + v2.astype(np.float32) * b
                 if out is None:
                     out = np.zeros((m, 4), v.dtype)
-                out[pick] = v
+                out[here] = v
         if sel is None:
             result = _as(out, result.dtype)
         else:
@@ -350,19 +300,6 @@ def _gather(st, desc: TexDesc, spatial, layer, geom, comp: int) -> np.ndarray:
     return out
 
 
-def _count(st, idx) -> int:
-    return st.n if idx is None else len(idx)
-
-
-def _tex_operand(ctx, op):
-    if op[0] != "texref" or len(op[1]) != 2:
-        raise ctx.unsupported("texture operands other than [handle, {coordinates}]")
-    h, coords = op[1]
-    if h[0] not in ("reg",):
-        raise ctx.unsupported("texture references (.texref variables); use texture objects")
-    return ctx.src(h, TYPES["u64"]), coords
-
-
 def _dec_texlike(ctx, mods, gather: bool) -> None:
     m = Mods(ctx, mods)
     comp = None
@@ -372,7 +309,7 @@ def _dec_texlike(ctx, mods, gather: bool) -> None:
             raise ctx.error("tld4 needs a component (.r, .g, .b or .a)")
         comp = "rgba".index(c)
     variant = m.take("level", "grad", "base")
-    g = m.take(*_GEOM, "2dms", "a2dms")
+    g = m.take(*GEOM, "2dms", "a2dms")
     if g is None:
         raise ctx.error("missing texture geometry")
     if g in ("2dms", "a2dms"):
@@ -388,14 +325,14 @@ def _dec_texlike(ctx, mods, gather: bool) -> None:
     if len(ts) != 2 or ts[0].name not in ("f32", "s32", "u32") or ts[1].name not in ("f32", "s32"):
         raise ctx.unsupported("texture types other than .v4.{f32,s32,u32}.{f32,s32}")
     dty, cty = ts
-    geom = _GEOM[g]
+    geom = GEOM[g]
     ctx.nops(2, 3)
     ins = ctx.ins
     dsts = ctx.ops[0]
     if dsts[0] != "vec" or len(dsts[1]) != 4:
         raise ctx.unsupported("texture destinations other than four registers")
     ins.d = [ctx.dst(x, dty) for x in dsts[1]]
-    ins.a, coords = _tex_operand(ctx, ctx.ops[1])
+    ins.a, coords = object_operand(ctx, ctx.ops[1])
     items = coords[1] if coords[0] == "vec" else [coords]
     need = geom[0] + (1 if geom[1] else 0)
     if len(items) < need:
@@ -427,226 +364,5 @@ def dec_tld4(ctx, mods) -> None:
     _dec_texlike(ctx, mods, gather=True)
 
 
-# ---- surfaces ---------------------------------------------------------------------------------
-def _surface_addresses(st, ins, idx, sel, desc: TexDesc, nbytes: int):
-    """Per lane (byte address, outside) of the access, after the clamp mode if any."""
-    geom, mode = ins.x[0], ins.x[1]
-    ndim, layered, _ = _GEOM[geom]
-    lv = desc.levels[0]
-    vals = [_pick(c.get(st, idx), sel) for c in ins.b]
-    m = _count(st, idx) if sel is None else int(np.count_nonzero(sel))
-    vals = [np.broadcast_to(np.asarray(v).view(np.int32).astype(np.int64), (m,)) for v in vals]
-    layer = None
-    if layered:
-        layer, vals = vals[0], vals[1:]
-    x = vals[0]
-    y = vals[1] if ndim > 1 else np.zeros(m, np.int64)
-    z = vals[2] if ndim > 2 else (layer if layer is not None else np.zeros(m, np.int64))
-    row = lv.width * desc.elem_bytes
-    limits = (row - nbytes, lv.height - 1, lv.depth - 1)
-    outside = (x < 0) | (x > limits[0]) | (y < 0) | (y > limits[1]) | (z < 0) | (z > limits[2])
-    if mode == "clamp":
-        x = np.clip(x, 0, limits[0]) // nbytes * nbytes
-        y, z = np.clip(y, 0, limits[1]), np.clip(z, 0, limits[2])
-        outside = np.zeros(m, bool)
-    elif mode == "trap" and outside.any():
-        k = int(np.argmax(outside))
-        raise MemoryFault(
-            f"surface access at ({int(x[k])} bytes, {int(y[k])}, {int(z[k])}) is outside the "
-            f"{lv.width}x{lv.height}x{lv.depth} surface (.trap)",
-            lv.base,
-            "illegal",
-        )
-    addr = np.where(outside, lv.base, lv.base + z * lv.slice + y * lv.pitch + x)
-    addr = addr.astype(np.uint64)  # lanes outside (.zero) read nothing and store nothing
-    if (x % nbytes).any():
-        k = int(np.argmax(x % nbytes != 0))
-        raise MemoryFault(
-            f"misaligned {nbytes}-byte surface access at x={int(x[k])}", int(addr[k]),
-            "misaligned",
-        )  # fmt: skip
-    return addr, outside
-
-
-def _h_suld(st, ins, idx) -> None:
-    _geom, _mode, dtype = ins.x
-    nvec = len(ins.d)
-    nbytes = dtype.itemsize * nvec
-    n = _count(st, idx)
-    result = np.zeros((n, nvec), dtype)
-    for sel, handle in _groups(st, ins, idx):
-        desc = _read_desc(st, handle, MAGIC_SURF)
-        addr, outside = _surface_addresses(st, ins, idx, sel, desc, nbytes)
-        off = st.mem.offsets(addr, nbytes)
-        raw = st.mem.buf[off[:, None] + np.arange(nbytes)].copy().view(dtype)
-        raw[outside] = 0
-        if sel is None:
-            result = raw.reshape(-1, nvec)
-        else:
-            result[sel] = raw.reshape(-1, nvec)
-    for k, d in enumerate(ins.d):
-        d.put(st, idx, result[:, k])
-
-
-def _h_sust(st, ins, idx) -> None:
-    _geom, _mode, dtype = ins.x
-    nvec = len(ins.c)
-    nbytes = dtype.itemsize * nvec
-    n = _count(st, idx)
-    vals = np.stack(
-        [np.broadcast_to(np.asarray(s.get(st, idx)).astype(dtype), (n,)) for s in ins.c], 1
-    )
-    for sel, handle in _groups(st, ins, idx):
-        desc = _read_desc(st, handle, MAGIC_SURF)
-        addr, outside = _surface_addresses(st, ins, idx, sel, desc, nbytes)
-        v = vals if sel is None else vals[sel]
-        keep = ~outside
-        addr, v = addr[keep], v[keep]
-        if not addr.size:
-            continue
-        off = st.mem.offsets(addr, nbytes)
-        st.mem.buf[off[:, None] + np.arange(nbytes)] = np.ascontiguousarray(v).view(np.uint8)
-
-
-def _dec_surface(ctx, mods, load: bool) -> None:
-    m = Mods(ctx, mods)
-    if m.take("p"):
-        raise ctx.unsupported("formatted surface access (.p)")
-    if not m.take("b"):
-        raise ctx.error("surface access needs .b")
-    g = m.take(*_SURF_GEOM)
-    if g is None:
-        raise ctx.unsupported("surface geometry other than 1d/2d/3d/a1d/a2d")
-    v = m.take("v2", "v4")
-    nvec = int(v[1:]) if v else 1
-    mode = m.take("trap", "clamp", "zero", default="trap")
-    m.take("ca", "cg", "cs", "cv", "wb", "wt")
-    ts = m.types()
-    m.done()
-    if len(ts) != 1 or ts[0].name not in ("b8", "b16", "b32", "b64"):
-        raise ctx.error("surface access type must be .b8/.b16/.b32/.b64")
-    ty = ts[0]
-    ctx.nops(2)
-    ins = ctx.ins
-    ref = ctx.ops[1] if load else ctx.ops[0]
-    ins.a, coords = _tex_operand(ctx, ref)
-    items = coords[1] if coords[0] == "vec" else [coords]
-    ndim, layered, _ = _GEOM[g]
-    need = ndim + (1 if layered else 0)
-    if len(items) < need:
-        raise ctx.error(f"{g} takes {need} coordinates")
-    ins.b = [ctx.src(it, TYPES["b32"]) for it in items[:need]]
-    vec = ctx.ops[0] if load else ctx.ops[1]
-    ops = vec[1] if vec[0] == "vec" else [vec]
-    if len(ops) != nvec:
-        raise ctx.error(f"expected {nvec} {'destinations' if load else 'sources'}")
-    uty = TYPES[{8: "u8", 16: "u16", 32: "u32", 64: "u64"}[ty.bits]]
-    if load:
-        ins.d = [ctx.dst(o, uty) for o in ops]
-        ins.fn = _h_suld
-    else:
-        ins.c = [ctx.src(o, uty) for o in ops]
-        ins.fn = _h_sust
-    ins.x = (g, mode, uty.dtype)
-
-
-def dec_suld(ctx, mods) -> None:
-    _dec_surface(ctx, mods, load=True)
-
-
-def dec_sust(ctx, mods) -> None:
-    _dec_surface(ctx, mods, load=False)
-
-
-# ---- txq / suq --------------------------------------------------------------------------------
-_TXQ = (
-    "width",
-    "height",
-    "depth",
-    "array_size",
-    "num_mipmap_levels",
-    "normalized_coords",
-    "filter_mode",
-    "addr_mode_0",
-    "addr_mode_1",
-    "addr_mode_2",
-    "force_unnormalized_coords",
-)
-_SUQ = ("width", "height", "depth", "array_size")
-_UNKNOWN_ENCODING = ("channel_data_type", "channel_order", "num_samples", "memory_layout")
-
-
-def _query(desc: TexDesc, what: str, level: int) -> int:
-    """One attribute. Layered resources report their layers (cubemaps: cubes) as array_size
-    and a depth of 1; 1D resources a height of 1."""
-    lv = desc.levels[min(max(level, 0), len(desc.levels) - 1)]
-    layered = bool(desc.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP))
-    cube = 6 if desc.flags & ARRAY3D_CUBEMAP else 1
-    return {
-        "width": lv.width,
-        "height": lv.height,
-        "depth": 1 if layered else lv.depth,
-        "array_size": lv.depth // cube if layered else 1,
-        "num_mipmap_levels": len(desc.levels),
-        "normalized_coords": int(bool(desc.tex_flags & TRSF_NORMALIZED_COORDINATES)),
-        "filter_mode": desc.filter,
-        "addr_mode_0": desc.address[0],
-        "addr_mode_1": desc.address[1],
-        "addr_mode_2": desc.address[2],
-        "force_unnormalized_coords": 0,
-    }[what]
-
-
-def _h_query(st, ins, idx) -> None:
-    what, magic = ins.x
-    n = _count(st, idx)
-    out = np.zeros(n, np.uint32)
-    lod = ins.c.get(st, idx) if ins.c is not None else None
-    for sel, handle in _groups(st, ins, idx):
-        desc = _read_desc(st, handle, magic)
-        m = n if sel is None else int(np.count_nonzero(sel))
-        if lod is None:
-            vals = np.full(m, _query(desc, what, 0), np.uint32)
-        else:
-            lv = np.broadcast_to(np.asarray(_pick(lod, sel)).view(np.int32), (m,))
-            vals = np.zeros(m, np.uint32)
-            for u in np.unique(lv):
-                vals[lv == u] = _query(desc, what, int(u))
-        if sel is None:
-            out = vals
-        else:
-            out[sel] = vals
-    ins.d.put(st, idx, out)
-
-
-def _dec_query(ctx, mods, surface: bool) -> None:
-    m = Mods(ctx, mods)
-    level = not surface and m.take("level") is not None
-    names = _SUQ if surface else _TXQ
-    what = m.take(*names, *_UNKNOWN_ENCODING)
-    if what is None or (level and what not in ("width", "height", "depth")):
-        raise ctx.error("unknown texture/surface query")
-    if what in _UNKNOWN_ENCODING or what not in names:
-        raise ctx.unsupported(f".{what} queries")
-    ts = m.types()
-    m.done()
-    if [t.name for t in ts] != ["b32"]:
-        raise ctx.error("queries return .b32")
-    ctx.nops(3 if level else 2)
-    ins = ctx.ins
-    ref = ctx.ops[1]
-    if ref[0] != "mem" or ref[2] or ref[1][0] != "reg":
-        raise ctx.unsupported("queries of .texref/.surfref variables; use texture objects")
-    ins.a = ctx.src(ref[1], TYPES["u64"])
-    ins.d = ctx.dst(ctx.ops[0], TYPES["b32"])
-    ins.c = ctx.src(ctx.ops[2], TYPES["b32"]) if level else None
-    ins.x = (what, MAGIC_SURF if surface else MAGIC_TEX)
-    ins.fn = _h_query
-
-
 def dec_txq(ctx, mods) -> None:
-    _dec_query(ctx, mods, surface=False)
-
-
-def dec_suq(ctx, mods) -> None:
-    _dec_query(ctx, mods, surface=True)
+    dec_query(ctx, mods, surface=False)
