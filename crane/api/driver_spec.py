@@ -181,6 +181,7 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuArray3DGetDescriptor@3020", "cuArrayDestroy@2000",
          "cuArrayGetMemoryRequirements@11060", "cuMipmappedArrayCreate@5000",
          "cuMipmappedArrayGetLevel@5000", "cuMipmappedArrayDestroy@5000",
+         "cuMipmappedArrayGetMemoryRequirements@11060",
          "cuMemcpyAtoH@3020", "cuMemcpyAtoHAsync@3020", "cuMemcpyHtoA@3020",
          "cuMemcpyHtoAAsync@3020", "cuMemcpyAtoD@3020", "cuMemcpyDtoA@3020", "cuMemcpyAtoA@3020",
          "cuMemcpy3D@3020", "cuMemcpy3DAsync@3020",

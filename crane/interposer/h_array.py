@@ -97,6 +97,13 @@ def mipmapped_array_create(out: Any, desc: Any, levels: int) -> None:
     out[0] = RT.ffi.cast("void *", TABLE.add_mipmap(ext, base, levels).handle)
 
 
+@handles("cuMipmappedArrayGetMemoryRequirements@11060")
+def mipmapped_array_get_memory_requirements(out: Any, handle: Any, device: int) -> None:
+    m = TABLE.mipmap(RT.ptr(handle))
+    _, size = plan_levels(m.extent, len(m.levels))
+    _write(out, _MEM_REQ.pack(size, _ALIGN))
+
+
 @handles("cuMipmappedArrayGetLevel@5000")
 def mipmapped_array_get_level(out: Any, handle: Any, level: int) -> None:
     m = TABLE.mipmap(RT.ptr(handle))

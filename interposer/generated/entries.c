@@ -1852,7 +1852,11 @@ CUresult cuMipmappedArrayGetLevel(void ** pLevelArray, void * hMipmappedArray, u
     return r;
 }
 
-CUresult cuMipmappedArrayGetMemoryRequirements(void) { return crane_unsupported("cuMipmappedArrayGetMemoryRequirements"); }
+CUresult cuMipmappedArrayGetMemoryRequirements(void * memoryRequirements, void * mipmap, int device) {
+    CUresult r = crane_py_cuMipmappedArrayGetMemoryRequirements_11060(memoryRequirements, mipmap, device);
+    if (crane_trace_on) crane_trace("cuMipmappedArrayGetMemoryRequirements", r, "memoryRequirements=%p mipmap=%p device=%d", (const void *)memoryRequirements, (const void *)mipmap, (int)device);
+    return r;
+}
 
 CUresult cuMipmappedArrayGetSparseProperties(void) { return crane_unsupported("cuMipmappedArrayGetSparseProperties"); }
 

@@ -181,6 +181,7 @@ int crane_py_cuArrayGetMemoryRequirements_11060(void * memoryRequirements, void 
 int crane_py_cuMipmappedArrayCreate_5000(void ** pHandle, void * pMipmappedArrayDesc, unsigned int numMipmapLevels);
 int crane_py_cuMipmappedArrayGetLevel_5000(void ** pLevelArray, void * hMipmappedArray, unsigned int level);
 int crane_py_cuMipmappedArrayDestroy_5000(void * hMipmappedArray);
+int crane_py_cuMipmappedArrayGetMemoryRequirements_11060(void * memoryRequirements, void * mipmap, int device);
 int crane_py_cuMemcpyAtoH_3020(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount);
 int crane_py_cuMemcpyAtoHAsync_3020(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount, void * hStream);
 int crane_py_cuMemcpyHtoA_3020(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount);

@@ -96,6 +96,8 @@ def test_driver_api_arrays(program, run_guest, link_flags) -> None:
         "refused region=CUDA_ERROR_INVALID_VALUE lod=CUDA_ERROR_INVALID_VALUE "
         "span=CUDA_ERROR_INVALID_VALUE",
         "array3d cube=CUDA_ERROR_INVALID_VALUE channels=CUDA_ERROR_INVALID_VALUE size_ok=1",
+        "mipmap size_ok=1 level4=1x1 past=CUDA_ERROR_INVALID_VALUE "
+        "destroy_level=CUDA_ERROR_INVALID_HANDLE",
         "tex desc_ok=1 res_ok=1 view=CUDA_ERROR_NOT_SUPPORTED surf=CUDA_ERROR_INVALID_VALUE",
         "destroyed again tex=CUDA_ERROR_INVALID_HANDLE array=CUDA_ERROR_INVALID_HANDLE",
         "ok",

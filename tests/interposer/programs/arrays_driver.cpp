@@ -67,8 +67,23 @@ int main() {
     CUresult e5 = cuArray3DCreate(&bad, &ch3);
     CUDA_ARRAY_MEMORY_REQUIREMENTS mr;
     CK(cuArrayGetMemoryRequirements(&mr, cube, dev));
+    CUmipmappedArray mm;
+    CUDA_ARRAY3D_DESCRIPTOR md = {16, 16, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+    CK(cuMipmappedArrayCreate(&mm, &md, 5));
+    CUDA_ARRAY_MEMORY_REQUIREMENTS mmr;
+    CK(cuMipmappedArrayGetMemoryRequirements(&mmr, mm, dev));
+    CUarray lv4;
+    CK(cuMipmappedArrayGetLevel(&lv4, mm, 4));
+    CUDA_ARRAY3D_DESCRIPTOR l4;
+    CK(cuArray3DGetDescriptor(&l4, lv4));
+    CUresult e10 = cuMipmappedArrayGetLevel(&lv4, mm, 5);
+    CUresult e11 = cuArrayDestroy(lv4);  // a level goes with its mipmapped array
+    CK(cuMipmappedArrayDestroy(mm));
     printf("array3d cube=%s channels=%s size_ok=%d\n", name(e4), name(e5),
            (int)(mr.size >= 8 * 8 * 6 * 4 && mr.alignment > 0));
+    printf("mipmap size_ok=%d level4=%zux%zu past=%s destroy_level=%s\n",
+           (int)(mmr.size >= 4 * (256 + 64 + 16 + 4 + 1)), l4.Width, l4.Height, name(e10),
+           name(e11));
     // a texture object's descriptors come back as given; a view is not supported
     CUDA_RESOURCE_DESC rd = {};
     rd.resType = CU_RESOURCE_TYPE_ARRAY; rd.res.array.hArray = la;
