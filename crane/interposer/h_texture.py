@@ -81,7 +81,9 @@ def _format(fmt: int, channels: int) -> None:
 
 def resource(raw: bytes) -> tuple[int, int, int, int, tuple[Level, ...]]:
     """(resource type, format, channels, array flags, levels) of a CUDA_RESOURCE_DESC."""
-    rtype, union, _flags = _RES.unpack(raw)
+    rtype, union, flags = _RES.unpack(raw)
+    if flags:
+        raise _invalid("CUDA_RESOURCE_DESC.flags must be 0")
     if rtype == RES_ARRAY:
         a = TABLE.array(struct.unpack_from("<Q", union)[0])
         e = a.extent
