@@ -206,5 +206,19 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuGraphEventRecordNodeGetEvent@11010", "cuGraphEventWaitNodeGetEvent@11010",
          "cuGraphEventRecordNodeSetEvent@11010", "cuGraphEventWaitNodeSetEvent@11010",
          "cuGraphMemsetNodeGetParams@10000")
+    # -- Python, CUDA arrays, 2D/3D copies, texture and surface objects (h_array, h_copy,
+    #    h_texture): arrays are allocations with a guest record, objects descriptors in memory -
+    + _e(PY, False,
+         "cuArrayCreate@3020", "cuArray3DCreate@3020", "cuArrayGetDescriptor@3020",
+         "cuArray3DGetDescriptor@3020", "cuArrayDestroy@2000",
+         "cuArrayGetMemoryRequirements@11060", "cuMipmappedArrayCreate@5000",
+         "cuMipmappedArrayGetLevel@5000", "cuMipmappedArrayDestroy@5000",
+         "cuMipmappedArrayGetMemoryRequirements@11060",
+         "cuMemcpyAtoH@3020", "cuMemcpyAtoHAsync@3020", "cuMemcpyHtoA@3020",
+         "cuMemcpyHtoAAsync@3020", "cuMemcpyAtoD@3020", "cuMemcpyDtoA@3020", "cuMemcpyAtoA@3020",
+         "cuMemcpy3D@3020", "cuMemcpy3DAsync@3020",
+         "cuTexObjectCreate@5000", "cuTexObjectDestroy@5000", "cuTexObjectGetResourceDesc@5000",
+         "cuTexObjectGetTextureDesc@5000", "cuSurfObjectCreate@5000", "cuSurfObjectDestroy@5000",
+         "cuSurfObjectGetResourceDesc@5000")
 )
 # fmt: on

@@ -17,7 +17,9 @@ from typing import Any
 from crane.api.driver_spec import SPEC, How, spec_key
 from crane.api.results import CudaError
 from crane.interposer import (  # noqa: F401 - imported for their registrations
+    h_array,
     h_context,
+    h_copy,
     h_device,
     h_graph,
     h_hostmap,
@@ -27,6 +29,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_module,
     h_pools,
     h_stream,
+    h_texture,
     h_vmm,
 )
 from crane.interposer.registry import HANDLERS

@@ -15,8 +15,9 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs as G
+from crane.interposer.h_copy import side
 from crane.interposer.h_launch import params_from_launch_args, run_host_func
-from crane.interposer.h_memory import copy, endpoint
+from crane.interposer.h_memory import copy
 from crane.interposer.h_module import max_dynamic_shared
 from crane.interposer.h_pools import free_now
 from crane.interposer.registry import handles
@@ -104,12 +105,10 @@ def _copy_params(ptr: Any) -> G.CopyParams:
     src, dst, (w, h, d) = v[:11], v[11:22], v[22:]
     if src[3] or dst[3]:
         raise CudaError(_E.CUDA_ERROR_NOT_SUPPORTED, "memcpy nodes with a mipmap level")
-    s0 = endpoint(src[4], src[5], src[6], src[7]) + (src[2] * src[10] + src[1]) * src[9] + src[0]
-    d0 = endpoint(dst[4], dst[5], dst[6], dst[7]) + (dst[2] * dst[10] + dst[1]) * dst[9] + dst[0]
-    h, d = max(h, 1), max(d, 1)
-    if (h > 1 or d > 1) and (src[9] < w or dst[9] < w):
-        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "pitch smaller than the row width")
-    return G.CopyParams(d0, s0, w, h, d, dst[9], src[9], dst[10], src[10])
+    ext = (w, max(h, 1), max(d, 1))
+    s = side(src[4], src[0], src[1], src[2], src[5], src[6], src[7], src[9], src[10], ext)
+    t = side(dst[4], dst[0], dst[1], dst[2], dst[5], dst[6], dst[7], dst[9], dst[10], ext)
+    return G.CopyParams(t.origin, s.origin, w, ext[1], ext[2], t.pitch, s.pitch, t.rows, s.rows)
 
 
 def _memset_params(ptr: Any) -> G.MemsetParams:

@@ -1,14 +1,13 @@
-"""Device memory: allocation, every linear and 2D copy, memsets, stream-ordered allocation.
+"""Device memory: allocation, every linear copy, memsets, stream-ordered allocation.
 
 Device pointers are guest-chosen addresses inside the session's VA window, so "is this a device
-pointer" (for ``cuMemcpy`` and 2D copies with unified addressing) is a local range check. Host
+pointer" (for ``cuMemcpy`` and copies with unified addressing) is a local range check. Host
 memory, pinned or not, is plain guest memory: copies read or fill it through the session. A
 device-to-host copy waits for its data (it must land before the call, or before the stream's
 next synchronization, returns: waiting early is never wrong)."""
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
@@ -18,9 +17,6 @@ from crane.interposer import graphs
 from crane.interposer.h_pools import free_now
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
-
-_MT_HOST, _MT_DEVICE, _MT_ARRAY, _MT_UNIFIED = 1, 2, 3, 4
-_MEMCPY2D = struct.Struct("<QQI4xQQQQQQI4xQQQQQQ")  # CUDA_MEMCPY2D, 128 bytes
 
 
 def is_device(s: GuestSession, addr: int) -> bool:
@@ -172,62 +168,7 @@ def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
         RT.session().memcpy_dtod(dst, src, n, RT.stream(stream))
 
 
-# ---- 2D copies -----------------------------------------------------------------------------
-def endpoint(mtype: int, host: int, dev: int, arr: int) -> int:
-    """The address a copy descriptor's side names (CUmemorytype)."""
-    if mtype == _MT_HOST:
-        return host
-    if mtype == _MT_DEVICE:
-        return dev
-    if mtype == _MT_UNIFIED:
-        return dev
-    if mtype == _MT_ARRAY:
-        raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "CUDA arrays are not supported")
-    raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad memory type {mtype}")
-
-
-def copy_2d(p_copy: Any, stream: int) -> None:
-    if p_copy == RT.ffi.NULL:
-        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL copy descriptor")
-    (sx, sy, smt, shost, sdev, sarr, spitch, dx, dy, dmt, dhost, ddev, darr, dpitch, w, h) = (
-        _MEMCPY2D.unpack(bytes(RT.ffi.buffer(p_copy, _MEMCPY2D.size)))
-    )
-    s = RT.session()
-    src0 = endpoint(smt, shost, sdev, sarr) + sy * spitch + sx
-    dst0 = endpoint(dmt, dhost, ddev, darr) + dy * dpitch + dx
-    if w == 0 or h == 0:
-        return
-    if (h > 1 and (spitch < w or dpitch < w)) or w > (1 << 40):
-        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "pitch smaller than the row width")
-    cp = graphs.CopyParams(dst0, src0, w, h, 1, dpitch, spitch)
-    if graphs.record(stream, graphs.MEMCPY, cp):
-        return
-    if spitch == dpitch == w:
-        copy(dst0, src0, w * h, stream)
-        return
-    if is_device(s, src0) and not is_device(s, dst0):
-        # one read of the whole source span, then scatter the rows locally
-        span = (h - 1) * spitch + w
-        buf = bytearray(span)
-        s.memcpy_dtoh(src0, span, stream, out=buf)
-        view = memoryview(buf)
-        for r in range(h):
-            RT.ffi.memmove(
-                RT.ffi.cast("char *", dst0 + r * dpitch), view[r * spitch : r * spitch + w], w
-            )
-        return
-    for r in range(h):
-        copy(dst0 + r * dpitch, src0 + r * spitch, w, stream)
-
-
-@handles("cuMemcpy2D@3020", "cuMemcpy2DUnaligned@3020")
-def memcpy_2d(p_copy: Any) -> None:
-    copy_2d(p_copy, sync_call("cuMemcpy2D"))
-
-
-@handles("cuMemcpy2DAsync@3020")
-def memcpy_2d_async(p_copy: Any, stream: Any) -> None:
-    copy_2d(p_copy, RT.stream(stream))
+# ---- 2D and 3D copies (arrays among their endpoints): crane.interposer.h_copy --------------
 
 
 # ---- memsets ---------------------------------------------------------------------------------

@@ -6,23 +6,47 @@
 
 CUresult cuArray3DCreate(void) { return crane_unsupported("cuArray3DCreate"); }
 
-CUresult cuArray3DCreate_v2(void) { return crane_unsupported("cuArray3DCreate_v2"); }
+CUresult cuArray3DCreate_v2(void ** pHandle, void * pAllocateArray) {
+    CUresult r = crane_py_cuArray3DCreate_3020(pHandle, pAllocateArray);
+    if (crane_trace_on) crane_trace("cuArray3DCreate_v2", r, "pHandle=%p pAllocateArray=%p", (const void *)pHandle, (const void *)pAllocateArray);
+    return r;
+}
 
 CUresult cuArray3DGetDescriptor(void) { return crane_unsupported("cuArray3DGetDescriptor"); }
 
-CUresult cuArray3DGetDescriptor_v2(void) { return crane_unsupported("cuArray3DGetDescriptor_v2"); }
+CUresult cuArray3DGetDescriptor_v2(void * pArrayDescriptor, void * hArray) {
+    CUresult r = crane_py_cuArray3DGetDescriptor_3020(pArrayDescriptor, hArray);
+    if (crane_trace_on) crane_trace("cuArray3DGetDescriptor_v2", r, "pArrayDescriptor=%p hArray=%p", (const void *)pArrayDescriptor, (const void *)hArray);
+    return r;
+}
 
 CUresult cuArrayCreate(void) { return crane_unsupported("cuArrayCreate"); }
 
-CUresult cuArrayCreate_v2(void) { return crane_unsupported("cuArrayCreate_v2"); }
+CUresult cuArrayCreate_v2(void ** pHandle, void * pAllocateArray) {
+    CUresult r = crane_py_cuArrayCreate_3020(pHandle, pAllocateArray);
+    if (crane_trace_on) crane_trace("cuArrayCreate_v2", r, "pHandle=%p pAllocateArray=%p", (const void *)pHandle, (const void *)pAllocateArray);
+    return r;
+}
 
-CUresult cuArrayDestroy(void) { return crane_unsupported("cuArrayDestroy"); }
+CUresult cuArrayDestroy(void * hArray) {
+    CUresult r = crane_py_cuArrayDestroy_2000(hArray);
+    if (crane_trace_on) crane_trace("cuArrayDestroy", r, "hArray=%p", (const void *)hArray);
+    return r;
+}
 
 CUresult cuArrayGetDescriptor(void) { return crane_unsupported("cuArrayGetDescriptor"); }
 
-CUresult cuArrayGetDescriptor_v2(void) { return crane_unsupported("cuArrayGetDescriptor_v2"); }
+CUresult cuArrayGetDescriptor_v2(void * pArrayDescriptor, void * hArray) {
+    CUresult r = crane_py_cuArrayGetDescriptor_3020(pArrayDescriptor, hArray);
+    if (crane_trace_on) crane_trace("cuArrayGetDescriptor_v2", r, "pArrayDescriptor=%p hArray=%p", (const void *)pArrayDescriptor, (const void *)hArray);
+    return r;
+}
 
-CUresult cuArrayGetMemoryRequirements(void) { return crane_unsupported("cuArrayGetMemoryRequirements"); }
+CUresult cuArrayGetMemoryRequirements(void * memoryRequirements, void * array, int device) {
+    CUresult r = crane_py_cuArrayGetMemoryRequirements_11060(memoryRequirements, array, device);
+    if (crane_trace_on) crane_trace("cuArrayGetMemoryRequirements", r, "memoryRequirements=%p array=%p device=%d", (const void *)memoryRequirements, (const void *)array, (int)device);
+    return r;
+}
 
 CUresult cuArrayGetPlane(void) { return crane_unsupported("cuArrayGetPlane"); }
 
@@ -1638,15 +1662,31 @@ CUresult cuMemcpy2DUnaligned_v2_ptds(void * pCopy) {
 
 CUresult cuMemcpy3D(void) { return crane_unsupported("cuMemcpy3D"); }
 
-CUresult cuMemcpy3D_v2(void) { return crane_unsupported("cuMemcpy3D_v2"); }
+CUresult cuMemcpy3D_v2(void * pCopy) {
+    CUresult r = crane_py_cuMemcpy3D_3020(pCopy);
+    if (crane_trace_on) crane_trace("cuMemcpy3D_v2", r, "pCopy=%p", (const void *)pCopy);
+    return r;
+}
 
-CUresult cuMemcpy3D_v2_ptds(void) { return crane_unsupported("cuMemcpy3D_v2_ptds"); }
+CUresult cuMemcpy3D_v2_ptds(void * pCopy) {
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpy3D_3020(pCopy); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpy3D_v2_ptds", r, "pCopy=%p", (const void *)pCopy);
+    return r;
+}
 
 CUresult cuMemcpy3DAsync(void) { return crane_unsupported("cuMemcpy3DAsync"); }
 
-CUresult cuMemcpy3DAsync_v2(void) { return crane_unsupported("cuMemcpy3DAsync_v2"); }
+CUresult cuMemcpy3DAsync_v2(void * pCopy, void * hStream) {
+    CUresult r = crane_py_cuMemcpy3DAsync_3020(pCopy, hStream);
+    if (crane_trace_on) crane_trace("cuMemcpy3DAsync_v2", r, "pCopy=%p hStream=%p", (const void *)pCopy, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemcpy3DAsync_v2_ptsz(void) { return crane_unsupported("cuMemcpy3DAsync_v2_ptsz"); }
+CUresult cuMemcpy3DAsync_v2_ptsz(void * pCopy, void * hStream) {
+    CUresult r = crane_py_cuMemcpy3DAsync_3020(pCopy, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemcpy3DAsync_v2_ptsz", r, "pCopy=%p hStream=%p", (const void *)pCopy, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemcpy3DBatchAsync(void) { return crane_unsupported("cuMemcpy3DBatchAsync"); }
 
@@ -1678,27 +1718,59 @@ CUresult cuMemcpyAsync_ptsz(unsigned long long dst, unsigned long long src, size
 
 CUresult cuMemcpyAtoA(void) { return crane_unsupported("cuMemcpyAtoA"); }
 
-CUresult cuMemcpyAtoA_v2(void) { return crane_unsupported("cuMemcpyAtoA_v2"); }
+CUresult cuMemcpyAtoA_v2(void * dstArray, size_t dstOffset, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    CUresult r = crane_py_cuMemcpyAtoA_3020(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
+    if (crane_trace_on) crane_trace("cuMemcpyAtoA_v2", r, "dstArray=%p dstOffset=%zu srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyAtoA_v2_ptds(void) { return crane_unsupported("cuMemcpyAtoA_v2_ptds"); }
+CUresult cuMemcpyAtoA_v2_ptds(void * dstArray, size_t dstOffset, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyAtoA_3020(dstArray, dstOffset, srcArray, srcOffset, ByteCount); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpyAtoA_v2_ptds", r, "dstArray=%p dstOffset=%zu srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
+    return r;
+}
 
 CUresult cuMemcpyAtoD(void) { return crane_unsupported("cuMemcpyAtoD"); }
 
-CUresult cuMemcpyAtoD_v2(void) { return crane_unsupported("cuMemcpyAtoD_v2"); }
+CUresult cuMemcpyAtoD_v2(unsigned long long dstDevice, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    CUresult r = crane_py_cuMemcpyAtoD_3020(dstDevice, srcArray, srcOffset, ByteCount);
+    if (crane_trace_on) crane_trace("cuMemcpyAtoD_v2", r, "dstDevice=%#llx srcArray=%p srcOffset=%zu ByteCount=%zu", (unsigned long long)dstDevice, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyAtoD_v2_ptds(void) { return crane_unsupported("cuMemcpyAtoD_v2_ptds"); }
+CUresult cuMemcpyAtoD_v2_ptds(unsigned long long dstDevice, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyAtoD_3020(dstDevice, srcArray, srcOffset, ByteCount); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpyAtoD_v2_ptds", r, "dstDevice=%#llx srcArray=%p srcOffset=%zu ByteCount=%zu", (unsigned long long)dstDevice, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
+    return r;
+}
 
 CUresult cuMemcpyAtoH(void) { return crane_unsupported("cuMemcpyAtoH"); }
 
-CUresult cuMemcpyAtoH_v2(void) { return crane_unsupported("cuMemcpyAtoH_v2"); }
+CUresult cuMemcpyAtoH_v2(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    CUresult r = crane_py_cuMemcpyAtoH_3020(dstHost, srcArray, srcOffset, ByteCount);
+    if (crane_trace_on) crane_trace("cuMemcpyAtoH_v2", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyAtoH_v2_ptds(void) { return crane_unsupported("cuMemcpyAtoH_v2_ptds"); }
+CUresult cuMemcpyAtoH_v2_ptds(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyAtoH_3020(dstHost, srcArray, srcOffset, ByteCount); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpyAtoH_v2_ptds", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
+    return r;
+}
 
 CUresult cuMemcpyAtoHAsync(void) { return crane_unsupported("cuMemcpyAtoHAsync"); }
 
-CUresult cuMemcpyAtoHAsync_v2(void) { return crane_unsupported("cuMemcpyAtoHAsync_v2"); }
+CUresult cuMemcpyAtoHAsync_v2(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount, void * hStream) {
+    CUresult r = crane_py_cuMemcpyAtoHAsync_3020(dstHost, srcArray, srcOffset, ByteCount, hStream);
+    if (crane_trace_on) crane_trace("cuMemcpyAtoHAsync_v2", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu hStream=%p", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemcpyAtoHAsync_v2_ptsz(void) { return crane_unsupported("cuMemcpyAtoHAsync_v2_ptsz"); }
+CUresult cuMemcpyAtoHAsync_v2_ptsz(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount, void * hStream) {
+    CUresult r = crane_py_cuMemcpyAtoHAsync_3020(dstHost, srcArray, srcOffset, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemcpyAtoHAsync_v2_ptsz", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu hStream=%p", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemcpyBatchAsync(void) { return crane_unsupported("cuMemcpyBatchAsync"); }
 
@@ -1710,9 +1782,17 @@ CUresult cuMemcpyBatchAsync_v2_ptsz(void) { return crane_unsupported("cuMemcpyBa
 
 CUresult cuMemcpyDtoA(void) { return crane_unsupported("cuMemcpyDtoA"); }
 
-CUresult cuMemcpyDtoA_v2(void) { return crane_unsupported("cuMemcpyDtoA_v2"); }
+CUresult cuMemcpyDtoA_v2(void * dstArray, size_t dstOffset, unsigned long long srcDevice, size_t ByteCount) {
+    CUresult r = crane_py_cuMemcpyDtoA_3020(dstArray, dstOffset, srcDevice, ByteCount);
+    if (crane_trace_on) crane_trace("cuMemcpyDtoA_v2", r, "dstArray=%p dstOffset=%zu srcDevice=%#llx ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (unsigned long long)srcDevice, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyDtoA_v2_ptds(void) { return crane_unsupported("cuMemcpyDtoA_v2_ptds"); }
+CUresult cuMemcpyDtoA_v2_ptds(void * dstArray, size_t dstOffset, unsigned long long srcDevice, size_t ByteCount) {
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyDtoA_3020(dstArray, dstOffset, srcDevice, ByteCount); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpyDtoA_v2_ptds", r, "dstArray=%p dstOffset=%zu srcDevice=%#llx ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (unsigned long long)srcDevice, (size_t)ByteCount);
+    return r;
+}
 
 CUresult cuMemcpyDtoD(void) { return crane_unsupported("cuMemcpyDtoD"); }
 
@@ -1772,15 +1852,31 @@ CUresult cuMemcpyDtoHAsync_v2_ptsz(void * dstHost, unsigned long long srcDevice,
 
 CUresult cuMemcpyHtoA(void) { return crane_unsupported("cuMemcpyHtoA"); }
 
-CUresult cuMemcpyHtoA_v2(void) { return crane_unsupported("cuMemcpyHtoA_v2"); }
+CUresult cuMemcpyHtoA_v2(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount) {
+    CUresult r = crane_py_cuMemcpyHtoA_3020(dstArray, dstOffset, srcHost, ByteCount);
+    if (crane_trace_on) crane_trace("cuMemcpyHtoA_v2", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyHtoA_v2_ptds(void) { return crane_unsupported("cuMemcpyHtoA_v2_ptds"); }
+CUresult cuMemcpyHtoA_v2_ptds(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount) {
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyHtoA_3020(dstArray, dstOffset, srcHost, ByteCount); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpyHtoA_v2_ptds", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount);
+    return r;
+}
 
 CUresult cuMemcpyHtoAAsync(void) { return crane_unsupported("cuMemcpyHtoAAsync"); }
 
-CUresult cuMemcpyHtoAAsync_v2(void) { return crane_unsupported("cuMemcpyHtoAAsync_v2"); }
+CUresult cuMemcpyHtoAAsync_v2(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount, void * hStream) {
+    CUresult r = crane_py_cuMemcpyHtoAAsync_3020(dstArray, dstOffset, srcHost, ByteCount, hStream);
+    if (crane_trace_on) crane_trace("cuMemcpyHtoAAsync_v2", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu hStream=%p", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemcpyHtoAAsync_v2_ptsz(void) { return crane_unsupported("cuMemcpyHtoAAsync_v2_ptsz"); }
+CUresult cuMemcpyHtoAAsync_v2_ptsz(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount, void * hStream) {
+    CUresult r = crane_py_cuMemcpyHtoAAsync_3020(dstArray, dstOffset, srcHost, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemcpyHtoAAsync_v2_ptsz", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu hStream=%p", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemcpyHtoD(void) { return crane_unsupported("cuMemcpyHtoD"); }
 
@@ -1926,13 +2022,29 @@ CUresult cuMemsetD8Async_ptsz(unsigned long long dstDevice, unsigned char uc, si
     return r;
 }
 
-CUresult cuMipmappedArrayCreate(void) { return crane_unsupported("cuMipmappedArrayCreate"); }
+CUresult cuMipmappedArrayCreate(void ** pHandle, void * pMipmappedArrayDesc, unsigned int numMipmapLevels) {
+    CUresult r = crane_py_cuMipmappedArrayCreate_5000(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    if (crane_trace_on) crane_trace("cuMipmappedArrayCreate", r, "pHandle=%p pMipmappedArrayDesc=%p numMipmapLevels=%u", (const void *)pHandle, (const void *)pMipmappedArrayDesc, (unsigned int)numMipmapLevels);
+    return r;
+}
 
-CUresult cuMipmappedArrayDestroy(void) { return crane_unsupported("cuMipmappedArrayDestroy"); }
+CUresult cuMipmappedArrayDestroy(void * hMipmappedArray) {
+    CUresult r = crane_py_cuMipmappedArrayDestroy_5000(hMipmappedArray);
+    if (crane_trace_on) crane_trace("cuMipmappedArrayDestroy", r, "hMipmappedArray=%p", (const void *)hMipmappedArray);
+    return r;
+}
 
-CUresult cuMipmappedArrayGetLevel(void) { return crane_unsupported("cuMipmappedArrayGetLevel"); }
+CUresult cuMipmappedArrayGetLevel(void ** pLevelArray, void * hMipmappedArray, unsigned int level) {
+    CUresult r = crane_py_cuMipmappedArrayGetLevel_5000(pLevelArray, hMipmappedArray, level);
+    if (crane_trace_on) crane_trace("cuMipmappedArrayGetLevel", r, "pLevelArray=%p hMipmappedArray=%p level=%u", (const void *)pLevelArray, (const void *)hMipmappedArray, (unsigned int)level);
+    return r;
+}
 
-CUresult cuMipmappedArrayGetMemoryRequirements(void) { return crane_unsupported("cuMipmappedArrayGetMemoryRequirements"); }
+CUresult cuMipmappedArrayGetMemoryRequirements(void * memoryRequirements, void * mipmap, int device) {
+    CUresult r = crane_py_cuMipmappedArrayGetMemoryRequirements_11060(memoryRequirements, mipmap, device);
+    if (crane_trace_on) crane_trace("cuMipmappedArrayGetMemoryRequirements", r, "memoryRequirements=%p mipmap=%p device=%d", (const void *)memoryRequirements, (const void *)mipmap, (int)device);
+    return r;
+}
 
 CUresult cuMipmappedArrayGetSparseProperties(void) { return crane_unsupported("cuMipmappedArrayGetSparseProperties"); }
 
@@ -2404,11 +2516,23 @@ CUresult cuStreamWriteValue64_v2(void) { return crane_unsupported("cuStreamWrite
 
 CUresult cuStreamWriteValue64_v2_ptsz(void) { return crane_unsupported("cuStreamWriteValue64_v2_ptsz"); }
 
-CUresult cuSurfObjectCreate(void) { return crane_unsupported("cuSurfObjectCreate"); }
+CUresult cuSurfObjectCreate(unsigned long long * pSurfObject, void * pResDesc) {
+    CUresult r = crane_py_cuSurfObjectCreate_5000(pSurfObject, pResDesc);
+    if (crane_trace_on) crane_trace("cuSurfObjectCreate", r, "pSurfObject=%p pResDesc=%p", (const void *)pSurfObject, (const void *)pResDesc);
+    return r;
+}
 
-CUresult cuSurfObjectDestroy(void) { return crane_unsupported("cuSurfObjectDestroy"); }
+CUresult cuSurfObjectDestroy(unsigned long long surfObject) {
+    CUresult r = crane_py_cuSurfObjectDestroy_5000(surfObject);
+    if (crane_trace_on) crane_trace("cuSurfObjectDestroy", r, "surfObject=%#llx", (unsigned long long)surfObject);
+    return r;
+}
 
-CUresult cuSurfObjectGetResourceDesc(void) { return crane_unsupported("cuSurfObjectGetResourceDesc"); }
+CUresult cuSurfObjectGetResourceDesc(void * pResDesc, unsigned long long surfObject) {
+    CUresult r = crane_py_cuSurfObjectGetResourceDesc_5000(pResDesc, surfObject);
+    if (crane_trace_on) crane_trace("cuSurfObjectGetResourceDesc", r, "pResDesc=%p surfObject=%#llx", (const void *)pResDesc, (unsigned long long)surfObject);
+    return r;
+}
 
 CUresult cuSurfRefGetArray(void) { return crane_unsupported("cuSurfRefGetArray"); }
 
@@ -2422,15 +2546,31 @@ CUresult cuTensorMapEncodeTiled(void) { return crane_unsupported("cuTensorMapEnc
 
 CUresult cuTensorMapReplaceAddress(void) { return crane_unsupported("cuTensorMapReplaceAddress"); }
 
-CUresult cuTexObjectCreate(void) { return crane_unsupported("cuTexObjectCreate"); }
+CUresult cuTexObjectCreate(unsigned long long * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc) {
+    CUresult r = crane_py_cuTexObjectCreate_5000(pTexObject, pResDesc, pTexDesc, pResViewDesc);
+    if (crane_trace_on) crane_trace("cuTexObjectCreate", r, "pTexObject=%p pResDesc=%p pTexDesc=%p pResViewDesc=%p", (const void *)pTexObject, (const void *)pResDesc, (const void *)pTexDesc, (const void *)pResViewDesc);
+    return r;
+}
 
-CUresult cuTexObjectDestroy(void) { return crane_unsupported("cuTexObjectDestroy"); }
+CUresult cuTexObjectDestroy(unsigned long long texObject) {
+    CUresult r = crane_py_cuTexObjectDestroy_5000(texObject);
+    if (crane_trace_on) crane_trace("cuTexObjectDestroy", r, "texObject=%#llx", (unsigned long long)texObject);
+    return r;
+}
 
-CUresult cuTexObjectGetResourceDesc(void) { return crane_unsupported("cuTexObjectGetResourceDesc"); }
+CUresult cuTexObjectGetResourceDesc(void * pResDesc, unsigned long long texObject) {
+    CUresult r = crane_py_cuTexObjectGetResourceDesc_5000(pResDesc, texObject);
+    if (crane_trace_on) crane_trace("cuTexObjectGetResourceDesc", r, "pResDesc=%p texObject=%#llx", (const void *)pResDesc, (unsigned long long)texObject);
+    return r;
+}
 
 CUresult cuTexObjectGetResourceViewDesc(void) { return crane_unsupported("cuTexObjectGetResourceViewDesc"); }
 
-CUresult cuTexObjectGetTextureDesc(void) { return crane_unsupported("cuTexObjectGetTextureDesc"); }
+CUresult cuTexObjectGetTextureDesc(void * pTexDesc, unsigned long long texObject) {
+    CUresult r = crane_py_cuTexObjectGetTextureDesc_5000(pTexDesc, texObject);
+    if (crane_trace_on) crane_trace("cuTexObjectGetTextureDesc", r, "pTexDesc=%p texObject=%#llx", (const void *)pTexDesc, (unsigned long long)texObject);
+    return r;
+}
 
 CUresult cuTexRefCreate(void) { return crane_unsupported("cuTexRefCreate"); }
 

@@ -226,6 +226,32 @@ int crane_py_cuGraphEventWaitNodeGetEvent_11010(void * hNode, void ** event_out)
 int crane_py_cuGraphEventRecordNodeSetEvent_11010(void * hNode, void * event);
 int crane_py_cuGraphEventWaitNodeSetEvent_11010(void * hNode, void * event);
 int crane_py_cuGraphMemsetNodeGetParams_10000(void * hNode, void * nodeParams);
+int crane_py_cuArrayCreate_3020(void ** pHandle, void * pAllocateArray);
+int crane_py_cuArray3DCreate_3020(void ** pHandle, void * pAllocateArray);
+int crane_py_cuArrayGetDescriptor_3020(void * pArrayDescriptor, void * hArray);
+int crane_py_cuArray3DGetDescriptor_3020(void * pArrayDescriptor, void * hArray);
+int crane_py_cuArrayDestroy_2000(void * hArray);
+int crane_py_cuArrayGetMemoryRequirements_11060(void * memoryRequirements, void * array, int device);
+int crane_py_cuMipmappedArrayCreate_5000(void ** pHandle, void * pMipmappedArrayDesc, unsigned int numMipmapLevels);
+int crane_py_cuMipmappedArrayGetLevel_5000(void ** pLevelArray, void * hMipmappedArray, unsigned int level);
+int crane_py_cuMipmappedArrayDestroy_5000(void * hMipmappedArray);
+int crane_py_cuMipmappedArrayGetMemoryRequirements_11060(void * memoryRequirements, void * mipmap, int device);
+int crane_py_cuMemcpyAtoH_3020(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount);
+int crane_py_cuMemcpyAtoHAsync_3020(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount, void * hStream);
+int crane_py_cuMemcpyHtoA_3020(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount);
+int crane_py_cuMemcpyHtoAAsync_3020(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount, void * hStream);
+int crane_py_cuMemcpyAtoD_3020(unsigned long long dstDevice, void * srcArray, size_t srcOffset, size_t ByteCount);
+int crane_py_cuMemcpyDtoA_3020(void * dstArray, size_t dstOffset, unsigned long long srcDevice, size_t ByteCount);
+int crane_py_cuMemcpyAtoA_3020(void * dstArray, size_t dstOffset, void * srcArray, size_t srcOffset, size_t ByteCount);
+int crane_py_cuMemcpy3D_3020(void * pCopy);
+int crane_py_cuMemcpy3DAsync_3020(void * pCopy, void * hStream);
+int crane_py_cuTexObjectCreate_5000(unsigned long long * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc);
+int crane_py_cuTexObjectDestroy_5000(unsigned long long texObject);
+int crane_py_cuTexObjectGetResourceDesc_5000(void * pResDesc, unsigned long long texObject);
+int crane_py_cuTexObjectGetTextureDesc_5000(void * pTexDesc, unsigned long long texObject);
+int crane_py_cuSurfObjectCreate_5000(unsigned long long * pSurfObject, void * pResDesc);
+int crane_py_cuSurfObjectDestroy_5000(unsigned long long surfObject);
+int crane_py_cuSurfObjectGetResourceDesc_5000(void * pResDesc, unsigned long long surfObject);
 
 /* hand-written C handlers (interposer/src) */
 int crane_c_cuGetProcAddress_11030(const char * symbol, void ** pfn, int driverVersion, unsigned long long flags);

@@ -128,7 +128,8 @@ def test_versioned_lookup(
 def test_unsupported_returns_not_supported_and_logs_once(guest_lib: Path) -> None:
     r = _py(
         """
-        print(lib.cuArrayCreate_v2(None, None), lib.cuArrayCreate_v2(None, None))
+        f = lib.cuArrayGetSparseProperties
+        print(f(None, None), f(None, None))
         print(lib.cuGraphicsMapResources(0, None, None))
         """,
         guest_lib,
@@ -136,7 +137,7 @@ def test_unsupported_returns_not_supported_and_logs_once(guest_lib: Path) -> Non
     assert r.stdout.split() == ["801", "801", "801"], r.stderr
     logged = [line for line in r.stderr.splitlines() if "not supported" in line]
     assert len(logged) == 2
-    assert "cuArrayCreate_v2" in logged[0] and "cuGraphicsMapResources" in logged[1]
+    assert "cuArrayGetSparseProperties" in logged[0] and "cuGraphicsMapResources" in logged[1]
 
 
 def test_md2_and_export_tables(guest_lib: Path) -> None:

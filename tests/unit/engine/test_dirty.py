@@ -93,3 +93,20 @@ def test_pointer_values_are_aligned_and_inside_the_allocations() -> None:
     assert d.pointer_values(0x10_0000, raw, d.bounds()) == []  # not 8-byte aligned there
     assert d.pointer_values(0x10_0004, raw, d.bounds()) == [0x10_0010, 0x20_0008]
     assert DirtyTracker().bounds() == (0, 0)
+
+
+def test_a_surface_object_launch_marks_the_array_behind_it() -> None:
+    """A texture/surface object is a descriptor allocation holding its array's address
+    (crane.api.texdesc); uploading it teaches the tracker that pointer, so a kernel given the
+    object marks the array a surface store may have written."""
+    from crane.api.texdesc import MAGIC_SURF, RES_ARRAY, Level, TexDesc
+
+    d = DirtyTracker()
+    array, desc = 0x10_0000, 0x20_0000
+    d.add(array, 0x1000)
+    d.add(desc, 0x200)
+    raw = TexDesc(MAGIC_SURF, RES_ARRAY, 0x20, 1, 2, (Level(array, 64, 1024, 16, 16, 1),)).pack()
+    d.scan(desc, raw)
+    d.mark()
+    d.launch(struct.pack("<Q", desc))
+    assert d.mark() == ({array, desc}, True)

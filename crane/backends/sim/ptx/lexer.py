@@ -131,6 +131,7 @@ def _is_block_header(head: str) -> bool:
 
 Operand = tuple  # ("reg", name) | ("name", n) | ("int", v) | ("f32", bits) | ("f64", bits)
 # | ("mem", base, offset) | ("vec", [..]) | ("list", [..]) | ("not", op) | ("pair", a, b)
+# | ("texref", [handle, coordinates])
 
 _INT = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|0[bB][01]+|0[0-7]+|[1-9][0-9]*|0)[uU]?$")
 _F32 = re.compile(r"0[fF]([0-9a-fA-F]{8})$")
@@ -179,6 +180,9 @@ def parse_operand(tok: str, line: int) -> Operand:
     if t[0] == "[":
         if t[-1] != "]":
             raise PtxError(f"bad address operand {t!r}", line)
+        parts = _split_top(t[1:-1].strip())
+        if len(parts) > 1:  # a texture/surface operand: [handle, {coordinates}]
+            return ("texref", [parse_operand(p, line) for p in parts])
         return _parse_address(t[1:-1].strip(), line)
     if t[0] == "{":
         if t[-1] != "}":

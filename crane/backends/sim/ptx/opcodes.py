@@ -4,7 +4,8 @@ One table, as gpgpu-sim's ``opcodes.def``: a mnemonic not listed here is refused
 loads (``PtxUnsupported`` naming the instruction and line). Decoders live in small modules by
 class — ``ops_int`` (integer ALU), ``ops_bits`` (bit manipulation), ``ops_float`` (float ALU),
 ``ops_move`` (mov/cvt/compare/select), ``ops_sfu`` (special functions), ``ops_mem`` (memory,
-atomics), ``ops_control`` (branches, calls, barriers), ``ops_warp`` (warp-level). Mnemonics
+atomics), ``ops_control`` (branches, calls, barriers), ``ops_warp`` (warp-level), ``ops_tex``
+(texture instructions), ``ops_surf`` (surface instructions). Mnemonics
 shared by integer and float forms (``add``, ``mul``, ``min`` ...) dispatch on the type.
 """
 
@@ -20,6 +21,8 @@ from . import ops_int as alu
 from . import ops_mem as mem
 from . import ops_move as mov
 from . import ops_sfu as sfu
+from . import ops_surf as surf
+from . import ops_tex as tex
 from . import ops_warp as warp
 from .ptxtypes import TYPES
 
@@ -149,6 +152,13 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("redux", "warp", warp.dec_redux),
     ("match", "warp", warp.dec_match),
     ("elect", "warp", warp.dec_elect),
+    # ---- texture / surface (texture objects; descriptors in device memory) ----
+    ("tex", "texture", tex.dec_tex),
+    ("tld4", "texture", tex.dec_tld4),
+    ("suld", "texture", surf.dec_suld),
+    ("sust", "texture", surf.dec_sust),
+    ("txq", "texture", tex.dec_txq),
+    ("suq", "texture", surf.dec_suq),
 ]
 
 OPCODES: dict[str, OpSpec] = {name: OpSpec(name, cls, dec) for name, cls, dec in _TABLE}
