@@ -58,6 +58,16 @@ _UNIFORM = {
     "%gridid",
     "%dynamic_smem_size",
     "%total_smem_size",
+    "%aggr_smem_size",
+    "%reserved_smem_offset_begin",
+    "%reserved_smem_offset_end",
+    "%reserved_smem_offset_cap",
+    "%reserved_smem_offset_0",
+    "%reserved_smem_offset_1",
+    "%current_graph_exec",
+    # performance-monitor counters: the simulator counts no events (pmevent is a no-op)
+    *(f"%pm{i}" for i in range(8)),
+    *(f"%pm{i}_64" for i in range(8)),
     # driver-supplied launch environment; %envreg1:%envreg2 is the grid-sync workspace
     *(f"%envreg{i}" for i in range(32)),
 }

@@ -116,7 +116,6 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
             pc = key[-1]
             while True:
                 ins = code[pc]
-                st.clock += 1
                 kind = ins.kind
                 if ins.guard is not None:
                     g = ins.guard.row(st)
