@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import ops_async as asy
 from . import ops_bits as bits
 from . import ops_control as ctl
 from . import ops_float as flt
@@ -126,7 +127,8 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("red", "memory", mem.dec_red),
     ("prefetch", "memory", mem.dec_prefetch),
     ("prefetchu", "memory", mem.dec_prefetch),
-    ("cp", "memory", mem.dec_cp),
+    ("cp", "memory", asy.dec_cp),
+    ("mbarrier", "memory", asy.dec_mbarrier),
     # ---- control ----
     ("bra", "control", ctl.dec_bra),
     ("brx", "control", ctl.dec_brx),

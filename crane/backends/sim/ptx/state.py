@@ -212,6 +212,9 @@ class State:
         self.printf = printf
         #: SM clock in cycles per nanosecond of wall time: %clock/%clock64 advance with it
         self.cycles_per_ns = clock_khz / 1e6
+        #: bumped by every change to an mbarrier: lets the executor tell waits that can
+        #: still complete from a deadlock
+        self.mbar_epoch = 0
         #: last %clock64 value read, so successive reads strictly increase
         self.clock_last = 0
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
