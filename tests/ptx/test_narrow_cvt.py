@@ -1,8 +1,8 @@
 """Narrow-format ``cvt`` (FP8, FP6, FP4, UE8M0, TF32, satfinite f16/bf16), bit-exact.
 
 Two references: NVIDIA's own host emulation in cuda_fp8.h/cuda_fp6.h/cuda_fp4.h (the program
-narrow/narrow_cvt.cu built for the host), which the same code compiled to PTX must match on the
-simulated GPU; and encoders written here from the format definitions, for the forms and
+extra_kernels/narrow_cvt.cu built for the host), which the same code compiled to PTX must match
+on the simulated GPU; and encoders written here from the format definitions, for the forms and
 modifiers no intrinsic produces (.relu, TF32, satfinite f16/bf16).
 """
 
@@ -19,7 +19,7 @@ from ptxdev import Ptr
 
 from crane.backends.sim.ptx import PtxError, PtxUnsupported, load_ptx
 
-SRC = Path(__file__).parent / "narrow" / "narrow_cvt.cu"
+SRC = Path(__file__).parent / "extra_kernels" / "narrow_cvt.cu"
 WORDS = 16
 
 
