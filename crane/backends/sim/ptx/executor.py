@@ -19,6 +19,12 @@ Warp-parked lanes are released first, when nothing else can run (in a correct pr
 other lanes of their masks are then warp-parked too, or exited), so a CTA barrier is never
 completed while some lane still has a warp barrier to pass on the way to it.
 
+``mbarrier.test_wait``/``try_wait`` (kind ``MWAIT``) park the lanes whose phase has not completed
+at the wait. When nothing else can run, parked waits whose phase has completed since go back to
+their wait (which passes now); they are tried before a ``bar.sync`` is released. If only waits
+that cannot complete are left, each answers false and moves on (a ``try_wait`` time limit), and
+a launch that keeps coming back to that state with no mbarrier changing is failed as a deadlock.
+
 Cooperative launches (grid-wide sync) break that independence: a block spins in a loop
 (``ld.acquire`` until every block has arrived) and blocks that have not arrived must still run.
 Min-PC alone does not guarantee it: the spinning group can be the lowest key forever while a

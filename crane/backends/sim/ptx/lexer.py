@@ -224,7 +224,8 @@ def parse_operand(tok: str, line: int) -> Operand:
 
 
 def _parse_address(s: str, line: int) -> Operand:
-    s = _WARP_SZ.sub(str(WARP_SZ), s)
+    if "WARP_SZ" in s:
+        s = _WARP_SZ.sub(str(WARP_SZ), s)
     # base [+ offset]; offsets may be "+4", "+-4", "-4"
     m = re.match(r"^([^+\-]+?)\s*(?:([+-])\s*([-+]?\s*(?:0[xX][0-9a-fA-F]+|\d+)))?$", s)
     if not m:
