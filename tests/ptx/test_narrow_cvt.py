@@ -20,7 +20,7 @@ from ptxdev import Ptr
 from crane.backends.sim.ptx import PtxError, PtxUnsupported, load_ptx
 
 SRC = Path(__file__).parent / "extra_kernels" / "narrow_cvt.cu"
-WORDS = 16
+WORDS = 20
 
 
 def _inputs(rng) -> np.ndarray:
@@ -115,6 +115,8 @@ def test_cuda_narrow_intrinsics_match_nvidia_host_emulation(dev, rng, narrow_bui
     ptx = narrow_build[arch]
     if arch == "compute_100f":  # every conversion is one cvt instruction there
         for form in (
+            "ue8m0x2.bf16x2",
+            "e5m2x2.f16x2",
             "e2m1x2.f32",
             "e3m2x2.f32",
             "ue8m0x2.f32",
@@ -358,3 +360,69 @@ def test_refused_forms_name_the_instruction():
         with pytest.raises((PtxUnsupported, PtxError)) as e:
             load_ptx(PAIR.format(body=body))
         assert what in str(e.value)
+
+
+def _ref_decode_f16(code: int, name: str, relu: bool) -> int:
+    eb, mb, _, has_inf, _ = FORMATS[name]
+    sbit = 1 << (eb + mb)
+    code &= 2 * sbit - 1
+    mag = code & (sbit - 1)
+    neg = bool(code & sbit)
+    codes = _finite_codes(name)
+    if mag not in codes:
+        if has_inf and mag == ((1 << eb) - 1) << mb:
+            v = float("-inf") if neg else float("inf")
+        else:
+            return 0x7FFF  # NaN: the canonical f16 NaN
+    else:
+        v = float(codes[mag]) * (-1 if neg else 1)
+    if relu and (neg or v < 0):
+        return 0
+    return int(np.float16(v).view(np.uint16))
+
+
+WIDEN = """
+.version 8.7
+.target sm_100f
+.address_size 64
+.visible .entry k(.param .u64 pin, .param .u64 pout)
+{{
+    .reg .b16 %h<4>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [pin];
+    ld.param.u64 %rd2, [pout];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 4;
+    add.s64 %rd4, %rd1, %rd3;
+    add.s64 %rd5, %rd2, %rd3;
+    ld.global.u32 %r3, [%rd4];
+    cvt.u16.u32 %h1, %r3;
+    {op} %r2, %h1;
+    st.global.u32 [%rd5], %r2;
+    ret;
+}}
+"""
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_narrow_pair_to_f16x2(dev, rng, name, relu):
+    """Every code of the format, in both halves, widened exactly (with .relu: negatives to
+    +0, NaN to the canonical NaN)."""
+    bits = 4 if name == "e2m1" else 8
+    eb, mb = FORMATS[name][:2]
+    ncodes = 1 << (eb + 1 + mb)
+    lo = np.arange(ncodes)
+    hi = (lo * 7 + 3) % ncodes
+    pairs = ((hi << bits) | lo).astype(np.uint32)
+    op = f"cvt.rn{'.relu' if relu else ''}.f16x2.{name}x2"
+    prog = load_ptx(WIDEN.format(op=op))
+    pin, pout = dev.upload(pairs), dev.zeros(pairs.size, np.uint32)
+    dev.launch(prog, "k", 1, pairs.size, [Ptr(pin), Ptr(pout)])
+    got = dev.download(pout, pairs.size, np.uint32)
+    for p, g in zip(pairs.tolist(), got.tolist(), strict=True):
+        want = (_ref_decode_f16(p >> bits, name, relu) << 16) | _ref_decode_f16(
+            p & ((1 << bits) - 1), name, relu
+        )
+        assert g == want, (name, hex(p), hex(g), hex(want))

@@ -9,7 +9,7 @@
 #include <cuda_fp6.h>
 #include <cuda_fp8.h>
 
-#define WORDS 16
+#define WORDS 20
 
 __host__ __device__ static unsigned h2u(__half2_raw h) {
     return (unsigned)h.x | ((unsigned)h.y << 16);
@@ -41,6 +41,13 @@ __host__ __device__ static void convert_one(const float *in, unsigned *out, int 
     hr.x = (unsigned short)(u & 0xFFFF);
     hr.y = (unsigned short)(u >> 16);
     o[15] = __nv_cvt_halfraw2_to_fp8x2(hr, __NV_SATFINITE, __NV_E4M3);
+    o[16] = __nv_cvt_halfraw2_to_fp8x2(hr, __NV_SATFINITE, __NV_E5M2);
+    __nv_bfloat162_raw br;
+    br.x = (unsigned short)(u & 0xFFFF);
+    br.y = (unsigned short)(u >> 16);
+    o[17] = __nv_cvt_bfloat162raw_to_e8m0x2(br, __NV_SATFINITE, cudaRoundZero);
+    o[18] = __nv_cvt_bfloat162raw_to_e8m0x2(br, __NV_NOSAT, cudaRoundPosInf);
+    o[19] = __nv_cvt_bfloat162raw_to_e8m0x2(br, __NV_SATFINITE, cudaRoundPosInf);
 }
 
 extern "C" __global__ void narrow(const float *in, unsigned *out, int n) {
