@@ -121,9 +121,9 @@ def arrive(
 
 def update_tx(w: int, deltas: np.ndarray) -> int:
     """Transaction-count changes in lane order (``expect_tx`` adds, ``complete_tx``
-    subtracts); a phase completes whenever its count returns to zero with nobody pending."""
+    subtracts); a phase completes whenever its count comes to zero with nobody pending."""
     p, e, tx, ph = unpack(w)
-    if (deltas >= 0).all():
+    if p != 0:  # arrivals still pending: no change of the count can complete the phase
         return pack(p, e, tx + int(deltas.sum()), ph)
     for d in deltas.tolist():
         tx += d
