@@ -211,6 +211,9 @@ $Lwait:
     cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%rd11], [buf], 512;
     cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%rd11], [buf], 512;
     cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u32 [%rd11+512], [buf], 16;
+    add.s64 %rd12, %rd2, 1600;
+    cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%rd12], [buf], 32;
+    cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%rd12], [buf], 32;
     cp.async.bulk.commit_group;
     cp.async.bulk.wait_group 0;
 $Ldone:
@@ -221,6 +224,10 @@ $Ldone:
     assert out[64:128].tolist() == x.tolist()
     assert out[256:384].tolist() == (2 * np.concatenate([x, x])).tolist()[:128]
     assert out[384:388].tolist() == x[:4].tolist()
+    # f16 adds, twice, of the buffer's first 16 halves (the u32 values' halves) into zeros
+    h = np.concatenate([x, x])[:8].view(np.float16)
+    want = (h + h).view(np.uint16)
+    assert (out[400:408].view(np.uint16) == want).all()
 
 
 def test_deadlocked_wait_faults_instead_of_hanging(dev):

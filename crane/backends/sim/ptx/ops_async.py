@@ -376,7 +376,7 @@ def dec_cp_reduce(ctx, m: Mods) -> None:
         raise ctx.unsupported(f"`{ctx.pins.opcode}` into shared memory")
     if op is None:
         raise ctx.error("cp.reduce.async.bulk needs a reduction operation")
-    if ty.kind in ("h", "bh") or (ty.kind == "f" and op != "add") or ty.bits == 8:
+    if (ty.kind in ("h", "bh", "f") and op != "add") or ty.kind in ("h2", "bh2") or ty.bits == 8:
         raise ctx.unsupported(f"cp.reduce.async.bulk .{op}.{ty.name}")
     if op in ("inc", "dec") and ty.name != "u32":
         raise ctx.unsupported(f"cp.reduce.async.bulk .{op}.{ty.name}")
