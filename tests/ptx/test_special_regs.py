@@ -214,3 +214,46 @@ def test_map_f64_to_f32(dev):
     want = np.float32(np.float32(np.float32(1.0) + np.float32(0.1)) / np.float32(3.0))
     assert got[2] == want.view(np.uint32)  # computed in f32, not f64
     assert got[3] == 0xDEADBEEF  # the high half of the 64-bit location is untouched
+
+
+CLUSTER = """
+.visible .entry c(.param .u64 pout){dirs}
+{{
+    .reg .pred %p<2>;
+    .reg .b32 %r<20>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [pout];
+    mov.u32 %r1, %ctaid.x;
+    mul.wide.u32 %rd2, %r1, 48;
+    add.s64 %rd3, %rd1, %rd2;
+    mov.u32 %r2, %clusterid.x;
+    mov.u32 %r3, %nclusterid.x;
+    mov.u32 %r4, %cluster_ctaid.x;
+    mov.u32 %r5, %cluster_nctaid.y;
+    mov.u32 %r6, %cluster_ctarank;
+    mov.u32 %r7, %cluster_nctarank;
+    mov.pred %p1, %is_explicit_cluster;
+    selp.u32 %r8, 1, 0, %p1;
+    mov.u32 %r9, %nclusterid.z;
+    st.global.v4.u32 [%rd3], {{%r2, %r3, %r4, %r5}};
+    st.global.v4.u32 [%rd3+16], {{%r6, %r7, %r8, %r9}};
+    ret;
+}}
+"""
+
+
+def test_cluster_registers_describe_one_cta_clusters(dev):
+    prog = load_ptx(HEAD.format(opts="").replace("sm_80", "sm_90") + CLUSTER.format(dirs=""))
+    out_p = dev.zeros(3 * 12, np.uint32)
+    dev.launch(prog, "c", 3, 1, [Ptr(out_p)])
+    rows = dev.download(out_p, 36, np.uint32).reshape(3, 12)
+    for b in range(3):
+        assert rows[b, :8].tolist() == [b, 3, 0, 1, 0, 1, 0, 1]
+
+
+def test_multi_cta_clusters_refused_at_load():
+    text = HEAD.format(opts="").replace("sm_80", "sm_90") + CLUSTER.format(
+        dirs="\n.reqnctapercluster 2, 1, 1"
+    )
+    with pytest.raises(PtxUnsupported, match="clusters of 2 CTAs"):
+        load_ptx(text)

@@ -45,6 +45,10 @@ _PER_LANE = {
     "%lanemask_le",
     "%lanemask_ge",
     "%lanemask_gt",
+    # every CTA is a cluster of its own (launches carry no cluster dimensions)
+    "%clusterid.x",
+    "%clusterid.y",
+    "%clusterid.z",
 }
 _UNIFORM = {
     "%ntid.x",
@@ -65,6 +69,18 @@ _UNIFORM = {
     "%reserved_smem_offset_0",
     "%reserved_smem_offset_1",
     "%current_graph_exec",
+    "%nclusterid.x",
+    "%nclusterid.y",
+    "%nclusterid.z",
+    "%cluster_ctaid.x",
+    "%cluster_ctaid.y",
+    "%cluster_ctaid.z",
+    "%cluster_nctaid.x",
+    "%cluster_nctaid.y",
+    "%cluster_nctaid.z",
+    "%cluster_ctarank",
+    "%cluster_nctarank",
+    "%is_explicit_cluster",
     # performance-monitor counters: the simulator counts no events (pmevent is a no-op)
     *(f"%pm{i}" for i in range(8)),
     *(f"%pm{i}_64" for i in range(8)),

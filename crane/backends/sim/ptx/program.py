@@ -12,6 +12,7 @@ local memory of every lane of a batch are live at once) and keeps arrays cache-f
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.backends.sim.memory import MemoryFault
 
 from .decode import Decoded, FuncInfo, decode_module
-from .errors import KernelFault, PtxError
+from .errors import KernelFault, PtxError, PtxUnsupported
 from .executor import run_batch
 from .parser import SUPPORTED_VERSION, parse_module
 from .state import LaunchGeometry, State
@@ -415,7 +416,15 @@ def load_ptx(text: str) -> PtxProgram:
     for name, fi in dec.funcs.items():
         if not fi.fn.is_entry:
             continue
-        kernels[name] = _kernel_layout(dec, fi, info.entries.get(name))
+        einfo = info.entries.get(name)
+        cluster = einfo.directives.get(".reqnctapercluster") if einfo is not None else None
+        if cluster and math.prod(cluster) > 1:
+            raise PtxUnsupported(
+                f"thread block clusters of {math.prod(cluster)} CTAs (.reqnctapercluster) in "
+                f"kernel {name}",
+                fi.fn.line,
+            )
+        kernels[name] = _kernel_layout(dec, fi, einfo)
     variables = []
     for v in info.variables.values():
         space = v.space.lstrip(".")

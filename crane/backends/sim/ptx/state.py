@@ -150,6 +150,9 @@ class State:
             "%warpid": (tlin // 32).astype(np.uint32),
             "%smid": (gblk % max(nsm, 1)).astype(np.uint32),
         }
+        # no cluster launches: each CTA is its own 1x1x1 cluster
+        for ax in "xyz":
+            self.special[f"%clusterid.{ax}"] = self.special[f"%ctaid.{ax}"]
         lid = self.special["%laneid"].astype(np.uint64)
         one = np.uint64(1)
         eq = (one << lid).astype(np.uint32)
@@ -183,7 +186,16 @@ class State:
             "%reserved_smem_offset_1": np.uint32(0),
             # kernels are not run as a node of a device-side graph launch
             "%current_graph_exec": np.uint64(0),
+            "%nclusterid.x": np.uint32(gx),
+            "%nclusterid.y": np.uint32(gy),
+            "%nclusterid.z": np.uint32(geometry.grid[2]),
+            "%cluster_ctarank": np.uint32(0),
+            "%cluster_nctarank": np.uint32(1),
+            "%is_explicit_cluster": np.bool_(False),
         }
+        for ax in "xyz":
+            self.uniform[f"%cluster_ctaid.{ax}"] = np.uint32(0)
+            self.uniform[f"%cluster_nctaid.{ax}"] = np.uint32(1)
         # no performance-monitor events are counted (pmevent does nothing)
         for i in range(8):
             self.uniform[f"%pm{i}"] = np.uint32(0)
