@@ -224,8 +224,7 @@ CLUSTER = """
     .reg .b64 %rd<8>;
     ld.param.u64 %rd1, [pout];
     mov.u32 %r1, %ctaid.x;
-    mul.wide.u32 %rd2, %r1, 48;
-    add.s64 %rd3, %rd1, %rd2;
+    mad.wide.u32 %rd3, %r1, 48, %rd1;
     mov.u32 %r2, %clusterid.x;
     mov.u32 %r3, %nclusterid.x;
     mov.u32 %r4, %cluster_ctaid.x;
