@@ -230,6 +230,30 @@ $Ldone:
     assert (out[400:408].view(np.uint16) == want).all()
 
 
+def test_bulk_reduce_into_shared_completes_the_barrier(dev):
+    body = """
+    setp.eq.u32 %p1, %r1, 0;
+    shl.b32 %r10, %r1, 2;
+    add.u32 %r11, %r4, %r10;
+    st.shared.u32 [%r11], %r1;
+    st.shared.u32 [%r11+1024], 100;
+    @%p1 mbarrier.init.shared::cta.b64 [bar], 1;
+    bar.sync 0;
+    @!%p1 bra $Lw;
+    mbarrier.arrive.expect_tx.shared::cta.b64 %rd10, [bar], 256;
+    add.u32 %r12, %r4, 1024;
+    cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.add.u32
+        [%r12], [buf], 256, [bar];
+$Lw:
+    mbarrier.try_wait.parity.shared::cta.b64 %p2, [bar], 0;
+    @!%p2 bra $Lw;
+    ld.shared.u32 %r13, [%r11+1024];
+    st.global.u32 [%rd4], %r13;
+    """
+    out = run(dev, body, 64)
+    assert out[:64].tolist() == [100 + t for t in range(64)]
+
+
 def test_deadlocked_wait_faults_instead_of_hanging(dev):
     body = """
     setp.eq.u32 %p1, %r1, 0;

@@ -13,7 +13,8 @@
   ``.noinc`` the pending count is raised by one first, so the pair leaves it unchanged.
 * ``cp.async.bulk`` global→shared and shared→shared (``.shared::cluster`` destinations name the
   own CTA: the simulator launches no clusters) with ``.mbarrier::complete_tx::bytes``,
-  shared→global with ``.bulk_group``, ``cp.reduce.async.bulk`` shared→global, and the bulk
+  shared→global with ``.bulk_group``, ``cp.reduce.async.bulk`` shared→global (bulk group) and
+  shared→shared (completing an mbarrier's transactions), and the bulk
   groups' ``commit_group``/``wait_group{.read}``: copies and reductions happen at issue, so
   the groups are always complete.
 """
@@ -301,15 +302,20 @@ def _h_bulk(st, ins, idx) -> None:
     for (sb, so), (db, do), n in zip(src, dst, sizes.tolist(), strict=True):
         db[do : do + n] = sb[so : so + n]
     if mbar is not None:
-        wi = _word_index(st, ins.b, mbar, idx)
-        v = st.view(st.shared, np.uint64)
-        for w, lanes in _by_barrier(wi):
-            v[w] = mb.update_tx(int(v[w]), -sizes[lanes])
-        st.mbar_epoch += 1
+        _complete_bytes(st, ins.b, mbar, idx, sizes)
+
+
+def _complete_bytes(st, mbar_op, space: str, idx, sizes: np.ndarray) -> None:
+    """``.mbarrier::complete_tx::bytes``: each lane's bytes complete on its barrier."""
+    wi = _word_index(st, mbar_op, space, idx)
+    v = st.view(st.shared, np.uint64)
+    for w, lanes in _by_barrier(wi):
+        v[w] = mb.update_tx(int(v[w]), -sizes[lanes])
+    st.mbar_epoch += 1
 
 
 def _h_reduce(st, ins, idx) -> None:
-    dspace, sspace, op, kind, dtype, esize = ins.x
+    dspace, sspace, op, kind, dtype, esize, mbar = ins.x
     sizes = _per_lane(ins.c, st, idx, st.n if idx is None else idx.size)
     if (sizes % 16).any():
         raise MemoryFault("cp.reduce.async.bulk size is not a multiple of 16", 0, "misaligned")
@@ -321,6 +327,8 @@ def _h_reduce(st, ins, idx) -> None:
         vals = sb[so : so + n].view(dtype)
         ei = do // esize + np.arange(n // esize)
         apply_atomic(st.view(db, dtype), ei, op, kind, vals)
+    if mbar is not None:
+        _complete_bytes(st, ins.b, mbar, idx, sizes)
 
 
 def dec_cp_async_bulk(ctx, m: Mods) -> None:
@@ -372,8 +380,8 @@ def dec_cp_reduce(ctx, m: Mods) -> None:
     ty = m.one_type()
     m.done()
     _check_direction(ctx, dst, src, mbar, group)
-    if mbar or dst != "global":
-        raise ctx.unsupported(f"`{ctx.pins.opcode}` into shared memory")
+    if src != "shared":
+        raise ctx.error("bulk reductions read shared memory")
     if op is None:
         raise ctx.error("cp.reduce.async.bulk needs a reduction operation")
     if (ty.kind in ("h", "bh", "f") and op != "add") or ty.kind in ("h2", "bh2") or ty.bits == 8:
@@ -381,12 +389,13 @@ def dec_cp_reduce(ctx, m: Mods) -> None:
     if op in ("inc", "dec") and ty.name != "u32":
         raise ctx.unsupported(f"cp.reduce.async.bulk .{op}.{ty.name}")
     vty = ty if ty.kind in ("u", "s", "f") else TYPES[f"u{ty.bits}"]
-    ctx.nops(3)
+    ctx.nops(4 if mbar else 3)
     ins = ctx.ins
     ins.d = ctx.address(ctx.ops[0])
     ins.a = ctx.address(ctx.ops[1])
     ins.c = ctx.src(ctx.ops[2], TYPES["u32"])
-    ins.x = (dst, src, op, ty.name, vty.dtype, ty.size)
+    ins.b = ctx.address(ctx.ops[3]) if mbar else None
+    ins.x = (dst, src, op, ty.name, vty.dtype, ty.size, "shared" if mbar else None)
     ins.fn = _h_reduce
 
 
