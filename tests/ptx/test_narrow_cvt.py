@@ -92,13 +92,14 @@ def narrow_build(nvcc, tmp_path_factory):
     built = {}
     for arch in ("compute_90", "compute_100f"):
         p = out / f"narrow_{arch}.ptx"
-        subprocess.run(
+        r = subprocess.run(
             [nvcc, "-ptx", "-O3", f"-arch={arch}", str(SRC), "-o", str(p)],
-            check=True,
             capture_output=True,
+            text=True,
             timeout=300,
         )
-        built[arch] = p.read_text()
+        # an nvcc older than 12.9 has no compute_100f: that arch's test says so and skips
+        built[arch] = p.read_text() if r.returncode == 0 else RuntimeError(r.stderr)
     host = out / "narrow_host"
     subprocess.run(
         [nvcc, "-O2", "-arch=compute_90", "-code=compute_90", str(SRC), "-o", str(host)],
@@ -113,6 +114,10 @@ def narrow_build(nvcc, tmp_path_factory):
 @pytest.mark.parametrize("arch", ["compute_90", "compute_100f"])
 def test_cuda_narrow_intrinsics_match_nvidia_host_emulation(dev, rng, narrow_build, arch, tmp_path):
     ptx = narrow_build[arch]
+    if isinstance(ptx, RuntimeError):
+        if arch == "compute_100f" and "compute_100f" in str(ptx):
+            pytest.skip(f"this nvcc cannot build {arch}: {ptx}")
+        raise ptx
     if arch == "compute_100f":  # every conversion is one cvt instruction there
         for form in (
             "ue8m0x2.bf16x2",
