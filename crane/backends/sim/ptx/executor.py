@@ -186,9 +186,9 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     if (
                         coop
                         and back
-                        and (groups or parked or wparked)
+                        and (groups or parked or wparked or mparked)
                         and _yield_blocks(
-                            st, (*stack, pc), idx, groups, parked, wparked, held, held_blk
+                            st, (*stack, pc), idx, groups, parked, wparked, held, held_blk, mparked
                         )
                     ):
                         break
@@ -325,7 +325,7 @@ def _merge_into(dst: dict, src: dict, n: int) -> None:
 
 
 def _yield_blocks(
-    st, key: tuple, idx, groups: dict, parked: dict, wparked: dict, held: dict, held_blk
+    st, key: tuple, idx, groups: dict, parked: dict, wparked: dict, held: dict, held_blk, mparked
 ) -> bool:
     """A group loops back in a cooperative batch: if lanes of *other* blocks wait (to run, at a
     barrier they can leave, or set aside earlier), set this group and every lane of its blocks
@@ -337,6 +337,7 @@ def _yield_blocks(
     if not (
         _any_outside(blk, groups.values(), mine)
         or _any_outside(blk, wparked.values(), mine)
+        or _any_outside(blk, mparked.values(), mine)
         or _any_outside(blk, parked.values(), mine | held_blk)
         or _any_outside(blk, held.values(), mine)
     ):
