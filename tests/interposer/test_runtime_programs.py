@@ -108,3 +108,17 @@ def test_thrust_and_cub(run_guest, program, arch):
     r = run_guest(program("thrust_cub.cu", "-gencode", f"arch={arch},code={arch}"), "3000")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED: 0 failures" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_clocks_fp8_and_memcpy_async(run_guest, program, arch):
+    """clock64() spinning 0.1 s of the device's clock takes about 0.1 s (it counted
+    instructions); FP8 conversions match the host's; cuda::memcpy_async through a block
+    barrier (cp.async.bulk and mbarrier expect_tx on compute_90)."""
+    r = run_guest(program("async_clock.cu", "-std=c++17", "-gencode", f"arch={arch},code={arch}"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "spin cudaSuccess cycles_ok=1 wall_ok=1 timer_ok=1",
+        "fp8 cudaSuccess mismatches=0",
+        "memcpy_async cudaSuccess mismatches=0",
+    ], r.stdout + r.stderr

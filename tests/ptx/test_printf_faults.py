@@ -144,7 +144,7 @@ def test_unsupported_instruction_refused_at_load():
             "mma",
         ),
         ("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%rd1];", "ldmatrix"),
-        ("cvt.rn.satfinite.e4m3x2.f32 %rs1, %f1, %f2;", "cvt"),
+        ("cvt.rs.satfinite.e4m3x4.f32 %r1, {%f1, %f2, %f3, %f4}, %r2;", "e4m3x4"),
         ("ld.global.foo.f32 %f1, [%rd1];", ".foo"),
         ("add.f32 %f1, %f2, %zz;", "zz"),
     ],

@@ -45,6 +45,10 @@ _PER_LANE = {
     "%lanemask_le",
     "%lanemask_ge",
     "%lanemask_gt",
+    # every CTA is a cluster of its own (launches carry no cluster dimensions)
+    "%clusterid.x",
+    "%clusterid.y",
+    "%clusterid.z",
 }
 _UNIFORM = {
     "%ntid.x",
@@ -58,6 +62,28 @@ _UNIFORM = {
     "%gridid",
     "%dynamic_smem_size",
     "%total_smem_size",
+    "%aggr_smem_size",
+    "%reserved_smem_offset_begin",
+    "%reserved_smem_offset_end",
+    "%reserved_smem_offset_cap",
+    "%reserved_smem_offset_0",
+    "%reserved_smem_offset_1",
+    "%current_graph_exec",
+    "%nclusterid.x",
+    "%nclusterid.y",
+    "%nclusterid.z",
+    "%cluster_ctaid.x",
+    "%cluster_ctaid.y",
+    "%cluster_ctaid.z",
+    "%cluster_nctaid.x",
+    "%cluster_nctaid.y",
+    "%cluster_nctaid.z",
+    "%cluster_ctarank",
+    "%cluster_nctarank",
+    "%is_explicit_cluster",
+    # performance-monitor counters: the simulator counts no events (pmevent is a no-op)
+    *(f"%pm{i}" for i in range(8)),
+    *(f"%pm{i}_64" for i in range(8)),
     # driver-supplied launch environment; %envreg1:%envreg2 is the grid-sync workspace
     *(f"%envreg{i}" for i in range(32)),
 }

@@ -19,6 +19,12 @@ Warp-parked lanes are released first, when nothing else can run (in a correct pr
 other lanes of their masks are then warp-parked too, or exited), so a CTA barrier is never
 completed while some lane still has a warp barrier to pass on the way to it.
 
+``mbarrier.test_wait``/``try_wait`` (kind ``MWAIT``) park the lanes whose phase has not completed
+at the wait. When nothing else can run, parked waits whose phase has completed since go back to
+their wait (which passes now); they are tried before a ``bar.sync`` is released. If only waits
+that cannot complete are left, each answers false and moves on (a ``try_wait`` time limit), and
+a launch that keeps coming back to that state with no mbarrier changing is failed as a deadlock.
+
 Cooperative launches (grid-wide sync) break that independence: a block spins in a loop
 (``ld.acquire`` until every block has arrived) and blocks that have not arrived must still run.
 Min-PC alone does not guarantee it: the spinning group can be the lowest key forever while a
@@ -38,11 +44,15 @@ import numpy as np
 from crane.backends.sim.memory import MemoryFault
 
 from .errors import KernelFault, fault_code
-from .instr import BAR, BRA, CALL, EXIT, PLAIN, RET, TRAP, WBAR
+from .instr import BAR, BRA, CALL, EXIT, MWAIT, PLAIN, RET, TRAP, WBAR
 
-__all__ = ["merge", "run_batch"]
+__all__ = ["MAX_STALLS", "merge", "run_batch"]
 
 _NONE = object()
+#: rounds in a row in which only mbarrier waits were left, none could complete and no mbarrier
+#: changed, before the launch is failed as a deadlock (each round answers every wait false,
+#: so a program that polls and gives up still ends)
+MAX_STALLS = 20000
 
 
 def merge(a, b, n: int):
@@ -90,6 +100,8 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     coop = st.cooperative
     held: dict[tuple, object] = {}  # cooperative only: lanes of blocks that yielded
     held_blk = np.zeros(st.nblocks, np.bool_) if coop else None
+    mparked: dict[tuple, object] = {}  # lanes at an mbarrier wait whose phase is not complete
+    stalls, stall_epoch = 0, -1
     ins = None
     try:
         while True:
@@ -98,6 +110,8 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     _release(code, st, wparked, groups, n)
                     wparked = {}
                     continue
+                if mparked and _wake(code, st, mparked, groups, n):
+                    continue
                 if coop and held:
                     if parked and _release_blocks(code, st, parked, groups, held_blk, n):
                         continue
@@ -105,10 +119,19 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     held = {}
                     held_blk[:] = False
                     continue
-                if not parked:
+                if parked:
+                    _release(code, st, parked, groups, n)
+                    parked = {}
+                    continue
+                if not mparked:
                     return
-                _release(code, st, parked, groups, n)
-                parked = {}
+                # only mbarrier waits are left and none can complete: they answer false
+                stalls = stalls + 1 if st.mbar_epoch == stall_epoch else 0
+                stall_epoch = st.mbar_epoch
+                if stalls > MAX_STALLS:
+                    _deadlock(code, mparked)
+                _give_up(code, st, mparked, groups, n)
+                mparked = {}
                 continue
             key = min(groups)
             idx = groups.pop(key)
@@ -116,7 +139,6 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
             pc = key[-1]
             while True:
                 ins = code[pc]
-                st.clock += 1
                 kind = ins.kind
                 if ins.guard is not None:
                     g = ins.guard.row(st)
@@ -164,9 +186,9 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     if (
                         coop
                         and back
-                        and (groups or parked or wparked)
+                        and (groups or parked or wparked or mparked)
                         and _yield_blocks(
-                            st, (*stack, pc), idx, groups, parked, wparked, held, held_blk
+                            st, (*stack, pc), idx, groups, parked, wparked, held, held_blk, mparked
                         )
                     ):
                         break
@@ -206,6 +228,19 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     k = (*stack, pc)
                     parked[k] = merge(parked[k], idx, n) if k in parked else idx
                     break
+                if kind == MWAIT:
+                    done = ins.fn(st, ins, idx)
+                    if not done.all():
+                        run_idx, wait_idx = _split(done, idx)
+                        k = (*stack, pc)
+                        mparked[k] = merge(mparked[k], wait_idx, n) if k in mparked else wait_idx
+                        if run_idx is None:
+                            break
+                        idx = run_idx
+                    pc += 1
+                    if groups and _rejoin(groups, (*stack, pc), idx, n, False):
+                        break
+                    continue
                 if kind == TRAP:
                     _trap(ins)
                 raise AssertionError(f"unknown instruction kind {kind}")
@@ -230,6 +265,47 @@ def _release(code: list, st, parked: dict, groups: dict, n: int) -> None:
         groups[nk] = merge(groups[nk], idx, n) if nk in groups else idx
 
 
+# ---- mbarrier waits ---------------------------------------------------------------------------
+
+
+def _wake(code: list, st, mparked: dict, groups: dict, n: int) -> bool:
+    """Move the lanes whose awaited phase completed back to their wait (which then passes).
+    Returns True if any moved."""
+    woke = False
+    for key in list(mparked):
+        idx = mparked[key]
+        ins = code[key[-1]]
+        done = ins.e(st, ins, idx)
+        if not done.any():
+            continue
+        go, stay = _split(done, idx)
+        if stay is None:
+            del mparked[key]
+        else:
+            mparked[key] = stay
+        groups[key] = merge(groups[key], go, n) if key in groups else go
+        woke = True
+    return woke
+
+
+def _give_up(code: list, st, mparked: dict, groups: dict, n: int) -> None:
+    """Nothing else can run: every parked wait returns its (false) answer and moves on."""
+    for key, idx in mparked.items():
+        ins = code[key[-1]]
+        ins.fn(st, ins, idx)
+        nk = (*key[:-1], key[-1] + 1)
+        groups[nk] = merge(groups[nk], idx, n) if nk in groups else idx
+
+
+def _deadlock(code: list, mparked: dict) -> None:
+    ins = code[next(iter(mparked))[-1]]
+    raise KernelFault(
+        702,
+        f"deadlock: threads wait at `{ins.text}` (PTX line {ins.line}) for an mbarrier phase "
+        "that no thread can complete",
+    )
+
+
 # ---- cooperative launches: blocks that wait on each other ------------------------------------
 
 
@@ -249,7 +325,7 @@ def _merge_into(dst: dict, src: dict, n: int) -> None:
 
 
 def _yield_blocks(
-    st, key: tuple, idx, groups: dict, parked: dict, wparked: dict, held: dict, held_blk
+    st, key: tuple, idx, groups: dict, parked: dict, wparked: dict, held: dict, held_blk, mparked
 ) -> bool:
     """A group loops back in a cooperative batch: if lanes of *other* blocks wait (to run, at a
     barrier they can leave, or set aside earlier), set this group and every lane of its blocks
@@ -261,6 +337,7 @@ def _yield_blocks(
     if not (
         _any_outside(blk, groups.values(), mine)
         or _any_outside(blk, wparked.values(), mine)
+        or _any_outside(blk, mparked.values(), mine)
         or _any_outside(blk, parked.values(), mine | held_blk)
         or _any_outside(blk, held.values(), mine)
     ):

@@ -8,10 +8,24 @@ slots (``d``, ``d2``, ``a``, ``b``, ``c``, ``e``) and in ``x``.
 
 from __future__ import annotations
 
-__all__ = ["BAR", "BRA", "CALL", "EXIT", "KIND_NAMES", "PLAIN", "RET", "TRAP", "WBAR", "Ins"]
+__all__ = [
+    "BAR",
+    "BRA",
+    "CALL",
+    "EXIT",
+    "KIND_NAMES",
+    "MWAIT",
+    "PLAIN",
+    "RET",
+    "TRAP",
+    "WBAR",
+    "Ins",
+]
 
-PLAIN, BRA, CALL, RET, EXIT, BAR, TRAP, WBAR = range(8)
-KIND_NAMES = ("plain", "bra", "call", "ret", "exit", "bar", "trap", "wbar")
+# MWAIT: an mbarrier wait; ``fn`` writes each lane's result and returns which lanes' phase
+# completed, ``e(st, ins, idx)`` tells the same without writing (the executor parks the others)
+PLAIN, BRA, CALL, RET, EXIT, BAR, TRAP, WBAR, MWAIT = range(9)
+KIND_NAMES = ("plain", "bra", "call", "ret", "exit", "bar", "trap", "wbar", "mwait")
 
 
 class Ins:

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 from .errors import PtxError
 
-__all__ = ["Operand", "Stmt", "parse_int", "parse_operands", "split_statements"]
+#: the predefined identifier WARP_SZ: the warp size, a constant of every PTX target
+WARP_SZ = 32
+_WARP_SZ = re.compile(r"\bWARP_SZ\b")
+
+__all__ = ["WARP_SZ", "Operand", "Stmt", "parse_int", "parse_operands", "split_statements"]
 
 _COMMENTS = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*[\s\S]*?\*/')
 _TOKENS = re.compile(r'[{};]|"(?:[^"\\\n]|\\.)*"|[^{};"]+')
@@ -195,6 +199,8 @@ def parse_operand(tok: str, line: int) -> Operand:
         return ("list", [parse_operand(x, line) for x in _split_top(inner)] if inner else [])
     if t[0] == "!":
         return ("not", parse_operand(t[1:], line))
+    if t == "WARP_SZ":  # PTX's predefined constant: an immediate wherever one may stand
+        return ("int", WARP_SZ)
     if "|" in t:
         a, b = t.split("|", 1)
         return ("pair", parse_operand(a, line), parse_operand(b, line))
@@ -222,6 +228,8 @@ def parse_operand(tok: str, line: int) -> Operand:
 
 
 def _parse_address(s: str, line: int) -> Operand:
+    if "WARP_SZ" in s:
+        s = _WARP_SZ.sub(str(WARP_SZ), s)
     # base [+ offset]; offsets may be "+4", "+-4", "-4"
     m = re.match(r"^([^+\-]+?)\s*(?:([+-])\s*([-+]?\s*(?:0[xX][0-9a-fA-F]+|\d+)))?$", s)
     if not m:

@@ -4,8 +4,9 @@ One table, as gpgpu-sim's ``opcodes.def``: a mnemonic not listed here is refused
 loads (``PtxUnsupported`` naming the instruction and line). Decoders live in small modules by
 class — ``ops_int`` (integer ALU), ``ops_bits`` (bit manipulation), ``ops_float`` (float ALU),
 ``ops_move`` (mov/cvt/compare/select), ``ops_sfu`` (special functions), ``ops_mem`` (memory,
-atomics), ``ops_control`` (branches, calls, barriers), ``ops_warp`` (warp-level), ``ops_tex``
-(texture instructions), ``ops_surf`` (surface instructions). Mnemonics
+atomics), ``ops_mbarrier`` and ``ops_bulk`` (mbarrier, bulk asynchronous copies),
+``ops_control`` (branches, calls, barriers), ``ops_warp`` (warp-level), ``ops_tex`` (texture
+instructions), ``ops_surf`` (surface instructions). Mnemonics
 shared by integer and float forms (``add``, ``mul``, ``min`` ...) dispatch on the type.
 """
 
@@ -15,9 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import ops_bits as bits
+from . import ops_bulk as bulk
 from . import ops_control as ctl
 from . import ops_float as flt
 from . import ops_int as alu
+from . import ops_mbarrier as mbar
 from . import ops_mem as mem
 from . import ops_move as mov
 from . import ops_sfu as sfu
@@ -129,7 +132,8 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("red", "memory", mem.dec_red),
     ("prefetch", "memory", mem.dec_prefetch),
     ("prefetchu", "memory", mem.dec_prefetch),
-    ("cp", "memory", mem.dec_cp),
+    ("cp", "memory", bulk.dec_cp),
+    ("mbarrier", "memory", mbar.dec_mbarrier),
     # ---- control ----
     ("bra", "control", ctl.dec_bra),
     ("brx", "control", ctl.dec_brx),

@@ -111,23 +111,42 @@ class Uniform:
         return self.dtype.type(st.uniform[self.name])
 
 
+#: wall-clock origins taken once per process: %clock64 counts from _T0 and %globaltimer is
+#: _EPOCH0 (Unix time in ns) plus the monotonic time since, so neither runs backwards
+_T0 = time.perf_counter_ns()
+_EPOCH0 = time.time_ns()
+
+
+def clock64(st) -> int:
+    """%clock64: SM cycles at the profile's clock rate since the process started, from wall
+    time (so a kernel that spins N cycles takes about N / clock rate seconds); strictly
+    increasing across reads of one batch, as a running counter is."""
+    v = int((time.perf_counter_ns() - _T0) * st.cycles_per_ns)
+    if v <= st.clock_last:
+        v = st.clock_last + 1
+    st.clock_last = v
+    return v
+
+
+def globaltimer() -> int:
+    """%globaltimer: nanoseconds, Unix epoch based, monotone within the process."""
+    return _EPOCH0 + time.perf_counter_ns() - _T0
+
+
 class Dynamic:
     """Clocks and timers, read when the instruction runs."""
 
-    __slots__ = ("dtype", "name")
+    __slots__ = ("dtype", "hi", "name", "timer")
 
     def __init__(self, name: str, dtype) -> None:
         self.name, self.dtype = name, dtype
+        self.timer = name.startswith("%globaltimer")
+        self.hi = name.endswith("_hi")
 
     def get(self, st, idx):
-        if self.name.startswith("%globaltimer"):
-            v = time.time_ns()
-            if self.name.endswith("_hi"):
-                v >>= 32
-        else:
-            v = st.clock * 4
-            if self.name == "%clock_hi":
-                v >>= 32
+        v = globaltimer() if self.timer else clock64(st)
+        if self.hi:
+            v >>= 32
         return self.dtype.type(v & ((1 << (8 * self.dtype.itemsize)) - 1))
 
 

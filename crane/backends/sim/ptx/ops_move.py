@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .narrowfp import f16_relu, f16_satfinite
 from .operands import Imm
 from .ops_common import Mods, h_unary, set_binary
+from .ops_cvt_narrow import NARROW_TYPES, dec_cvt_narrow
 from .ops_float import HALF_KINDS, half_unpack
 from .ptxtypes import TYPES, PtxType
 
@@ -235,23 +237,26 @@ def _h_cvt_pack(st, ins, idx) -> None:
 
 
 def dec_cvt(ctx, mods) -> None:
+    if any(x in NARROW_TYPES for x in mods):
+        dec_cvt_narrow(ctx, mods)
+        return
     m = Mods(ctx, mods)
     rnd = m.take("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi", "rna", "rs")
     ftz = m.has("ftz")
     sat = m.has("sat")
     relu = m.has("relu")
-    if m.has("satfinite") or m.has("pack"):
-        raise ctx.unsupported("cvt.satfinite / cvt.pack")
+    satfinite = m.has("satfinite")
+    if m.has("pack"):
+        raise ctx.unsupported("cvt.pack")
     ts = m.types()
     m.done()
     if rnd in ("rna", "rs"):
         raise ctx.unsupported(f"cvt.{rnd}")
     if len(ts) != 2:
-        for t in ctx.pins.opcode.split(".")[1:]:
-            if t in ("tf32", "e4m3x2", "e5m2x2", "e2m1x2", "ue8m0x2"):
-                raise ctx.unsupported(f"cvt to .{t}")
         raise ctx.error("cvt needs a destination and a source type")
     dt, st = ts
+    if satfinite and (dt.kind not in ("h", "bh", "h2", "bh2") or st.name != "f32"):
+        raise ctx.unsupported(f"cvt.satfinite.{dt.name}.{st.name}")
     ins = ctx.ins
     if dt.kind in ("h2", "bh2"):
         # cvt.rn.f16x2.f32 d, a, b: a → upper half, b → lower half
@@ -262,7 +267,7 @@ def dec_cvt(ctx, mods) -> None:
         ins.d = ctx.dst(ctx.ops[0], dt)
         ins.a = ctx.src(ctx.ops[1], st)
         ins.b = ctx.src(ctx.ops[2], st)
-        ins.x = _cvt_fn(ctx, half, st, rnd, ftz, sat, relu)
+        ins.x = _half_fn(ctx, half, st, rnd, ftz, sat, relu, satfinite)
         ins.fn = _h_cvt_pack
         return
     if st.kind in ("h2", "bh2") or dt.kind == "pred" or st.kind == "pred":
@@ -272,8 +277,21 @@ def dec_cvt(ctx, mods) -> None:
     ins.a = ctx.src(ctx.ops[1], st)
     if isinstance(ins.a, Imm) and st.kind == "f":
         ins.a = Imm(st.dtype.type(ins.a.val))
-    ins.x = _cvt_fn(ctx, dt, st, rnd, ftz, sat, relu)
+    ins.x = _half_fn(ctx, dt, st, rnd, ftz, sat, relu, satfinite)
     ins.fn = h_unary
+
+
+def _half_fn(ctx, dt: PtxType, st: PtxType, rnd, ftz, sat, relu, satfinite: bool):
+    """The conversion function, with ``.relu`` (NaN → canonical NaN) and ``.satfinite``
+    (f16/bf16 results: infinity → the largest finite value of its sign) applied after
+    rounding."""
+    f = _cvt_fn(ctx, dt, st, rnd, ftz, sat, relu)
+    half = dt.kind[:-1] if dt.kind in ("h2", "bh2") else dt.kind
+    if relu and half in ("h", "bh"):  # .relu: a NaN result is the canonical NaN
+        f = lambda a, f=f: f16_relu(f(a), half)  # noqa: E731
+    if not satfinite:
+        return f
+    return lambda a: f16_satfinite(f(a), half)
 
 
 # ---- comparisons --------------------------------------------------------------------------

@@ -11,6 +11,8 @@ local memory of every lane of a batch are live at once) and keeps arrays cache-f
 
 from __future__ import annotations
 
+import itertools
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from .errors import KernelFault, PtxError, PtxUnsupported
 from .executor import run_batch
 from .parser import SUPPORTED_VERSION, parse_module
 from .state import LaunchGeometry, State
+from .target import apply_target_options
 
 __all__ = [
     "BATCH_BYTES",
@@ -209,6 +212,11 @@ class PtxProgram:
         kparams = np.frombuffer(params + bytes(8 + (-len(params)) % 8), np.uint8)
         sink = printf if printf is not None else _stdout
         nsm = getattr(profile, "sm_count", 132) if profile is not None else 132
+        launch_env = {
+            "clock_khz": getattr(profile, "clock_khz", DEFAULT_CLOCK_KHZ),
+            "nwarps_per_sm": getattr(profile, "max_threads_per_sm", 2048) // 32,
+            "gridid": _next_gridid(),
+        }
         fault: KernelFault | None = None
         try:
             self._run(
@@ -226,6 +234,7 @@ class PtxProgram:
                 dynamic_shared,
                 nsm,
                 grid_workspace if cooperative else 0,
+                launch_env,
             )
         except KernelFault as e:
             msg = e.message
@@ -266,6 +275,7 @@ class PtxProgram:
         dynamic_shared,
         nsm,
         grid_workspace,
+        launch_env,
     ) -> None:
         with np.errstate(all="ignore"):
             for first in range(0, geo.blocks, per_batch):
@@ -285,12 +295,22 @@ class PtxProgram:
                     shared_bytes=k.static_shared_bytes + dynamic_shared,
                     nsm=nsm,
                     grid_workspace=grid_workspace,
+                    dynamic_shared=dynamic_shared,
+                    **launch_env,
                 )
-                st.uniform["%dynamic_smem_size"] = np.uint32(dynamic_shared)
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
 
 
 _TRAP = int(CUresult.CUDA_ERROR_LAUNCH_FAILED)
+#: SM clock used for %clock/%clock64 when a launch names no device profile (an H100 SXM's)
+DEFAULT_CLOCK_KHZ = 1980000
+_gridids = itertools.count(1)
+
+
+def _next_gridid() -> int:
+    """%gridid: a per-process launch counter, so concurrent or successive grids differ (the
+    ISA only promises that it distinguishes grids of one context)."""
+    return next(_gridids)
 
 
 def _stdout(text: str) -> None:
@@ -388,15 +408,23 @@ def load_ptx(text: str) -> PtxProgram:
     if mod.version > SUPPORTED_VERSION:
         # newer ISA versions are accepted; any instruction we do not know is refused below
         pass
-    for t in mod.target:
-        if t.startswith("texmode") or t in ("map_f64_to_f32",):
-            raise PtxUnsupported(f".target option {t}")
+    mapped = apply_target_options(text, mod.target)
+    if mapped is not text:
+        mod = parse_module(mapped)
     dec = decode_module(mod, info)
     kernels: dict[str, PtxKernel] = {}
     for name, fi in dec.funcs.items():
         if not fi.fn.is_entry:
             continue
-        kernels[name] = _kernel_layout(dec, fi, info.entries.get(name))
+        einfo = info.entries.get(name)
+        cluster = einfo.directives.get(".reqnctapercluster") if einfo is not None else None
+        if cluster and math.prod(cluster) > 1:
+            raise PtxUnsupported(
+                f"thread block clusters of {math.prod(cluster)} CTAs (.reqnctapercluster) in "
+                f"kernel {name}",
+                fi.fn.line,
+            )
+        kernels[name] = _kernel_layout(dec, fi, einfo)
     variables = []
     for v in info.variables.values():
         space = v.space.lstrip(".")

@@ -100,6 +100,10 @@ class State:
         shared_bytes: int,
         nsm: int,
         grid_workspace: int = 0,
+        dynamic_shared: int = 0,
+        clock_khz: int = 1980000,
+        nwarps_per_sm: int = 64,
+        gridid: int = 1,
     ) -> None:
         t = geometry.threads
         n = t * nblocks
@@ -146,6 +150,9 @@ class State:
             "%warpid": (tlin // 32).astype(np.uint32),
             "%smid": (gblk % max(nsm, 1)).astype(np.uint32),
         }
+        # no cluster launches: each CTA is its own 1x1x1 cluster
+        for ax in "xyz":
+            self.special[f"%clusterid.{ax}"] = self.special[f"%ctaid.{ax}"]
         lid = self.special["%laneid"].astype(np.uint64)
         one = np.uint64(1)
         eq = (one << lid).astype(np.uint32)
@@ -164,12 +171,35 @@ class State:
             "%nctaid.x": np.uint32(gx),
             "%nctaid.y": np.uint32(gy),
             "%nctaid.z": np.uint32(geometry.grid[2]),
-            "%nwarpid": np.uint32(64),
+            "%nwarpid": np.uint32(nwarps_per_sm),
             "%nsmid": np.uint32(max(nsm, 1)),
-            "%gridid": np.uint64(1),
-            "%dynamic_smem_size": np.uint32(0),
+            "%gridid": np.uint64(gridid),
+            "%dynamic_smem_size": np.uint32(dynamic_shared),
             "%total_smem_size": np.uint32(shared_bytes),
+            # the simulated CTA's shared window holds no region reserved for system software:
+            # the reserved region is empty, at offset 0, and the aggregate is the CTA's own use
+            "%aggr_smem_size": np.uint32(shared_bytes),
+            "%reserved_smem_offset_begin": np.uint32(0),
+            "%reserved_smem_offset_end": np.uint32(0),
+            "%reserved_smem_offset_cap": np.uint32(0),
+            "%reserved_smem_offset_0": np.uint32(0),
+            "%reserved_smem_offset_1": np.uint32(0),
+            # kernels are not run as a node of a device-side graph launch
+            "%current_graph_exec": np.uint64(0),
+            "%nclusterid.x": np.uint32(gx),
+            "%nclusterid.y": np.uint32(gy),
+            "%nclusterid.z": np.uint32(geometry.grid[2]),
+            "%cluster_ctarank": np.uint32(0),
+            "%cluster_nctarank": np.uint32(1),
+            "%is_explicit_cluster": np.bool_(False),
         }
+        for ax in "xyz":
+            self.uniform[f"%cluster_ctaid.{ax}"] = np.uint32(0)
+            self.uniform[f"%cluster_nctaid.{ax}"] = np.uint32(1)
+        # no performance-monitor events are counted (pmevent does nothing)
+        for i in range(8):
+            self.uniform[f"%pm{i}"] = np.uint32(0)
+            self.uniform[f"%pm{i}_64"] = np.uint64(0)
         # %envreg0..31: what the driver puts in the launch environment. Only the grid-sync
         # workspace is ever set: its address split as %envreg1 (high) : %envreg2 (low), 0 outside
         # cooperative launches, which is what cooperative_groups' grid.is_valid() tests.
@@ -192,7 +222,13 @@ class State:
         #: per function id: the lanes' parameter areas, shape (lanes, bytes)
         self.pm = {fid: np.zeros((n, max(sz, 8)), np.uint8) for fid, sz in pm_sizes.items()}
         self.printf = printf
-        self.clock = 0
+        #: SM clock in cycles per nanosecond of wall time: %clock/%clock64 advance with it
+        self.cycles_per_ns = clock_khz / 1e6
+        #: bumped by every change to an mbarrier: lets the executor tell waits that can
+        #: still complete from a deadlock
+        self.mbar_epoch = 0
+        #: last %clock64 value read, so successive reads strictly increase
+        self.clock_last = 0
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         #: the carry flag of add.cc / addc, per lane
         self.cc = np.zeros(n, np.uint64)
