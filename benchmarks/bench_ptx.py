@@ -8,13 +8,17 @@ Measures, in the backend (``PtxProgram.launch`` on a SimMemory, no RPC):
   shared memory (target <= 5 s), and a sum reduction of 16M floats (target <= 2 s);
 * wall time of a 512x512 linear-filtered, normalized-coordinate 2D texture read (``tex.2d``
   through a texture object over a float array), checked against a NumPy bilinear reference;
-* load (parse + decode) time of the benchmark module.
+* load (parse + decode) time of the benchmark module;
+* wall time of a Thrust sort of 1M unsigned keys (CUB's radix sort, as nvcc ships it) in an
+  nvcc-built program run through ``crane run`` on a ``sim:h100-80gb`` daemon (the whole product
+  path: interposer, wire, worker, interpreter), timed by the program around ``thrust::sort``
+  and checked sorted; NumPy's sort of the same keys is the baseline.
 
 Kernels are compiled from CUDA C with nvcc (-O3, compute_80) at start. Prints a table and
 writes a JSON of metrics (``--json``, default benchmarks/results/ptx.json) so two revisions can
 be compared.
 
-    python benchmarks/bench_ptx.py [--json PATH] [--repeat N] [--quick]
+    python benchmarks/bench_ptx.py [--json PATH] [--repeat N] [--quick] [--no-thrust]
 """
 
 from __future__ import annotations
@@ -168,6 +172,7 @@ def main() -> int:
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "ptx.json"))
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs per measurement")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    ap.add_argument("--no-thrust", action="store_true", help="skip the Thrust sort (a daemon)")
     args = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
@@ -240,6 +245,8 @@ def main() -> int:
     )
 
     _bench_texture(b, rng, metrics, best, 512 if not args.quick else 64)
+    if not args.no_thrust:
+        _bench_thrust_sort(nvcc, metrics, (1 << 20) if not args.quick else (1 << 14), args.repeat)
 
     where = f"{platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}"
     print(f"PTX interpreter benchmarks ({where})")
@@ -310,6 +317,67 @@ def _bench_texture(b: Bench, rng, metrics: dict[str, float], best, n: int) -> No
     )
     got = b.read(out, n * n, np.float32).reshape(n, n)
     metrics["tex2d_max_abs_err"] = float(np.max(np.abs(got - ref)))
+
+
+THRUST_SORT = r"""
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thrust/device_vector.h>
+#include <thrust/host_vector.h>
+#include <thrust/sort.h>
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]), reps = atoi(argv[2]);
+    thrust::host_vector<unsigned> h(n);
+    unsigned s = 1;
+    for (int i = 0; i < n; i++) { s = s * 1664525u + 1013904223u; h[i] = s; }
+    thrust::device_vector<unsigned> warm(h.begin(), h.begin() + (n < 1024 ? n : 1024));
+    thrust::sort(warm.begin(), warm.end());  // module load and JIT out of the timing
+    double best = 1e30;
+    bool ok = true;
+    for (int r = 0; r < reps; r++) {
+        thrust::device_vector<unsigned> d = h;
+        cudaDeviceSynchronize();
+        auto t0 = std::chrono::steady_clock::now();
+        thrust::sort(d.begin(), d.end());
+        cudaDeviceSynchronize();
+        double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = t < best ? t : best;
+        thrust::host_vector<unsigned> g = d;
+        for (int i = 1; i < n; i++) ok = ok && g[i - 1] <= g[i];
+    }
+    printf("sort_seconds %.6f sorted %d\n", best, (int)ok);
+    return ok ? 0 : 1;
+}
+"""
+
+
+def _bench_thrust_sort(nvcc: str, metrics: dict[str, float], n: int, repeat: int) -> None:
+    from crane.craned.launcher import DaemonProcess
+
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = Path(d) / "sort.cu", Path(d) / "sort"
+        src.write_text(THRUST_SORT)
+        cmd = [nvcc, "-O2", "-gencode", "arch=compute_80,code=compute_80", "-o", str(exe)]
+        subprocess.run([*cmd, str(src)], check=True, capture_output=True)
+        daemon = DaemonProcess(Path(d) / "run", ["sim:h100-80gb"])
+        try:
+            run = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", daemon.address]
+            p = subprocess.run(
+                [*run, "--", str(exe), str(n), str(repeat)],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+        finally:
+            daemon.stop()
+    fields = p.stdout.split()
+    if p.returncode != 0 or "sort_seconds" not in fields or fields[-1] != "1":
+        raise RuntimeError(f"thrust sort failed ({p.returncode}): {p.stdout}{p.stderr[-2000:]}")
+    keys = np.random.default_rng(2).integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    metrics["thrust_sort_1m_s"] = float(fields[fields.index("sort_seconds") + 1])
+    metrics["sort_numpy_s"] = min(_timed(lambda: np.sort(keys)) for _ in range(repeat))
+    metrics["thrust_sort_vs_numpy"] = metrics["thrust_sort_1m_s"] / metrics["sort_numpy_s"]
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
