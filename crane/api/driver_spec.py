@@ -174,5 +174,9 @@ SPEC: tuple[Entry, ...] = tuple(
          teardown("cuGraphExecDestroy@10000"), "cuGraphExecGetFlags@12000", "cuGraphUpload@11010",
          "cuGraphLaunch@10000", "cuGraphExecKernelNodeSetParams@10010,12000",
          "cuGraphExecUpdate@10020,12000")
+    # -- Python, JIT linking in the guest (h_link): inputs to one linked PTX image -------------
+    + _e(PY, True,
+         "cuLinkCreate@5050,6050", "cuLinkAddData@5050,6050", "cuLinkAddFile@5050,6050",
+         "cuLinkComplete@5050", "cuLinkDestroy@5050")
 )
 # fmt: on

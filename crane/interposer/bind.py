@@ -21,6 +21,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_device,
     h_graph,
     h_launch,
+    h_link,
     h_memory,
     h_misc,
     h_module,

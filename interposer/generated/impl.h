@@ -172,6 +172,14 @@ int crane_py_cuGraphExecKernelNodeSetParams_10010(void * hGraphExec, void * hNod
 int crane_py_cuGraphExecKernelNodeSetParams_12000(void * hGraphExec, void * hNode, void * nodeParams);
 int crane_py_cuGraphExecUpdate_10020(void * hGraphExec, void * hGraph, void ** hErrorNode_out, int * updateResult_out);
 int crane_py_cuGraphExecUpdate_12000(void * hGraphExec, void * hGraph, void * resultInfo);
+int crane_py_cuLinkCreate_5050(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut);
+int crane_py_cuLinkCreate_6050(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut);
+int crane_py_cuLinkAddData_5050(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkAddData_6050(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkAddFile_5050(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkAddFile_6050(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkComplete_5050(void * state, void ** cubinOut, size_t * sizeOut);
+int crane_py_cuLinkDestroy_5050(void * state);
 
 /* hand-written C handlers (interposer/src) */
 int crane_c_cuGetProcAddress_11030(const char * symbol, void ** pfn, int driverVersion, unsigned long long flags);
