@@ -344,7 +344,11 @@ def _emit(units: list[_Unit], defs: dict[str, _Def]) -> str:
             elif s.name and s.is_global and s.kind in ("func", "var"):
                 d = defs.get(s.name)
                 if s.kind == "func" and s.is_decl:
-                    continue  # resolved: the prototypes above declare it
+                    if d is not None or s.name in emitted:
+                        continue  # resolved: the prototypes above declare it
+                    emitted.add(s.name)  # provided by the driver (vprintf, malloc): once
+                    out.append(s.text)
+                    continue
                 if d is not None:
                     if s.name in emitted:
                         continue
