@@ -3,8 +3,8 @@
 Layout decisions made here, once per module:
 
 * all functions' instructions are concatenated into one code array; a PC is an index into it;
-* each function gets its own register files (so a call needs no register saving; recursion is
-  refused at load — see :func:`_check_recursion`) and its own parameter area (``.param``
+* each function gets its own register files (so a call needs no register saving, except to a
+  function on a cycle of the call graph — see :func:`_check_recursion`) and its own parameter area (``.param``
   parameters, return values and the ``.param`` variables of its call sites);
 * variable addresses become *symbol slots*, valued per launch (module globals) or per kernel
   (shared and local layouts, see :mod:`.program`).
@@ -79,6 +79,8 @@ class FuncInfo:
     used_slots: set[int] = field(default_factory=set)
     labels: dict[str, int] = field(default_factory=dict)
     builtin: str | None = None
+    #: On a cycle of the call graph: a call saves its frame (see executor.push_frame).
+    recursive: bool = False
 
 
 @dataclass
@@ -423,23 +425,24 @@ class _Decoder:
 
 
 def _check_recursion(dec: _Decoder) -> None:
-    """Refuse recursion at load: per-function register files need an acyclic call graph."""
-    state: dict[int, int] = {}
+    """Mark the functions on a cycle of the call graph (recursion, direct or mutual): each has
+    one register file per function, so a call to one saves the callee's frame and its return
+    restores it (see executor.push_frame)."""
+    reach: dict[int, set[int]] = {}
 
-    def visit(fid: int, path: list[int]) -> None:
-        state[fid] = 1
-        for c in dec.by_fid[fid].callees:
-            if state.get(c) == 1:
-                names = " -> ".join(dec.by_fid[f].fn.name for f in [*path, fid, c])
-                fn = dec.by_fid[c].fn
-                raise PtxUnsupported(f"recursive device function calls ({names})", fn.line)
-            if state.get(c) is None:
-                visit(c, [*path, fid])
-        state[fid] = 2
+    def closure(fid: int) -> set[int]:
+        seen: set[int] = set()
+        stack = list(dec.by_fid[fid].callees)
+        while stack:
+            c = stack.pop()
+            if c not in seen:
+                seen.add(c)
+                stack.extend(dec.by_fid[c].callees)
+        return seen
 
     for fid in dec.by_fid:
-        if state.get(fid) is None:
-            visit(fid, [])
+        reach[fid] = closure(fid)
+        dec.by_fid[fid].recursive = fid in reach[fid]
 
 
 def decode_module(mod: Module, info=None) -> Decoded:

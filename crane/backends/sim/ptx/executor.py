@@ -38,6 +38,7 @@ import numpy as np
 from crane.backends.sim.memory import MemoryFault
 
 from .errors import KernelFault, fault_code
+from .frames import Frames
 from .instr import BAR, BRA, CALL, EXIT, PLAIN, RET, TRAP, WBAR
 
 __all__ = ["merge", "run_batch"]
@@ -90,6 +91,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     coop = st.cooperative
     held: dict[tuple, object] = {}  # cooperative only: lanes of blocks that yielded
     held_blk = np.zeros(st.nblocks, np.bool_) if coop else None
+    frames = Frames()  # saved activations of recursive functions
     ins = None
     try:
         while True:
@@ -174,6 +176,8 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                 if kind == CALL:
                     # ins.x = ("call", callee FuncInfo, arg copies, ret copies)
                     _, callee, args, _rets = ins.x
+                    if callee.recursive:
+                        frames.push(st, callee.fid, (*stack, pc), idx, ins)
                     _copy_params(st.pm[callee.fid], st.pm[ins.fid], args, idx)
                     stack = (*stack, pc)
                     pc = callee.entry_pc
@@ -183,7 +187,12 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                         break  # the kernel returns: these lanes are done
                     site = code[stack[-1]]
                     _, callee, _args, rets = site.x
-                    _copy_params(st.pm[site.fid], st.pm[callee.fid], rets, idx)
+                    if callee.recursive:  # the return values, then the outer activation back
+                        vals = _take_params(st.pm[callee.fid], rets, idx)
+                        frames.pop(st, callee.fid, stack, idx)
+                        _put_params(st.pm[site.fid], vals, idx)
+                    else:
+                        _copy_params(st.pm[site.fid], st.pm[callee.fid], rets, idx)
                     pc = stack[-1] + 1
                     stack = stack[:-1]
                     if groups and _rejoin(groups, (*stack, pc), idx, n, True):
@@ -340,3 +349,17 @@ def _copy_params(dst, src, copies, idx) -> None:  # type: ignore[no-untyped-def]
     rows = slice(None) if idx is None else idx
     for src_off, dst_off, size in copies:
         dst[rows, dst_off : dst_off + size] = src[rows, src_off : src_off + size]
+
+
+def _take_params(src, copies, idx) -> list:  # type: ignore[no-untyped-def]
+    """The bytes a return copies out of the callee's param space (before its frame is restored)."""
+    rows = slice(None) if idx is None else idx
+    return [
+        (dst_off, src[rows, src_off : src_off + size].copy()) for src_off, dst_off, size in copies
+    ]
+
+
+def _put_params(dst, vals, idx) -> None:  # type: ignore[no-untyped-def]
+    rows = slice(None) if idx is None else idx
+    for dst_off, data in vals:
+        dst[rows, dst_off : dst_off + data.shape[1]] = data

@@ -80,6 +80,8 @@ class PtxKernel:
     lane_bytes: int = 0
     #: reads %envreg1/%envreg2, the grid-sync workspace (cooperative_groups grid_group)
     reads_grid_workspace: bool = False
+    #: fid -> (start, end) of its .local variables in a lane's local memory (frames.py)
+    local_frames: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def max_threads(self) -> int | None:
@@ -287,6 +289,7 @@ class PtxProgram:
                     grid_workspace=grid_workspace,
                 )
                 st.uniform["%dynamic_smem_size"] = np.uint32(dynamic_shared)
+                st.local_frames = k.local_frames
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
 
 
@@ -489,12 +492,16 @@ def _kernel_layout(dec: Decoded, fi: FuncInfo, einfo) -> PtxKernel:
     # local memory: every reachable function's .local variables (the __local_depot frames)
     off = 0
     for f in reach:
+        start = None
         for v in dec.by_fid[f].fn.locals:
             off = _align(off, v.align)
+            start = off if start is None else start
             slot = dec.slot_index.get(("local", f, v.name))
             if slot is not None:
                 k.slot_values[slot] = off
             off += v.size
+        if start is not None:
+            k.local_frames[f] = (start, off)
     k.local_bytes = off
     lane = 0
     for f in reach:

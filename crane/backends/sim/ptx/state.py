@@ -192,6 +192,8 @@ class State:
         #: per function id: the lanes' parameter areas, shape (lanes, bytes)
         self.pm = {fid: np.zeros((n, max(sz, 8)), np.uint8) for fid, sz in pm_sizes.items()}
         self.printf = printf
+        #: fid -> (start, end) of the function's local frame in a lane's local memory
+        self.local_frames: dict[int, tuple[int, int]] = {}
         self.clock = 0
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         #: the carry flag of add.cc / addc, per lane
