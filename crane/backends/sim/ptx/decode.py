@@ -4,8 +4,8 @@ Layout decisions made here, once per module:
 
 * all functions' instructions are concatenated into one code array; a PC is an index into it;
 * each function gets its own register files (so a call needs no register saving, except to a
-  function on a cycle of the call graph — see :func:`_check_recursion`) and its own parameter area (``.param``
-  parameters, return values and the ``.param`` variables of its call sites);
+  function on a cycle of the call graph — see :func:`_check_recursion`) and its own parameter
+  area (``.param`` parameters, return values and the ``.param`` variables of its call sites);
 * variable addresses become *symbol slots*, valued per launch (module globals) or per kernel
   (shared and local layouts, see :mod:`.program`).
 
