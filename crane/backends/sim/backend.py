@@ -82,6 +82,7 @@ class SimBackend(Backend):
         self.ledger = ledger
         self.slot = slot
         self._stdout: list[bytes] = []
+        self._heap: Any = None  # the device heap, on the first launch calling malloc/free
 
     # ---- memory -------------------------------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:
@@ -201,9 +202,15 @@ class SimBackend(Backend):
                 self.memory.write(addr, g.init)
             globals_[name] = GlobalVar(name, addr, g.size)
             sim.symbols[name] = addr
+        if image.ptx is not None:
+            sim.program = _load_program(image.ptx)
+            if sim.program is None:
+                sim.why_no_ptx = "this build of Crane has no PTX interpreter"
+        code = sim.program.function_addresses() if sim.program is not None else {}
         for g in image.globals.values():
             for r in g.relocs:  # address initializers: `__device__ int *p = &table[3];`
-                target = sim.symbols.get(r.symbol)
+                # a function's (vtables, function-pointer tables) or a variable's address
+                target = code.get(r.symbol, sim.symbols.get(r.symbol))
                 if target is None:
                     log.warning(
                         "module %s: %s+%d refers to %s, which is not a module variable; left zero",
@@ -215,11 +222,7 @@ class SimBackend(Backend):
                     continue
                 value = (target + r.addend) & ((1 << (8 * r.size)) - 1)
                 self.memory.write(sim.symbols[g.name] + r.offset, value.to_bytes(r.size, "little"))
-        if image.ptx is not None:
-            sim.program = _load_program(image.ptx)
-            if sim.program is None:
-                sim.why_no_ptx = "this build of Crane has no PTX interpreter"
-        else:
+        if image.ptx is None:
             cc = "{}{}".format(*self.profile.compute_capability)
             sim.why_no_ptx = (
                 f"the module holds no PTX ({image.description}); the simulated GPU executes PTX: "
@@ -263,6 +266,7 @@ class SimBackend(Backend):
                 max_dynamic_shared=max_dynamic_shared,
                 cooperative=cooperative,
                 grid_workspace=self._grid_workspace() if cooperative else 0,
+                heap=self._device_heap() if sim.program.uses_heap else None,
             )
         except KernelFault as e:
             raise CudaError(CUresult(e.code), str(e)) from None
@@ -286,6 +290,21 @@ class SimBackend(Backend):
             self.mem_alloc(chunk, GRID_SYNC_BYTES)
         return chunk
 
+    def _device_heap(self) -> Any:
+        """The device heap of kernels' malloc/free: DEVICE_HEAP_BYTES (CUDA's default
+        CU_LIMIT_MALLOC_HEAP_SIZE, 8 MiB) of driver memory just below the grid-sync workspace's
+        chunk, mapped and charged to the device on the first launch that calls malloc or free.
+        Its blocks outlive launches and the session (the context) frees it all when it ends."""
+        if self._heap is None:
+            from crane.backends.sim.ptx.heap import DeviceHeap
+
+            top = self.memory.base + self.memory.size - CHUNK_GRANULARITY
+            base = top - DEVICE_HEAP_BYTES
+            self.map_chunk(base, DEVICE_HEAP_BYTES)
+            self.mem_alloc(base, DEVICE_HEAP_BYTES)
+            self._heap = DeviceHeap(base, DEVICE_HEAP_BYTES)
+        return self._heap
+
     def _printf(self, text: str) -> None:
         self._stdout.append(text.encode("utf-8", "replace"))
 
@@ -299,6 +318,10 @@ class SimBackend(Backend):
     def close(self) -> None:
         self.ledger.clear(self.slot)
         self.memory.close()
+
+
+#: Size of the device heap (CUDA's default CU_LIMIT_MALLOC_HEAP_SIZE).
+DEVICE_HEAP_BYTES = 8 << 20
 
 
 def _load_program(ptx: str) -> Any:

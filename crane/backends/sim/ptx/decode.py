@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .calls import function_address
 from .errors import PtxError, PtxUnsupported
 from .instr import BRA, CALL, Ins
 from .operands import CastReg, Dynamic, Imm, Reg, Sink, Special, Sym, Uniform
@@ -147,8 +148,8 @@ class Ctx:
             var = self.pins.scope.var(name)
             if var is not None:
                 return self.symbol(var, ty)
-            if name in self._dec.funcs:
-                raise self.unsupported("function addresses (indirect calls)")
+            if name in self._dec.funcs:  # a function's address (function pointers, vtables)
+                return Imm(ty.dtype.type(function_address(self._dec.funcs[name].fid)))
             raise self.error(f"undeclared name {name!r}")
         if kind in ("int", "f32", "f64"):
             return Imm(imm_value(op, ty, self))
@@ -420,6 +421,11 @@ class _Decoder:
         if ins.kind == CALL and isinstance(ins.x, tuple) and ins.x and ins.x[0] == "call":
             callee: FuncInfo = ins.x[1]
             fi.callees.add(callee.fid)
+        elif ins.kind == CALL and isinstance(ins.x, tuple) and ins.x and ins.x[0] == "icall":
+            # an indirect call may reach any device function with a body
+            fi.callees |= {
+                f.fid for f in self.funcs.values() if not f.fn.is_entry and f.fn.body is not None
+            }
         if ins.kind == BRA:  # the target label, resolved to a PC after the function
             self.fixups.append((ins, fi, ins.x))
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from crane.backends.sim.memory import MemoryFault
 
+from .calls import indirect_copies, resolve_indirect
 from .errors import KernelFault, fault_code
 from .frames import Frames
 from .instr import BAR, BRA, CALL, EXIT, PLAIN, RET, TRAP, WBAR
@@ -175,7 +176,14 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     continue
                 if kind == CALL:
                     # ins.x = ("call", callee FuncInfo, arg copies, ret copies)
-                    _, callee, args, _rets = ins.x
+                    if ins.x[0] == "icall":  # through a register: the callee per lane
+                        callee, idx, rest = resolve_indirect(st, ins, idx, funcs_by_fid)
+                        if rest is not None:  # other targets call after these lanes
+                            k = (*stack, pc)
+                            groups[k] = merge(groups[k], rest, n) if k in groups else rest
+                        args = indirect_copies(ins, callee)[0]
+                    else:
+                        _, callee, args, _rets = ins.x
                     if callee.recursive:
                         frames.push(st, callee.fid, (*stack, pc), idx, ins)
                     _copy_params(st.pm[callee.fid], st.pm[ins.fid], args, idx)
@@ -186,7 +194,11 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     if not stack:
                         break  # the kernel returns: these lanes are done
                     site = code[stack[-1]]
-                    _, callee, _args, rets = site.x
+                    if site.x[0] == "icall":
+                        callee = funcs_by_fid[ins.fid]
+                        rets = indirect_copies(site, callee)[1]
+                    else:
+                        _, callee, _args, rets = site.x
                     if callee.recursive:  # the return values, then the outer activation back
                         vals = _take_params(st.pm[callee.fid], rets, idx)
                         frames.pop(st, callee.fid, stack, idx)

@@ -20,6 +20,7 @@ import numpy as np
 from crane.api.generated.cuda_enums import CUresult
 from crane.backends.sim.memory import MemoryFault
 
+from .calls import function_address
 from .decode import Decoded, FuncInfo, decode_module
 from .errors import KernelFault, PtxError, PtxUnsupported
 from .executor import run_batch
@@ -109,6 +110,12 @@ class PtxProgram:
         self.variables: list[ModuleVariable] = variables
         self.version = dec.module.version
         self.target = dec.module.target
+        #: calls device malloc/free: launches need the context's device heap (heap.py)
+        self.uses_heap = any(fi.builtin in ("malloc", "free") for fi in dec.funcs.values())
+
+    def function_addresses(self) -> dict[str, int]:
+        """Each function's address (what ``mov.u64 %rd, f`` and an initializer ``{f}`` hold)."""
+        return {name: function_address(fi.fid) for name, fi in self._dec.funcs.items()}
 
     @property
     def instruction_count(self) -> int:
@@ -130,6 +137,7 @@ class PtxProgram:
         max_dynamic_shared: int | None = None,
         cooperative: bool = False,
         grid_workspace: int = 0,
+        heap=None,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
 
@@ -144,6 +152,9 @@ class PtxProgram:
         limit: every lane's state at once within :data:`BATCH_BYTES` (the same error, with a
         message naming this limit). A non-cooperative launch leaves the envregs 0, as a GPU
         does, so grid.sync() traps (nvcc checks the workspace) instead of hanging.
+
+        ``heap`` is the context's device heap (:class:`.heap.DeviceHeap`) for kernels that call
+        malloc/free; its blocks outlive the launch.
         """
         k = self.kernels.get(name)
         if k is None:
@@ -228,6 +239,7 @@ class PtxProgram:
                 dynamic_shared,
                 nsm,
                 grid_workspace if cooperative else 0,
+                heap,
             )
         except KernelFault as e:
             msg = e.message
@@ -268,6 +280,7 @@ class PtxProgram:
         dynamic_shared,
         nsm,
         grid_workspace,
+        heap=None,
     ) -> None:
         with np.errstate(all="ignore"):
             for first in range(0, geo.blocks, per_batch):
@@ -290,6 +303,7 @@ class PtxProgram:
                 )
                 st.uniform["%dynamic_smem_size"] = np.uint32(dynamic_shared)
                 st.local_frames = k.local_frames
+                st.heap = heap
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
 
 

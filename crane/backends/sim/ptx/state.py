@@ -194,6 +194,8 @@ class State:
         self.printf = printf
         #: fid -> (start, end) of the function's local frame in a lane's local memory
         self.local_frames: dict[int, tuple[int, int]] = {}
+        #: the context's device heap (heap.DeviceHeap) for malloc/free, if the launch has one
+        self.heap = None
         self.clock = 0
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         #: the carry flag of add.cc / addc, per lane
