@@ -1,0 +1,15 @@
+"""Device-side calls under crane run on the simulated GPU: virtual functions of objects that
+new created in an earlier launch, a function-pointer table, recursion, device malloc beyond
+the default heap (NULL) and delete."""
+
+from __future__ import annotations
+
+
+def test_virtuals_function_pointers_recursion_and_heap(program, run_guest) -> None:
+    exe = program("calls_heap.cu", "-gencode", "arch=compute_80,code=compute_80")
+    r = run_guest(exe)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "virtual sync=no error ok=1 h[3]=30 h[4]=14 heap=8388608",
+        "calls sync=no error ok=1 h[5]=115 big=0",
+    ]
