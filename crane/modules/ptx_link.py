@@ -29,8 +29,21 @@ from crane.modules.ptx_info import PtxModule, scan_ptx
 
 __all__ = ["DRIVER_FUNCTIONS", "LinkError", "LinkInput", "LinkResult", "link_ptx"]
 
-#: Device functions the driver itself provides to every module (resolved without a definition).
-DRIVER_FUNCTIONS = frozenset({"vprintf", "__assertfail", "malloc", "free"})
+#: Device functions the driver provides to every module (resolved without a definition), and
+#: the device runtime's dynamic-parallelism entry points, which the simulated GPU serves itself
+#: (libcudadevrt ships no PTX a pre-Blackwell device can JIT).
+DRIVER_FUNCTIONS = frozenset(
+    {
+        "vprintf",
+        "__assertfail",
+        "malloc",
+        "free",
+        "__cudaCDP2GetParameterBufferV2",
+        "__cudaCDP2LaunchDeviceV2",
+        "__cudaCDP2GetLastError",
+        "__cudaCDP2PeekAtLastError",
+    }
+)
 
 _COMMENT_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
 _LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")

@@ -13,3 +13,20 @@ def test_virtuals_function_pointers_recursion_and_heap(program, run_guest) -> No
         "virtual sync=no error ok=1 h[3]=30 h[4]=14 heap=8388608",
         "calls sync=no error ok=1 h[5]=115 big=0",
     ]
+
+
+def test_dynamic_parallelism(program_dir, run_guest) -> None:
+    exe = program_dir(
+        "cdp", "-rdc=true", "-gencode", "arch=compute_80,code=compute_80", "-lcudadevrt"
+    )
+    r = run_guest(exe)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "fire-and-forget sync=no error ok=1 h[255]=318 errs=0000",
+        # the tail launch runs after every fire-and-forget child of the grid
+        "tail sum=40704 want=40704",
+        # 24 nested grids; the 25th launch is refused with cudaErrorLaunchMaxDepthExceeded
+        "nesting levels=24 refused=65023",
+        # cudaErrorInvalidConfiguration, kept by peek, cleared by get
+        "bad config peek=9 get=9 again=0",
+    ]

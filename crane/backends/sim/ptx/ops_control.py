@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .heap import h_free, h_malloc
 from .instr import BAR, BRA, CALL, EXIT, RET, TRAP, WBAR
 from .ops_common import Mods, h_nop
@@ -126,6 +127,13 @@ def dec_call(ctx, mods) -> None:
         if callee.builtin == "free" and len(arg_offs) == 1:
             ins.fn = h_free
             ins.x = (arg_offs[0][0],)
+            return
+        if callee.builtin in DEVICE_RUNTIME:  # dynamic parallelism (device_launch.py)
+            handler, nargs = DEVICE_RUNTIME[callee.builtin]
+            if len(arg_offs) != nargs:
+                raise ctx.error(f"{callee.builtin} takes {nargs} arguments")
+            ins.fn = handler
+            ins.x = (*(o for o, _ in arg_offs), ret_offs[0][0] if ret_offs else None)
             return
         raise ctx.unsupported(f"call to external function {callee.builtin}")
     params = callee.fn.params

@@ -22,6 +22,8 @@ from crane.backends.sim.memory import MemoryFault
 
 from .calls import function_address
 from .decode import Decoded, FuncInfo, decode_module
+from .device_launch import BUILTINS as DEVICE_RUNTIME
+from .device_launch import DeviceLaunches
 from .errors import KernelFault, PtxError, PtxUnsupported
 from .executor import run_batch
 from .parser import SUPPORTED_VERSION, parse_module
@@ -111,7 +113,11 @@ class PtxProgram:
         self.version = dec.module.version
         self.target = dec.module.target
         #: calls device malloc/free: launches need the context's device heap (heap.py)
-        self.uses_heap = any(fi.builtin in ("malloc", "free") for fi in dec.funcs.values())
+        #: launches kernels from the device (dynamic parallelism, device_launch.py)
+        self.uses_device_launch = any(fi.builtin in DEVICE_RUNTIME for fi in dec.funcs.values())
+        self.uses_heap = self.uses_device_launch or any(
+            fi.builtin in ("malloc", "free") for fi in dec.funcs.values()
+        )
 
     def function_addresses(self) -> dict[str, int]:
         """Each function's address (what ``mov.u64 %rd, f`` and an initializer ``{f}`` hold)."""
@@ -138,6 +144,7 @@ class PtxProgram:
         cooperative: bool = False,
         grid_workspace: int = 0,
         heap=None,
+        depth: int = 0,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
 
@@ -154,7 +161,8 @@ class PtxProgram:
         does, so grid.sync() traps (nvcc checks the workspace) instead of hanging.
 
         ``heap`` is the context's device heap (:class:`.heap.DeviceHeap`) for kernels that call
-        malloc/free; its blocks outlive the launch.
+        malloc/free; its blocks outlive the launch. The grids the kernel launches from the
+        device run after it (see :mod:`.device_launch`), ``depth`` levels deep.
         """
         k = self.kernels.get(name)
         if k is None:
@@ -223,6 +231,13 @@ class PtxProgram:
         sink = printf if printf is not None else _stdout
         nsm = getattr(profile, "sm_count", 132) if profile is not None else 132
         fault: KernelFault | None = None
+        launches = None
+        if self.uses_device_launch:
+            launches = DeviceLaunches(
+                {self._dec.funcs[n].fid: (n, kk.param_bytes) for n, kk in self.kernels.items()},
+                heap,
+                depth,
+            )
         try:
             self._run(
                 k,
@@ -240,7 +255,23 @@ class PtxProgram:
                 nsm,
                 grid_workspace if cooperative else 0,
                 heap,
+                launches,
             )
+            for child in launches.ordered() if launches is not None else ():
+                self.launch(
+                    child.kernel,
+                    child.grid,
+                    child.block,
+                    child.shared,
+                    child.params,
+                    memory,
+                    symbols,
+                    profile,
+                    printf,
+                    max_dynamic_shared=max_dynamic_shared,
+                    heap=heap,
+                    depth=depth + 1,
+                )
         except KernelFault as e:
             msg = e.message
             if not cooperative and e.code == _TRAP and k.reads_grid_workspace:
@@ -281,6 +312,7 @@ class PtxProgram:
         nsm,
         grid_workspace,
         heap=None,
+        launches=None,
     ) -> None:
         with np.errstate(all="ignore"):
             for first in range(0, geo.blocks, per_batch):
@@ -304,6 +336,7 @@ class PtxProgram:
                 st.uniform["%dynamic_smem_size"] = np.uint32(dynamic_shared)
                 st.local_frames = k.local_frames
                 st.heap = heap
+                st.device_launches = launches
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
 
 

@@ -196,6 +196,8 @@ class State:
         self.local_frames: dict[int, tuple[int, int]] = {}
         #: the context's device heap (heap.DeviceHeap) for malloc/free, if the launch has one
         self.heap = None
+        #: what the grid's threads launched (device_launch.DeviceLaunches), if it can launch
+        self.device_launches = None
         self.clock = 0
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         #: the carry flag of add.cc / addc, per lane
