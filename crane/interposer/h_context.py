@@ -88,6 +88,12 @@ def ctx_get_stream_priority_range(least: Any, greatest: Any) -> None:
         greatest[0] = -5
 
 
+def limit_value(limit: int) -> int:
+    """The value cuCtxSetLimit set for ``limit`` (CUlimit), or its default: what the
+    device-side heap and launch limits are sent from (crane.interposer.device_limits)."""
+    return _LIMITS[limit]
+
+
 @handles("cuCtxGetLimit@3010")
 def ctx_get_limit(out: Any, limit: int) -> None:
     if limit not in _LIMITS:

@@ -29,4 +29,14 @@ def test_dynamic_parallelism(program_dir, run_guest) -> None:
         "nesting levels=24 refused=65023",
         # cudaErrorInvalidConfiguration, kept by peek, cleared by get
         "bad config peek=9 get=9 again=0",
+        # CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT 4: the 5th and 6th launch are refused
+        # (cudaErrorLaunchPendingCountExceeded) and do not run
+        "pending limit=no error sync=no error codes=0,0,0,0,69,69 ran=111100",
     ]
+
+
+def test_malloc_heap_size_limit(program, run_guest) -> None:
+    exe = program("heap_limit.cu", "-gencode", "arch=compute_80,code=compute_80")
+    r = run_guest(exe)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "set=no error heap=33554432 sync=no error 24MiB=1 40MiB=0"

@@ -16,7 +16,8 @@ the tail launches (``cudaStreamTailLaunch``), which CUDA starts only after the p
 all its fire-and-forget work complete. Device-created streams are not served (the launch
 returns cudaErrorInvalidValue). Limits: 24 nested levels (cudaErrorLaunchMaxDepthExceeded)
 and 2048 pending launches per grid (CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT's default,
-cudaErrorLaunchPendingCountExceeded). Parameter buffers come from the device heap.
+cudaErrorLaunchPendingCountExceeded; the context's limit when it set one). Parameter buffers
+come from the device heap.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class DeviceLaunches:
     kernels: dict[int, tuple[str, int]]
     heap: DeviceHeap | None
     depth: int = 0
+    #: CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
+    max_pending: int = MAX_PENDING
     pending: list[PendingLaunch] = field(default_factory=list)
     buffers: dict[int, tuple[str, tuple, tuple, int, int]] = field(default_factory=dict)
     #: (first block of the lane's batch, lane) -> the thread's last error
@@ -157,7 +160,7 @@ def _launch_one(st, dl: DeviceLaunches | None, buf: int, stream: int) -> int:
         return _INVALID_CONFIGURATION
     if dl.depth + 1 >= MAX_DEPTH:
         return _MAX_DEPTH_EXCEEDED
-    if len(dl.pending) >= MAX_PENDING:
+    if len(dl.pending) >= dl.max_pending:
         return _PENDING_COUNT_EXCEEDED
     dl.pending.append(PendingLaunch(kernel, grid, block, shared, params, stream == STREAM_TAIL))
     return _SUCCESS

@@ -23,7 +23,7 @@ from crane.backends.sim.memory import MemoryFault
 from .calls import function_address
 from .decode import Decoded, FuncInfo, decode_module
 from .device_launch import BUILTINS as DEVICE_RUNTIME
-from .device_launch import DeviceLaunches
+from .device_launch import MAX_PENDING, DeviceLaunches
 from .errors import KernelFault, PtxError, PtxUnsupported
 from .executor import run_batch
 from .parser import SUPPORTED_VERSION, parse_module
@@ -145,6 +145,7 @@ class PtxProgram:
         grid_workspace: int = 0,
         heap=None,
         depth: int = 0,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
 
@@ -237,6 +238,7 @@ class PtxProgram:
                 {self._dec.funcs[n].fid: (n, kk.param_bytes) for n, kk in self.kernels.items()},
                 heap,
                 depth,
+                max_pending=max_pending,
             )
         try:
             self._run(
@@ -271,6 +273,7 @@ class PtxProgram:
                     max_dynamic_shared=max_dynamic_shared,
                     heap=heap,
                     depth=depth + 1,
+                    max_pending=max_pending,
                 )
         except KernelFault as e:
             msg = e.message

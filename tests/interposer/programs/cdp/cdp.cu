@@ -38,6 +38,14 @@ __global__ void bad_config(int* err) {
     err[2] = (int)cudaGetLastError();
 }
 
+// one thread launches six children: past the pending-launch limit the launch is refused
+__global__ void many(int* out, int* codes) {
+    for (int k = 0; k < 6; ++k) {
+        child<<<1, 1, 0, cudaStreamFireAndForget>>>(out, k, 1);
+        codes[k] = (int)cudaGetLastError();
+    }
+}
+
 int main() {
     const int n = 256;
     int *out, *result, *errs, *reached, *refused, *bad;
@@ -72,5 +80,17 @@ int main() {
     printf("tail sum=%d want=%lld\n", r, want);
     printf("nesting levels=%d refused=%d\n", depth, ref);
     printf("bad config peek=%d get=%d again=%d\n", b[0], b[1], b[2]);
+    cudaError_t lim = cudaDeviceSetLimit(cudaLimitDevRuntimePendingLaunchCount, 4);
+    int* codes;
+    cudaMalloc(&codes, 6 * sizeof(int));
+    cudaMemset(out, 0xff, n * sizeof(int));
+    many<<<1, 1>>>(out, codes);
+    e = cudaDeviceSynchronize();
+    int c[6];
+    cudaMemcpy(c, codes, sizeof c, cudaMemcpyDeviceToHost);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    printf("pending limit=%s sync=%s codes=%d,%d,%d,%d,%d,%d ran=%d%d%d%d%d%d\n",
+           cudaGetErrorString(lim), cudaGetErrorString(e), c[0], c[1], c[2], c[3], c[4], c[5],
+           h[0] == 0, h[1] == 1, h[2] == 2, h[3] == 3, h[4] == 4, h[5] == 5);
     return 0;
 }
