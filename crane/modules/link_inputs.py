@@ -14,6 +14,7 @@ import struct
 from collections.abc import Sequence
 
 from crane.modules.arch import format_cc
+from crane.modules.cubin import parse_cubin
 from crane.modules.elf import is_elf, parse_elf
 from crane.modules.errors import ImageError
 from crane.modules.fatbin import (
@@ -101,10 +102,13 @@ def _machine(data: bytes) -> int:
 
 
 def _cubin_note(data: bytes, cc: tuple[int, int]) -> str:
-    flags = struct.unpack_from("<I", data, 48)[0] if len(data) >= 52 else 0
-    sm = flags & 0xFF if flags & 0xFF else (flags >> 8) & 0xFF
-    arch = f"sm_{sm}" if sm else "an unknown architecture"
-    return f"SASS for {arch} (a cubin), which cannot be linked for a {format_cc(cc)} device here"
+    try:
+        arch = parse_cubin(data).arch.cubin_name()
+    except ImageError:
+        arch = "an unknown architecture"
+    return (
+        f"holds SASS for {arch} (a cubin), which cannot be linked for a {format_cc(cc)} device here"
+    )
 
 
 def _object_inputs(data: bytes, name: str, cc: tuple[int, int], optional: bool) -> list[LinkInput]:

@@ -30,6 +30,7 @@ def link_inputs(cuda_build):  # type: ignore[no-untyped-def]
         cuda_build(lib, "-rdc=true", *PTX80, "-ptx", suffix=".ptx"),
         cuda_build(lib, "-dc", *PTX80, suffix=".o"),
         cuda_build(lib, "-lib", "-rdc=true", *PTX80, suffix=".a"),
+        cuda_build(lib, "-cubin", "-rdc=true", "-arch=sm_80", suffix=".cubin"),
     ]
 
 
@@ -52,5 +53,8 @@ def test_cu_link_inputs_and_logs(program, run_guest, link_flags, link_inputs) ->
     duplicate = out.split("duplicate result=", 1)[1]
     assert duplicate.startswith("200 error=[")
     assert "error   : Multiple definition of 'gain' in '" in duplicate
+    # SASS: refused with CUDA_ERROR_NO_BINARY_FOR_GPU, the log names what it holds
+    assert "cubin result=209 error=[error   : '" in out
+    assert "holds SASS for sm_80 (a cubin), which cannot be linked for a sm_90 device" in out
     # a failed JIT: the log is capped at the buffer's 24 bytes, NUL-terminated, size written back
     assert "loadex result=218 used=23 nul=1 error=[error   : PTX line 5" in out

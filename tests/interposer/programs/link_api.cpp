@@ -1,7 +1,7 @@
 // cuLink* over PTX, object and library inputs, with the JIT logs read back through the
 // option arrays; failing links (an undefined and a multiply-defined symbol) and a failing
 // cuModuleLoadDataEx report their reasons in the error log buffer.
-// Usage: link_api KERNEL.ptx LIB.ptx LIB.o LIB.a
+// Usage: link_api KERNEL.ptx LIB.ptx LIB.o LIB.a LIB.cubin
 #include <cuda.h>
 #include <cstdio>
 #include <cstring>
@@ -87,8 +87,9 @@ static CUresult link_and_run(const char *label, Logs &logs, int count, const CUj
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) return 2;
+    if (argc != 6) return 2;
     const char *kernel = argv[1], *lib_ptx = argv[2], *lib_obj = argv[3], *lib_a = argv[4];
+    const char *lib_cubin = argv[5];
     cuInit(0);
     CUdevice dev;
     CUcontext ctx;
@@ -128,6 +129,13 @@ int main(int argc, char **argv) {
     const char *p_dup[] = {kernel, lib_ptx, lib_ptx};
     r = link_and_run("duplicate", logs, 3, ptx3, p_dup, true);
     printf("duplicate result=%d error=[%s]\n", (int)r, logs.error);
+
+    // SASS cannot be linked here: refused when added, the reason in the error log
+    logs.reset();
+    const CUjitInputType sass[] = {CU_JIT_INPUT_PTX, CU_JIT_INPUT_CUBIN};
+    const char *p_sass[] = {kernel, lib_cubin};
+    r = link_and_run("cubin", logs, 2, sass, p_sass, false);
+    printf("cubin result=%d error=[%s]\n", (int)r, logs.error);
 
     // a module load whose JIT fails: the reason in the error log, capped at the buffer size
     logs.reset();
