@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as DA
@@ -48,18 +49,28 @@ def _read_file(path: Any) -> bytes:
         raise CudaError(CUresult.CUDA_ERROR_FILE_NOT_FOUND, f"{name}: {e.strerror}") from None
 
 
-def _load_pointer(out: Any, image: Any, options: JitOptions, library: bool = False) -> None:
-    """Load an image given by pointer; a version-2 wrapper (``nvcc -rdc=true`` for PTX) is
-    JIT-linked first. Failures fill the error log, successes the info log, as the JIT does."""
+def _load_logged(
+    out: Any, image: Callable[[], bytes], options: JitOptions, library: bool = False
+) -> None:
+    """Load; failures fill the error log, successes the info log, as the JIT does."""
     try:
-        ptr = RT.ptr(image)
-        linked = linked_image(ptr, options)
-        data = linked if linked is not None else image_from_pointer(RT.ffi, ptr)
-        _load(out, data, library)
+        _load(out, image(), library)
     except CudaError as e:
         options.write_error(f"error   : {e.message}")
         raise
     options.write_info(f"info    : loaded {RT.module(out[0]).description}")
+
+
+def _load_pointer(out: Any, image: Any, options: JitOptions, library: bool = False) -> None:
+    """Load an image given by pointer; a version-2 wrapper (``nvcc -rdc=true`` for PTX) is
+    JIT-linked first."""
+
+    def data() -> bytes:
+        ptr = RT.ptr(image)
+        linked = linked_image(ptr, options)
+        return linked if linked is not None else image_from_pointer(RT.ffi, ptr)
+
+    _load_logged(out, data, options, library)
 
 
 @handles("cuModuleLoadData@2000", "cuModuleLoadFatBinary@2000")
@@ -92,8 +103,11 @@ def library_load_data(
 
 
 @handles("cuLibraryLoadFromFile@12000")
-def library_load_from_file(out: Any, path: Any, *options: Any) -> None:
-    _load(out, _read_file(path), library=True)
+def library_load_from_file(
+    out: Any, path: Any, jit_opts: Any, jit_vals: Any, n_jit: int, *library_options: Any
+) -> None:
+    options = JitOptions.read(RT.ffi, n_jit, jit_opts, jit_vals)
+    _load_logged(out, lambda: _read_file(path), options, library=True)
 
 
 @handles("cuModuleUnload@2000", "cuLibraryUnload@12000")
