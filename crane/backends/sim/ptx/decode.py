@@ -80,7 +80,7 @@ class FuncInfo:
     used_slots: set[int] = field(default_factory=set)
     labels: dict[str, int] = field(default_factory=dict)
     builtin: str | None = None
-    #: On a cycle of the call graph: a call saves its frame (see executor.push_frame).
+    #: On a cycle of the call graph: a call saves its frame (see frames.py).
     recursive: bool = False
 
 
@@ -433,22 +433,48 @@ class _Decoder:
 def _check_recursion(dec: _Decoder) -> None:
     """Mark the functions on a cycle of the call graph (recursion, direct or mutual): each has
     one register file per function, so a call to one saves the callee's frame and its return
-    restores it (see executor.push_frame)."""
-    reach: dict[int, set[int]] = {}
-
-    def closure(fid: int) -> set[int]:
-        seen: set[int] = set()
-        stack = list(dec.by_fid[fid].callees)
-        while stack:
-            c = stack.pop()
-            if c not in seen:
-                seen.add(c)
-                stack.extend(dec.by_fid[c].callees)
-        return seen
-
-    for fid in dec.by_fid:
-        reach[fid] = closure(fid)
-        dec.by_fid[fid].recursive = fid in reach[fid]
+    restores it (see :mod:`.frames`). A function is on a cycle when its strongly connected
+    component has more than one function or it calls itself (iterative Tarjan, linear time)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    counter = 0
+    for root in dec.by_fid:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(dec.by_fid[root].callees)))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(dec.by_fid[w].callees))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                for f in comp:
+                    fi = dec.by_fid[f]
+                    fi.recursive = len(comp) > 1 or f in fi.callees
 
 
 def decode_module(mod: Module, info=None) -> Decoded:
