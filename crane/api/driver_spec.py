@@ -220,5 +220,9 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuTexObjectCreate@5000", "cuTexObjectDestroy@5000", "cuTexObjectGetResourceDesc@5000",
          "cuTexObjectGetTextureDesc@5000", "cuSurfObjectCreate@5000", "cuSurfObjectDestroy@5000",
          "cuSurfObjectGetResourceDesc@5000")
+    # -- Python, JIT linking in the guest (h_link): inputs to one linked PTX image -------------
+    + _e(PY, True,
+         "cuLinkCreate@5050,6050", "cuLinkAddData@5050,6050", "cuLinkAddFile@5050,6050",
+         "cuLinkComplete@5050", "cuLinkDestroy@5050")
 )
 # fmt: on

@@ -244,6 +244,10 @@ OPS: tuple[Op, ...] = (
        doc="cuLaunchCooperativeKernel: as LAUNCH, but every block is resident at once and the "
            "kernel gets the grid-sync workspace (cooperative_groups grid.sync()); a grid above "
            "the device's co-residency limit fails with COOPERATIVE_LAUNCH_TOO_LARGE."),
+    op(31, "DEVICE_RUNTIME_LIMITS", "ctx:HANDLE heap:SIZE pending:U32",
+       doc="The context's CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT "
+           "(cuCtxSetLimit is answered in the guest): sent before a launch when they changed, "
+           "for the device heap of malloc/free and the pending launches of dynamic parallelism."),
 )
 # fmt: on
 

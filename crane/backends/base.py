@@ -154,6 +154,13 @@ class Backend(ABC):
         grid-sync workspace provided (the backend's own memory, as the driver's); a grid the
         device cannot keep resident raises CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE."""
 
+    def set_device_runtime_limits(self, heap_bytes: int, pending_launches: int) -> None:
+        """CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT for later
+        launches (device malloc/free, dynamic parallelism)."""
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED, "this backend cannot set device-runtime limits"
+        )
+
     def code_versions(self, module: LoadedModule, kernel: str) -> tuple[int, int]:
         """cuFuncGetAttribute's (PTX_VERSION, BINARY_VERSION) of ``kernel`` as this device runs
         it: the virtual architecture its code was compiled from and the architecture of the

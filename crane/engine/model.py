@@ -356,6 +356,11 @@ class SessionDevice:
             )
         self.max_dynamic_shared[function] = size
 
+    def device_runtime_limits(self, ctx: int, heap: int, pending: int) -> None:
+        """cuCtxSetLimit's device-heap size and pending-launch count, for later launches."""
+        self.contexts.get(ctx)
+        self.backend.set_device_runtime_limits(heap, pending)
+
     def launch(self, function: int, config: LaunchConfig, stream: int, params: bytes) -> None:
         self._launch(function, config, stream, params, cooperative=False)
 

@@ -708,6 +708,11 @@ class GuestSession:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
         self._async(_O["FUNCTION_SET_MAX_DYNAMIC_SHARED"], function.handle, size)
 
+    def device_runtime_limits(self, ctx: int | None, heap: int, pending: int) -> None:
+        """CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT for later
+        launches in ``ctx`` (device malloc/free, dynamic parallelism)."""
+        self._async(_O["DEVICE_RUNTIME_LIMITS"], self._ctx(ctx), heap, pending)
+
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
         """End the session: the daemon frees everything it held."""

@@ -24,6 +24,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_graph,
     h_hostmap,
     h_launch,
+    h_link,
     h_memory,
     h_misc,
     h_module,

@@ -34,8 +34,9 @@ _READ_ONLY = {L.CU_LIMIT_SHMEM_SIZE, L.CU_LIMIT_CIG_ENABLED}
 _MAX_STACK = 512 * 1024  # per thread, what NVIDIA's devices accept
 
 
-def limit(which: int) -> int:
-    """The context's current value of a CUlimit (device malloc's heap, CDP's depth)."""
+def limit_value(which: int) -> int:
+    """The value cuCtxSetLimit set for ``which`` (CUlimit), or its default: what the
+    device-side heap and launch limits are sent from (crane.interposer.device_limits)."""
     return _LIMITS[which]
 
 

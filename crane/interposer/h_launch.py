@@ -14,7 +14,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import Function
-from crane.interposer import graphs
+from crane.interposer import device_limits, graphs
 from crane.interposer.h_module import max_dynamic_shared, required_cluster
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
@@ -63,6 +63,7 @@ def launch(
             f"thread-block clusters (the kernel requires {required_cluster(fn)})",
         )
     buf = params_from_launch_args(fn, params, extra)  # a copy: a captured node keeps the values
+    device_limits.before_launch()
     if cooperative:
         # graph kernel nodes carry no cooperative flag here: refuse rather than record a
         # node that would replay as an ordinary launch (its grid.sync() would then trap)

@@ -8,6 +8,7 @@ when the module was loaded."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,9 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.launch_check import DEFAULT_SHARED_LIMIT, max_active_blocks_per_sm
 from crane.api.results import CudaError
 from crane.guest.session import Function
+from crane.interposer.h_link import linked_image
 from crane.interposer.images import image_from_pointer
+from crane.interposer.jit_options import JitOptions
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -46,39 +49,42 @@ def _read_file(path: Any) -> bytes:
         raise CudaError(CUresult.CUDA_ERROR_FILE_NOT_FOUND, f"{name}: {e.strerror}") from None
 
 
+def _load_logged(
+    out: Any, image: Callable[[], bytes], options: JitOptions, library: bool = False
+) -> None:
+    """Load; failures fill the error log, successes the info log, as the JIT does."""
+    try:
+        _load(out, image(), library)
+    except CudaError as e:
+        options.write_error(f"error   : {e.message}")
+        raise
+    options.write_info(f"info    : loaded {RT.module(out[0]).description}")
+
+
+def _load_pointer(out: Any, image: Any, options: JitOptions, library: bool = False) -> None:
+    """Load an image given by pointer; a version-2 wrapper (``nvcc -rdc=true`` for PTX) is
+    JIT-linked first."""
+
+    def data() -> bytes:
+        ptr = RT.ptr(image)
+        linked = linked_image(ptr, options)
+        return linked if linked is not None else image_from_pointer(RT.ffi, ptr)
+
+    _load_logged(out, data, options, library)
+
+
 @handles("cuModuleLoadData@2000", "cuModuleLoadFatBinary@2000")
 def module_load_data(out: Any, image: Any) -> None:
-    _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))
-
-
-_JIT_ERROR_LOG_BUFFER, _JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 5, 6
+    _load_pointer(out, image, JitOptions.read(RT.ffi, 0, RT.ffi.NULL, RT.ffi.NULL))
 
 
 @handles("cuModuleLoadDataEx@2010")
 def module_load_data_ex(out: Any, image: Any, n: int, opts: Any, vals: Any) -> None:
-    """Other JIT options are hints to a JIT that runs on the daemon; an error log buffer is
-    filled with the reason a load failed, as the driver's JIT fills it with ptxas' message."""
-    try:
-        _load(out, image_from_pointer(RT.ffi, RT.ptr(image)))
-    except CudaError as e:
-        _write_jit_log(n, opts, vals, e.message)
-        raise
-
-
-def _write_jit_log(n: int, opts: Any, vals: Any, text: str) -> None:
-    if n <= 0 or opts == RT.ffi.NULL or vals == RT.ffi.NULL:
-        return
-    given = {int(opts[i]): i for i in range(n)}
-    if _JIT_ERROR_LOG_BUFFER not in given or _JIT_ERROR_LOG_BUFFER_SIZE_BYTES not in given:
-        return
-    buf = vals[given[_JIT_ERROR_LOG_BUFFER]]
-    size_slot = given[_JIT_ERROR_LOG_BUFFER_SIZE_BYTES]
-    size = int(RT.ffi.cast("uintptr_t", vals[size_slot]))
-    if buf == RT.ffi.NULL or size <= 0:
-        return
-    data = text.encode("utf-8", "replace")[: size - 1] + b"\0"
-    RT.ffi.memmove(RT.ffi.cast("char *", buf), data, len(data))
-    vals[size_slot] = RT.ffi.cast("void *", len(data) - 1)  # the driver reports bytes used
+    """JIT options other than the logs and the wall time are hints to a compiler."""
+    started = time.perf_counter()
+    options = JitOptions.read(RT.ffi, n, opts, vals)
+    _load_pointer(out, image, options)
+    options.write_wall_time((time.perf_counter() - started) * 1000.0)
 
 
 @handles("cuModuleLoad@2000")
@@ -87,13 +93,21 @@ def module_load(out: Any, path: Any) -> None:
 
 
 @handles("cuLibraryLoadData@12000")
-def library_load_data(out: Any, code: Any, *options: Any) -> None:
-    _load(out, image_from_pointer(RT.ffi, RT.ptr(code)), library=True)
+def library_load_data(
+    out: Any, code: Any, jit_opts: Any, jit_vals: Any, n_jit: int, *library_options: Any
+) -> None:
+    started = time.perf_counter()
+    options = JitOptions.read(RT.ffi, n_jit, jit_opts, jit_vals)
+    _load_pointer(out, code, options, library=True)
+    options.write_wall_time((time.perf_counter() - started) * 1000.0)
 
 
 @handles("cuLibraryLoadFromFile@12000")
-def library_load_from_file(out: Any, path: Any, *options: Any) -> None:
-    _load(out, _read_file(path), library=True)
+def library_load_from_file(
+    out: Any, path: Any, jit_opts: Any, jit_vals: Any, n_jit: int, *library_options: Any
+) -> None:
+    options = JitOptions.read(RT.ffi, n_jit, jit_opts, jit_vals)
+    _load_logged(out, lambda: _read_file(path), options, library=True)
 
 
 @handles("cuModuleUnload@2000", "cuLibraryUnload@12000")

@@ -1246,21 +1246,53 @@ CUresult cuLibraryUnload(void * library) {
     return r;
 }
 
-CUresult cuLinkAddData(void) { return crane_unsupported("cuLinkAddData"); }
+CUresult cuLinkAddData(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues) {
+    CUresult r = crane_py_cuLinkAddData_5050(state, type, data, size, name, numOptions, options, optionValues);
+    if (crane_trace_on) crane_trace("cuLinkAddData", r, "state=%p type=%d data=%p size=%zu name=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)data, (size_t)size, (const void *)name, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
+    return r;
+}
 
-CUresult cuLinkAddData_v2(void) { return crane_unsupported("cuLinkAddData_v2"); }
+CUresult cuLinkAddData_v2(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues) {
+    CUresult r = crane_py_cuLinkAddData_6050(state, type, data, size, name, numOptions, options, optionValues);
+    if (crane_trace_on) crane_trace("cuLinkAddData_v2", r, "state=%p type=%d data=%p size=%zu name=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)data, (size_t)size, (const void *)name, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
+    return r;
+}
 
-CUresult cuLinkAddFile(void) { return crane_unsupported("cuLinkAddFile"); }
+CUresult cuLinkAddFile(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues) {
+    CUresult r = crane_py_cuLinkAddFile_5050(state, type, path, numOptions, options, optionValues);
+    if (crane_trace_on) crane_trace("cuLinkAddFile", r, "state=%p type=%d path=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)path, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
+    return r;
+}
 
-CUresult cuLinkAddFile_v2(void) { return crane_unsupported("cuLinkAddFile_v2"); }
+CUresult cuLinkAddFile_v2(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues) {
+    CUresult r = crane_py_cuLinkAddFile_6050(state, type, path, numOptions, options, optionValues);
+    if (crane_trace_on) crane_trace("cuLinkAddFile_v2", r, "state=%p type=%d path=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)path, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
+    return r;
+}
 
-CUresult cuLinkComplete(void) { return crane_unsupported("cuLinkComplete"); }
+CUresult cuLinkComplete(void * state, void ** cubinOut, size_t * sizeOut) {
+    CUresult r = crane_py_cuLinkComplete_5050(state, cubinOut, sizeOut);
+    if (crane_trace_on) crane_trace("cuLinkComplete", r, "state=%p cubinOut=%p sizeOut=%p", (const void *)state, (const void *)cubinOut, (const void *)sizeOut);
+    return r;
+}
 
-CUresult cuLinkCreate(void) { return crane_unsupported("cuLinkCreate"); }
+CUresult cuLinkCreate(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut) {
+    CUresult r = crane_py_cuLinkCreate_5050(numOptions, options, optionValues, stateOut);
+    if (crane_trace_on) crane_trace("cuLinkCreate", r, "numOptions=%u options=%p optionValues=%p stateOut=%p", (unsigned int)numOptions, (const void *)options, (const void *)optionValues, (const void *)stateOut);
+    return r;
+}
 
-CUresult cuLinkCreate_v2(void) { return crane_unsupported("cuLinkCreate_v2"); }
+CUresult cuLinkCreate_v2(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut) {
+    CUresult r = crane_py_cuLinkCreate_6050(numOptions, options, optionValues, stateOut);
+    if (crane_trace_on) crane_trace("cuLinkCreate_v2", r, "numOptions=%u options=%p optionValues=%p stateOut=%p", (unsigned int)numOptions, (const void *)options, (const void *)optionValues, (const void *)stateOut);
+    return r;
+}
 
-CUresult cuLinkDestroy(void) { return crane_unsupported("cuLinkDestroy"); }
+CUresult cuLinkDestroy(void * state) {
+    CUresult r = crane_py_cuLinkDestroy_5050(state);
+    if (crane_trace_on) crane_trace("cuLinkDestroy", r, "state=%p", (const void *)state);
+    return r;
+}
 
 CUresult cuLogsCurrent(void) { return crane_unsupported("cuLogsCurrent"); }
 

@@ -252,6 +252,14 @@ int crane_py_cuTexObjectGetTextureDesc_5000(void * pTexDesc, unsigned long long 
 int crane_py_cuSurfObjectCreate_5000(unsigned long long * pSurfObject, void * pResDesc);
 int crane_py_cuSurfObjectDestroy_5000(unsigned long long surfObject);
 int crane_py_cuSurfObjectGetResourceDesc_5000(void * pResDesc, unsigned long long surfObject);
+int crane_py_cuLinkCreate_5050(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut);
+int crane_py_cuLinkCreate_6050(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut);
+int crane_py_cuLinkAddData_5050(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkAddData_6050(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkAddFile_5050(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkAddFile_6050(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues);
+int crane_py_cuLinkComplete_5050(void * state, void ** cubinOut, size_t * sizeOut);
+int crane_py_cuLinkDestroy_5050(void * state);
 
 /* hand-written C handlers (interposer/src) */
 int crane_c_cuGetProcAddress_11030(const char * symbol, void ** pfn, int driverVersion, unsigned long long flags);

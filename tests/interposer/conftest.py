@@ -96,3 +96,24 @@ def program(cuda_build: Callable[..., Path]) -> Callable[..., Path]:
         return cuda_build((PROGRAMS / name).read_text(), f"-I{PROGRAMS}", *flags, suffix=".exe")
 
     return build
+
+
+@pytest.fixture(scope="session")
+def program_dir(nvcc: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Compile every ``.cu`` file of ``programs/<name>/`` into one program with nvcc and extra
+    flags (multi-file programs: ``-rdc=true`` relocatable device code), cached per run."""
+    cache: dict[tuple[str, tuple[str, ...]], Path] = {}
+    root = tmp_path_factory.mktemp("program-dir")
+
+    def build(name: str, *flags: str) -> Path:
+        key = (name, flags)
+        if key not in cache:
+            out = root / f"{name}-{len(cache)}.exe"
+            sources = sorted(str(p) for p in (PROGRAMS / name).glob("*.cu"))
+            subprocess.run(
+                [nvcc, *flags, "-o", str(out), *sources], check=True, capture_output=True
+            )
+            cache[key] = out
+        return cache[key]
+
+    return build

@@ -68,6 +68,14 @@ class Device:
                 if v.init:
                     self.mem.write(a, v.init)
                 syms[v.name] = a
+            # address initializers, as the backend patches them: variables and functions
+            code = prog.function_addresses()
+            for v in prog.variables:
+                for off, size, sym, addend in v.relocs:
+                    target = code.get(sym, syms.get(sym))
+                    if target is not None:
+                        value = (target + addend) & ((1 << (8 * size)) - 1)
+                        self.mem.write(syms[v.name] + off, value.to_bytes(size, "little"))
             self._globals[key] = syms
         return self._globals[key]
 

@@ -89,11 +89,36 @@ def test_noinline_device_functions(program, arch, dev, rng, n):
     assert np.array_equal(dev.download(pf, n, np.float32), ref)
 
 
-def test_recursion_refused_at_load(ptx_cache, arch):
-    from crane.backends.sim.ptx import PtxUnsupported, load_ptx
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
 
-    with pytest.raises(PtxUnsupported, match="recursive"):
-        load_ptx(ptx_cache.get("recursion", arch))
+
+@pytest.mark.parametrize("n", (1, 70))
+def test_recursion_direct_mutual_and_local_frames(program, arch, dev, rng, n):
+    prog = program("recursion", arch)
+    v = rng.integers(0, 3000, n, dtype=np.int32)
+    v[0] = 12345 if n > 1 else v[0]
+    pv, po = dev.upload(v), dev.zeros(4 * n, np.int32)
+    dev.launch(prog, "use_recursion", blocks(n, 64), 64, [pv, po, i32(n)])
+    out = dev.download(po, 4 * n, np.int32).reshape(n, 4)
+    for i, x in enumerate(v.tolist()):
+        m = x % 50
+        want = [_fib(x % 20), int(x % 500 % 2 == 0), sum(map(int, str(x))), m * (m + 1) // 2]
+        assert list(out[i]) == want, (i, x)
+
+
+def test_recursion_depth_and_stack_overflow(program, arch, dev):
+    from crane.backends.sim.ptx import KernelFault
+
+    prog = program("recursion", arch)
+    po = dev.zeros(1, np.int64)
+    dev.launch(prog, "deep", 1, 1, [np.int64(600).tobytes(), po])
+    assert int(dev.download(po, 1, np.int64)[0]) == 600 * 601 // 2
+    with pytest.raises(KernelFault, match="call stack overflow"):
+        dev.launch(prog, "deep", 1, 1, [np.int64(5000).tobytes(), po])
 
 
 @pytest.mark.parametrize("n", (4, 500))

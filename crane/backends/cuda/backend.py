@@ -305,6 +305,18 @@ class CudaBackend(Backend):
         if told != real:
             self.aliases[told] = (size, real)
 
+    def set_device_runtime_limits(self, heap_bytes: int, pending_launches: int) -> None:
+        self._bind()
+        d = self.drv
+        unwrap(
+            "cuCtxSetLimit",
+            d.cuCtxSetLimit(d.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE, heap_bytes),
+        )
+        unwrap(
+            "cuCtxSetLimit",
+            d.cuCtxSetLimit(d.CUlimit.CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, pending_launches),
+        )
+
     def code_versions(self, module: LoadedModule, kernel: str) -> tuple[int, int]:
         """What the driver says of the code it chose (a cubin, or PTX it JIT-compiled)."""
         self._bind()

@@ -82,6 +82,9 @@ class SimBackend(Backend):
         self.ledger = ledger
         self.slot = slot
         self._stdout: list[bytes] = []
+        self._heap: Any = None  # the device heap, on the first launch calling malloc/free
+        self._heap_bytes = DEVICE_HEAP_BYTES  # CU_LIMIT_MALLOC_HEAP_SIZE
+        self._pending_launches = DEVICE_PENDING_LAUNCHES
 
     # ---- memory -------------------------------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:
@@ -201,9 +204,15 @@ class SimBackend(Backend):
                 self.memory.write(addr, g.init)
             globals_[name] = GlobalVar(name, addr, g.size)
             sim.symbols[name] = addr
+        if image.ptx is not None:
+            sim.program = _load_program(image.ptx)
+            if sim.program is None:
+                sim.why_no_ptx = "this build of Crane has no PTX interpreter"
+        code = sim.program.function_addresses() if sim.program is not None else {}
         for g in image.globals.values():
             for r in g.relocs:  # address initializers: `__device__ int *p = &table[3];`
-                target = sim.symbols.get(r.symbol)
+                # a function's (vtables, function-pointer tables) or a variable's address
+                target = code.get(r.symbol, sim.symbols.get(r.symbol))
                 if target is None:
                     log.warning(
                         "module %s: %s+%d refers to %s, which is not a module variable; left zero",
@@ -215,11 +224,7 @@ class SimBackend(Backend):
                     continue
                 value = (target + r.addend) & ((1 << (8 * r.size)) - 1)
                 self.memory.write(sim.symbols[g.name] + r.offset, value.to_bytes(r.size, "little"))
-        if image.ptx is not None:
-            sim.program = _load_program(image.ptx)
-            if sim.program is None:
-                sim.why_no_ptx = "this build of Crane has no PTX interpreter"
-        else:
+        if image.ptx is None:
             cc = "{}{}".format(*self.profile.compute_capability)
             sim.why_no_ptx = (
                 f"the module holds no PTX ({image.description}); the simulated GPU executes PTX: "
@@ -263,6 +268,8 @@ class SimBackend(Backend):
                 max_dynamic_shared=max_dynamic_shared,
                 cooperative=cooperative,
                 grid_workspace=self._grid_workspace() if cooperative else 0,
+                heap=self._device_heap() if sim.program.uses_heap else None,
+                max_pending=self._pending_launches,
             )
         except KernelFault as e:
             raise CudaError(CUresult(e.code), str(e)) from None
@@ -286,6 +293,46 @@ class SimBackend(Backend):
             self.mem_alloc(chunk, GRID_SYNC_BYTES)
         return chunk
 
+    def set_device_runtime_limits(self, heap_bytes: int, pending_launches: int) -> None:
+        """A new heap size takes effect while the heap holds no block (CUDA refuses the change
+        once a launch used malloc; the guest answered cuCtxSetLimit already, so a change that
+        comes too late is logged and the heap keeps its size)."""
+        if pending_launches < 1 or heap_bytes < 0:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "bad device-runtime limits")
+        self._pending_launches = pending_launches
+        if heap_bytes == self._heap_bytes:
+            return
+        if self._heap is not None:
+            if self._heap.live:
+                log.warning(
+                    "device heap holds %d blocks: CU_LIMIT_MALLOC_HEAP_SIZE %d ignored, it stays "
+                    "%d bytes",
+                    len(self._heap.live),
+                    heap_bytes,
+                    self._heap.size,
+                )
+                return
+            self.mem_free(self._heap.base)
+            self.unmap_chunk(self._heap.base)
+            self._heap = None
+        self._heap_bytes = heap_bytes
+
+    def _device_heap(self) -> Any:
+        """The device heap of kernels' malloc/free: CU_LIMIT_MALLOC_HEAP_SIZE bytes (CUDA's
+        default 8 MiB) of driver memory just below the grid-sync workspace's chunk, mapped and
+        charged to the device on the first launch that calls malloc or free. Its blocks outlive
+        launches; the session (the context) frees it all when it ends."""
+        if self._heap is None:
+            from crane.backends.sim.ptx.heap import DeviceHeap
+
+            size = -(-max(self._heap_bytes, 1) // CHUNK_GRANULARITY) * CHUNK_GRANULARITY
+            top = self.memory.base + self.memory.size - CHUNK_GRANULARITY
+            base = top - size
+            self.map_chunk(base, size)
+            self.mem_alloc(base, size)
+            self._heap = DeviceHeap(base, self._heap_bytes)
+        return self._heap
+
     def _printf(self, text: str) -> None:
         self._stdout.append(text.encode("utf-8", "replace"))
 
@@ -299,6 +346,11 @@ class SimBackend(Backend):
     def close(self) -> None:
         self.ledger.clear(self.slot)
         self.memory.close()
+
+
+#: CUDA's defaults of CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT.
+DEVICE_HEAP_BYTES = 8 << 20
+DEVICE_PENDING_LAUNCHES = 2048
 
 
 def _load_program(ptx: str) -> Any:

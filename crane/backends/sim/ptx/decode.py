@@ -3,9 +3,9 @@
 Layout decisions made here, once per module:
 
 * all functions' instructions are concatenated into one code array; a PC is an index into it;
-* each function gets its own register files (so a call needs no register saving; recursion is
-  refused at load — see :func:`_check_recursion`) and its own parameter area (``.param``
-  parameters, return values and the ``.param`` variables of its call sites);
+* each function gets its own register files (so a call needs no register saving, except to a
+  function on a cycle of the call graph — see :func:`_check_recursion`) and its own parameter
+  area (``.param`` parameters, return values and the ``.param`` variables of its call sites);
 * variable addresses become *symbol slots*, valued per launch (module globals) or per kernel
   (shared and local layouts, see :mod:`.program`).
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .calls import function_address
 from .errors import PtxError, PtxUnsupported
 from .instr import BRA, CALL, Ins
 from .operands import CastReg, Dynamic, Imm, Reg, Sink, Special, Sym, Uniform
@@ -105,6 +106,8 @@ class FuncInfo:
     used_slots: set[int] = field(default_factory=set)
     labels: dict[str, int] = field(default_factory=dict)
     builtin: str | None = None
+    #: On a cycle of the call graph: a call saves its frame (see frames.py).
+    recursive: bool = False
 
 
 @dataclass
@@ -171,8 +174,8 @@ class Ctx:
             var = self.pins.scope.var(name)
             if var is not None:
                 return self.symbol(var, ty)
-            if name in self._dec.funcs:
-                raise self.unsupported("function addresses (indirect calls)")
+            if name in self._dec.funcs:  # a function's address (function pointers, vtables)
+                return Imm(ty.dtype.type(function_address(self._dec.funcs[name].fid)))
             raise self.error(f"undeclared name {name!r}")
         if kind in ("int", "f32", "f64"):
             return Imm(imm_value(op, ty, self))
@@ -444,28 +447,60 @@ class _Decoder:
         if ins.kind == CALL and isinstance(ins.x, tuple) and ins.x and ins.x[0] == "call":
             callee: FuncInfo = ins.x[1]
             fi.callees.add(callee.fid)
+        elif ins.kind == CALL and isinstance(ins.x, tuple) and ins.x and ins.x[0] == "icall":
+            # an indirect call may reach any device function with a body
+            fi.callees |= {
+                f.fid for f in self.funcs.values() if not f.fn.is_entry and f.fn.body is not None
+            }
         if ins.kind == BRA:  # the target label, resolved to a PC after the function
             self.fixups.append((ins, fi, ins.x))
 
 
 def _check_recursion(dec: _Decoder) -> None:
-    """Refuse recursion at load: per-function register files need an acyclic call graph."""
-    state: dict[int, int] = {}
-
-    def visit(fid: int, path: list[int]) -> None:
-        state[fid] = 1
-        for c in dec.by_fid[fid].callees:
-            if state.get(c) == 1:
-                names = " -> ".join(dec.by_fid[f].fn.name for f in [*path, fid, c])
-                fn = dec.by_fid[c].fn
-                raise PtxUnsupported(f"recursive device function calls ({names})", fn.line)
-            if state.get(c) is None:
-                visit(c, [*path, fid])
-        state[fid] = 2
-
-    for fid in dec.by_fid:
-        if state.get(fid) is None:
-            visit(fid, [])
+    """Mark the functions on a cycle of the call graph (recursion, direct or mutual): each has
+    one register file per function, so a call to one saves the callee's frame and its return
+    restores it (see :mod:`.frames`). A function is on a cycle when its strongly connected
+    component has more than one function or it calls itself (iterative Tarjan, linear time)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    counter = 0
+    for root in dec.by_fid:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(dec.by_fid[root].callees)))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(dec.by_fid[w].callees))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                for f in comp:
+                    fi = dec.by_fid[f]
+                    fi.recursive = len(comp) > 1 or f in fi.callees
 
 
 def decode_module(mod: Module, info=None) -> Decoded:

@@ -43,7 +43,9 @@ import numpy as np
 
 from crane.backends.sim.memory import MemoryFault
 
+from .calls import indirect_copies, resolve_indirect
 from .errors import KernelFault, fault_code
+from .frames import Frames
 from .instr import BAR, BRA, CALL, EXIT, MWAIT, PLAIN, RET, TRAP, WBAR
 
 __all__ = ["MAX_STALLS", "merge", "run_batch"]
@@ -102,6 +104,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     held_blk = np.zeros(st.nblocks, np.bool_) if coop else None
     mparked: dict[tuple, object] = {}  # lanes at an mbarrier wait whose phase is not complete
     stalls, stall_epoch = 0, -1
+    frames = Frames()  # saved activations of recursive functions
     ins = None
     try:
         while True:
@@ -195,7 +198,16 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     continue
                 if kind == CALL:
                     # ins.x = ("call", callee FuncInfo, arg copies, ret copies)
-                    _, callee, args, _rets = ins.x
+                    if ins.x[0] == "icall":  # through a register: the callee per lane
+                        callee, idx, rest = resolve_indirect(st, ins, idx, funcs_by_fid)
+                        if rest is not None:  # other targets call after these lanes
+                            k = (*stack, pc)
+                            groups[k] = merge(groups[k], rest, n) if k in groups else rest
+                        args = indirect_copies(ins, callee)[0]
+                    else:
+                        _, callee, args, _rets = ins.x
+                    if callee.recursive:
+                        frames.push(st, callee.fid, (*stack, pc), idx, ins)
                     _copy_params(st.pm[callee.fid], st.pm[ins.fid], args, idx)
                     stack = (*stack, pc)
                     pc = callee.entry_pc
@@ -204,8 +216,17 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     if not stack:
                         break  # the kernel returns: these lanes are done
                     site = code[stack[-1]]
-                    _, callee, _args, rets = site.x
-                    _copy_params(st.pm[site.fid], st.pm[callee.fid], rets, idx)
+                    if site.x[0] == "icall":
+                        callee = funcs_by_fid[ins.fid]
+                        rets = indirect_copies(site, callee)[1]
+                    else:
+                        _, callee, _args, rets = site.x
+                    if callee.recursive:  # the return values, then the outer activation back
+                        vals = _take_params(st.pm[callee.fid], rets, idx)
+                        frames.pop(st, callee.fid, stack, idx)
+                        _put_params(st.pm[site.fid], vals, idx)
+                    else:
+                        _copy_params(st.pm[site.fid], st.pm[callee.fid], rets, idx)
                     pc = stack[-1] + 1
                     stack = stack[:-1]
                     if groups and _rejoin(groups, (*stack, pc), idx, n, True):
@@ -417,3 +438,17 @@ def _copy_params(dst, src, copies, idx) -> None:  # type: ignore[no-untyped-def]
     rows = slice(None) if idx is None else idx
     for src_off, dst_off, size in copies:
         dst[rows, dst_off : dst_off + size] = src[rows, src_off : src_off + size]
+
+
+def _take_params(src, copies, idx) -> list:  # type: ignore[no-untyped-def]
+    """The bytes a return copies out of the callee's param space (before its frame is restored)."""
+    rows = slice(None) if idx is None else idx
+    return [
+        (dst_off, src[rows, src_off : src_off + size].copy()) for src_off, dst_off, size in copies
+    ]
+
+
+def _put_params(dst, vals, idx) -> None:  # type: ignore[no-untyped-def]
+    rows = slice(None) if idx is None else idx
+    for dst_off, data in vals:
+        dst[rows, dst_off : dst_off + data.shape[1]] = data

@@ -4,7 +4,9 @@ membar/fence and friends (control class).
 Branches, calls, returns, exits, traps and barriers only *decode* here; the executor
 (:mod:`.executor`) moves lanes between groups. ``call`` to the CUDA runtime's device-side
 externals is handled as a plain instruction: ``vprintf`` and ``__assertfail`` (see
-:mod:`.printf`). Barrier ids and thread counts are accepted but not distinguished: a barrier
+:mod:`.printf`), ``malloc`` and ``free`` (see :mod:`.heap`). Calls through a register
+(function pointers, virtual functions) pick their callee per lane when they run
+(:mod:`.calls`). Barrier ids and thread counts are accepted but not distinguished: a barrier
 completes when every live lane of the block has reached *a* barrier (exited lanes count as
 arrived), which is what ``__syncthreads()`` needs.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .device_launch import BUILTINS as DEVICE_RUNTIME
+from .heap import h_free, h_malloc
 from .instr import BAR, BRA, CALL, EXIT, RET, TRAP, WBAR
 from .ops_common import Mods, h_nop
 from .printf import h_assertfail, h_vprintf
@@ -87,10 +91,20 @@ def dec_call(ctx, mods) -> None:
     if i < len(ops) and ops[i][0] == "list":
         args = ops[i][1]
         i += 1
-    if i < len(ops) or target[0] != "name" or ctx.regdecl(target[1]) is not None:
-        raise ctx.unsupported("indirect calls")
-    callee = ctx.function(target[1])
     ins = ctx.ins
+    if target[0] in ("reg", "name") and ctx.regdecl(target[1]) is not None:
+        # call through a register: a prototype (or a .calltargets list) names the signature;
+        # the callee is looked up per lane when it runs (see .calls)
+        if len(ops) - i > 1:
+            raise ctx.error("indirect call with extra operands")
+        arg_offs = [ctx.callsite_param(a) for a in args]
+        ret_offs = [ctx.callsite_param(r) for r in rets]
+        ins.kind = CALL
+        ins.x = ("icall", ctx.src(target, TYPES["u64"]), arg_offs, ret_offs, {})
+        return
+    if i < len(ops) or target[0] != "name":
+        raise ctx.error("a direct call takes no prototype operand")
+    callee = ctx.function(target[1])
     arg_offs = [ctx.callsite_param(a) for a in args]
     ret_offs = [ctx.callsite_param(r) for r in rets]
     if callee.builtin is not None:
@@ -105,6 +119,21 @@ def dec_call(ctx, mods) -> None:
                 raise ctx.error("__assertfail takes five arguments")
             ins.fn = h_assertfail
             ins.x = tuple(o for o, _ in arg_offs)
+            return
+        if callee.builtin == "malloc" and len(arg_offs) == 1:
+            ins.fn = h_malloc
+            ins.x = (arg_offs[0][0], ret_offs[0][0] if ret_offs else None)
+            return
+        if callee.builtin == "free" and len(arg_offs) == 1:
+            ins.fn = h_free
+            ins.x = (arg_offs[0][0],)
+            return
+        if callee.builtin in DEVICE_RUNTIME:  # dynamic parallelism (device_launch.py)
+            handler, nargs = DEVICE_RUNTIME[callee.builtin]
+            if len(arg_offs) != nargs:
+                raise ctx.error(f"{callee.builtin} takes {nargs} arguments")
+            ins.fn = handler
+            ins.x = (*(o for o, _ in arg_offs), ret_offs[0][0] if ret_offs else None)
             return
         raise ctx.unsupported(f"call to external function {callee.builtin}")
     params = callee.fn.params

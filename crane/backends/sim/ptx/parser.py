@@ -174,12 +174,13 @@ def _init_bytes(init: str, ty: PtxType, size: int, line: int) -> bytes | None:
     out = bytearray()
     fmt = {8: "B", 16: "H", 32: "I", 64: "Q"}
     for tok in flat:
-        if re.match(r"^[A-Za-z_$]", tok) or tok.startswith("generic("):
-            raise PtxUnsupported(
-                f"initializer with the address of another variable ({tok!r})", line
-            )
-        op = parse_operands(tok, line)[0]
         bits = 8 if ty.bits == 8 else ty.bits
+        if re.match(r"^[A-Za-z_$]", tok) or tok.startswith("generic("):
+            # a variable's or a function's address: zero here; crane.modules.ptx_info lists
+            # it as a relocation, which the backend patches once everything is placed
+            out += bytes(bits // 8)
+            continue
+        op = parse_operands(tok, line)[0]
         if op[0] == "int":
             v = op[1]
             if ty.kind == "f":

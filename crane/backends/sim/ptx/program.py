@@ -22,7 +22,10 @@ import numpy as np
 from crane.api.generated.cuda_enums import CUresult
 from crane.backends.sim.memory import MemoryFault
 
+from .calls import function_address
 from .decode import Decoded, FuncInfo, decode_module
+from .device_launch import BUILTINS as DEVICE_RUNTIME
+from .device_launch import MAX_PENDING, DeviceLaunches
 from .errors import KernelFault, PtxError, PtxUnsupported
 from .executor import run_batch
 from .parser import SUPPORTED_VERSION, parse_module
@@ -83,6 +86,8 @@ class PtxKernel:
     lane_bytes: int = 0
     #: reads %envreg1/%envreg2, the grid-sync workspace (cooperative_groups grid_group)
     reads_grid_workspace: bool = False
+    #: fid -> (start, end) of its .local variables in a lane's local memory (frames.py)
+    local_frames: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def max_threads(self) -> int | None:
@@ -110,6 +115,16 @@ class PtxProgram:
         self.variables: list[ModuleVariable] = variables
         self.version = dec.module.version
         self.target = dec.module.target
+        #: calls device malloc/free: launches need the context's device heap (heap.py)
+        #: launches kernels from the device (dynamic parallelism, device_launch.py)
+        self.uses_device_launch = any(fi.builtin in DEVICE_RUNTIME for fi in dec.funcs.values())
+        self.uses_heap = self.uses_device_launch or any(
+            fi.builtin in ("malloc", "free") for fi in dec.funcs.values()
+        )
+
+    def function_addresses(self) -> dict[str, int]:
+        """Each function's address (what ``mov.u64 %rd, f`` and an initializer ``{f}`` hold)."""
+        return {name: function_address(fi.fid) for name, fi in self._dec.funcs.items()}
 
     @property
     def instruction_count(self) -> int:
@@ -131,6 +146,9 @@ class PtxProgram:
         max_dynamic_shared: int | None = None,
         cooperative: bool = False,
         grid_workspace: int = 0,
+        heap=None,
+        depth: int = 0,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
 
@@ -145,6 +163,10 @@ class PtxProgram:
         limit: every lane's state at once within :data:`BATCH_BYTES` (the same error, with a
         message naming this limit). A non-cooperative launch leaves the envregs 0, as a GPU
         does, so grid.sync() traps (nvcc checks the workspace) instead of hanging.
+
+        ``heap`` is the context's device heap (:class:`.heap.DeviceHeap`) for kernels that call
+        malloc/free; its blocks outlive the launch. The grids the kernel launches from the
+        device run after it (see :mod:`.device_launch`), ``depth`` levels deep.
         """
         k = self.kernels.get(name)
         if k is None:
@@ -218,6 +240,14 @@ class PtxProgram:
             "gridid": _next_gridid(),
         }
         fault: KernelFault | None = None
+        launches = None
+        if self.uses_device_launch:
+            launches = DeviceLaunches(
+                {self._dec.funcs[n].fid: (n, kk.param_bytes) for n, kk in self.kernels.items()},
+                heap,
+                depth,
+                max_pending=max_pending,
+            )
         try:
             self._run(
                 k,
@@ -235,7 +265,25 @@ class PtxProgram:
                 nsm,
                 grid_workspace if cooperative else 0,
                 launch_env,
+                heap,
+                launches,
             )
+            for child in launches.ordered() if launches is not None else ():
+                self.launch(
+                    child.kernel,
+                    child.grid,
+                    child.block,
+                    child.shared,
+                    child.params,
+                    memory,
+                    symbols,
+                    profile,
+                    printf,
+                    max_dynamic_shared=max_dynamic_shared,
+                    heap=heap,
+                    depth=depth + 1,
+                    max_pending=max_pending,
+                )
         except KernelFault as e:
             msg = e.message
             if not cooperative and e.code == _TRAP and k.reads_grid_workspace:
@@ -276,6 +324,8 @@ class PtxProgram:
         nsm,
         grid_workspace,
         launch_env,
+        heap=None,
+        launches=None,
     ) -> None:
         with np.errstate(all="ignore"):
             for first in range(0, geo.blocks, per_batch):
@@ -298,6 +348,9 @@ class PtxProgram:
                     dynamic_shared=dynamic_shared,
                     **launch_env,
                 )
+                st.local_frames = k.local_frames
+                st.heap = heap
+                st.device_launches = launches
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
 
 
@@ -517,12 +570,16 @@ def _kernel_layout(dec: Decoded, fi: FuncInfo, einfo) -> PtxKernel:
     # local memory: every reachable function's .local variables (the __local_depot frames)
     off = 0
     for f in reach:
+        start = None
         for v in dec.by_fid[f].fn.locals:
             off = _align(off, v.align)
+            start = off if start is None else start
             slot = dec.slot_index.get(("local", f, v.name))
             if slot is not None:
                 k.slot_values[slot] = off
             off += v.size
+        if start is not None:
+            k.local_frames[f] = (start, off)
     k.local_bytes = off
     lane = 0
     for f in reach:

@@ -229,6 +229,12 @@ class State:
         self.mbar_epoch = 0
         #: last %clock64 value read, so successive reads strictly increase
         self.clock_last = 0
+        #: fid -> (start, end) of the function's local frame in a lane's local memory
+        self.local_frames: dict[int, tuple[int, int]] = {}
+        #: the context's device heap (heap.DeviceHeap) for malloc/free, if the launch has one
+        self.heap = None
+        #: what the grid's threads launched (device_launch.DeviceLaunches), if it can launch
+        self.device_launches = None
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         #: the carry flag of add.cc / addc, per lane
         self.cc = np.zeros(n, np.uint64)

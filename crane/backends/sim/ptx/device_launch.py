@@ -1,0 +1,195 @@
+"""Dynamic parallelism (CDP2): kernels launching kernels.
+
+Why: ``kernel<<<g, b, s, stream>>>`` in device code compiles to calls into libcudadevrt:
+``cudaGetParameterBufferV2(func, grid, block, shmem)`` hands out a buffer the parent fills
+with the child's parameters, ``cudaLaunchDeviceV2(buffer, stream)`` launches it, and
+``cudaGetLastError``/``cudaPeekAtLastError`` report per thread. libcudadevrt ships no PTX a
+pre-Blackwell device can JIT, so the simulated GPU serves these entry points itself
+(``__cudaCDP2*``, the names the PTX calls).
+
+Semantics (CUDA programming guide, CDP2): a child grid may start any time after its launch and
+completes before its parent grid is considered complete; a parent cannot wait for it
+(no device-side cudaDeviceSynchronize in CDP2). Running every child after the parent grid's
+last block is therefore a legal schedule: fire-and-forget (``cudaStreamFireAndForget``) and
+NULL-stream launches run first, in launch order, each with its own children after it; then
+the tail launches (``cudaStreamTailLaunch``), which CUDA starts only after the parent grid and
+all its fire-and-forget work complete. Device-created streams are not served (the launch
+returns cudaErrorInvalidValue). Limits: 24 nested levels (cudaErrorLaunchMaxDepthExceeded)
+and 2048 pending launches per grid (CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT's default,
+cudaErrorLaunchPendingCountExceeded; the context's limit when it set one). Parameter buffers
+come from the device heap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .calls import fid_of_address
+from .heap import DeviceHeap
+
+__all__ = [
+    "BUILTINS",
+    "MAX_DEPTH",
+    "MAX_PENDING",
+    "DeviceLaunches",
+    "PendingLaunch",
+]
+
+MAX_DEPTH = 24
+MAX_PENDING = 2048
+STREAM_NULL, STREAM_TAIL, STREAM_FIRE_AND_FORGET = 0, 3, 4
+# cudaError_t values (driver_types.h)
+_SUCCESS = 0
+_INVALID_VALUE = 1
+_MEMORY_ALLOCATION = 2
+_INVALID_CONFIGURATION = 9
+_INVALID_DEVICE_FUNCTION = 98
+_MAX_DEPTH_EXCEEDED = 65
+_PENDING_COUNT_EXCEEDED = 69
+
+
+@dataclass
+class PendingLaunch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    params: bytes
+    tail: bool
+
+
+@dataclass
+class DeviceLaunches:
+    """What one grid's threads launched; ``kernels`` maps a function id to its kernel's name
+    and parameter bytes."""
+
+    kernels: dict[int, tuple[str, int]]
+    heap: DeviceHeap | None
+    depth: int = 0
+    #: CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
+    max_pending: int = MAX_PENDING
+    pending: list[PendingLaunch] = field(default_factory=list)
+    buffers: dict[int, tuple[str, tuple, tuple, int, int]] = field(default_factory=dict)
+    #: (first block of the lane's batch, lane) -> the thread's last error
+    errors: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def ordered(self) -> list[PendingLaunch]:
+        return [p for p in self.pending if not p.tail] + [p for p in self.pending if p.tail]
+
+
+def _launches(st) -> DeviceLaunches | None:
+    return getattr(st, "device_launches", None)
+
+
+def _pm(st, ins):
+    return st.pm[ins.fid]
+
+
+def _set_error(st, dl: DeviceLaunches | None, lane: int, code: int) -> None:
+    if dl is not None and code != _SUCCESS:
+        dl.errors[(st.first_block, lane)] = code
+
+
+def _put32(st, ins, idx_lanes, off, values) -> None:
+    if off is not None:
+        _pm(st, ins)[idx_lanes, off : off + 4] = (
+            np.asarray(values, np.int32).view(np.uint8).reshape(-1, 4)
+        )
+
+
+def h_get_parameter_buffer(st, ins, idx) -> None:
+    func_off, grid_off, block_off, shmem_off, ret_off = ins.x
+    lanes = np.arange(st.n) if idx is None else idx
+    pm = _pm(st, ins)
+    funcs = pm[lanes, func_off : func_off + 8].copy().view(np.uint64).reshape(-1)
+    grids = pm[lanes, grid_off : grid_off + 12].copy().view(np.uint32).reshape(-1, 3)
+    blocks = pm[lanes, block_off : block_off + 12].copy().view(np.uint32).reshape(-1, 3)
+    shmem = pm[lanes, shmem_off : shmem_off + 4].copy().view(np.uint32).reshape(-1)
+    dl = _launches(st)
+    out = np.zeros(lanes.size, np.uint64)
+    for j, lane in enumerate(lanes.tolist()):
+        fid = fid_of_address(int(funcs[j]))
+        kernel = dl.kernels.get(fid) if dl is not None and fid is not None else None
+        if kernel is None:
+            _set_error(st, dl, lane, _INVALID_DEVICE_FUNCTION)
+            continue
+        assert dl is not None
+        addr = dl.heap.alloc(max(kernel[1], 8)) if dl.heap is not None else 0
+        if not addr:
+            _set_error(st, dl, lane, _MEMORY_ALLOCATION)
+            continue
+        dl.buffers[addr] = (
+            kernel[0],
+            tuple(int(x) for x in grids[j]),
+            tuple(int(x) for x in blocks[j]),
+            int(shmem[j]),
+            kernel[1],
+        )
+        out[j] = addr
+    if ret_off is not None:
+        pm[lanes, ret_off : ret_off + 8] = out.view(np.uint8).reshape(-1, 8)
+
+
+def h_launch_device(st, ins, idx) -> None:
+    buf_off, stream_off, ret_off = ins.x
+    lanes = np.arange(st.n) if idx is None else idx
+    pm = _pm(st, ins)
+    bufs = pm[lanes, buf_off : buf_off + 8].copy().view(np.uint64).reshape(-1)
+    streams = pm[lanes, stream_off : stream_off + 8].copy().view(np.uint64).reshape(-1)
+    dl = _launches(st)
+    codes = np.zeros(lanes.size, np.int32)
+    for j, lane in enumerate(lanes.tolist()):
+        code = _launch_one(st, dl, int(bufs[j]), int(streams[j]))
+        codes[j] = code
+        _set_error(st, dl, lane, code)
+    _put32(st, ins, lanes, ret_off, codes)
+
+
+def _launch_one(st, dl: DeviceLaunches | None, buf: int, stream: int) -> int:
+    if dl is None or buf not in dl.buffers:
+        return _INVALID_VALUE
+    kernel, grid, block, shared, nbytes = dl.buffers.pop(buf)
+    params = bytes(st.mem.read(buf, nbytes)) if nbytes else b""
+    if dl.heap is not None:
+        dl.heap.free(buf)
+    if stream not in (STREAM_NULL, STREAM_TAIL, STREAM_FIRE_AND_FORGET):
+        return _INVALID_VALUE  # device-created streams are not served
+    if min(grid) < 1 or min(block) < 1 or block[0] * block[1] * block[2] > 1024:
+        return _INVALID_CONFIGURATION
+    if dl.depth + 1 >= MAX_DEPTH:
+        return _MAX_DEPTH_EXCEEDED
+    if len(dl.pending) >= dl.max_pending:
+        return _PENDING_COUNT_EXCEEDED
+    dl.pending.append(PendingLaunch(kernel, grid, block, shared, params, stream == STREAM_TAIL))
+    return _SUCCESS
+
+
+def h_get_last_error(st, ins, idx) -> None:
+    _last_error(st, ins, idx, clear=True)
+
+
+def h_peek_at_last_error(st, ins, idx) -> None:
+    _last_error(st, ins, idx, clear=False)
+
+
+def _last_error(st, ins, idx, clear: bool) -> None:
+    (ret_off,) = ins.x
+    lanes = np.arange(st.n) if idx is None else idx
+    dl = _launches(st)
+    errs = dl.errors if dl is not None else {}
+    fb = st.first_block
+    codes = [
+        errs.pop((fb, lane), 0) if clear else errs.get((fb, lane), 0) for lane in lanes.tolist()
+    ]
+    _put32(st, ins, lanes, ret_off, codes)
+
+
+#: PTX name -> (handler, number of arguments)
+BUILTINS = {
+    "__cudaCDP2GetParameterBufferV2": (h_get_parameter_buffer, 4),
+    "__cudaCDP2LaunchDeviceV2": (h_launch_device, 2),
+    "__cudaCDP2GetLastError": (h_get_last_error, 0),
+    "__cudaCDP2PeekAtLastError": (h_peek_at_last_error, 0),
+}

@@ -1,0 +1,2 @@
+__device__ int hits = 0;
+__device__ int bias = 7;
