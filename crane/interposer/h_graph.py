@@ -541,6 +541,118 @@ def device_graph_mem_trim(dev: int) -> None:
         raise CudaError(_E.CUDA_ERROR_INVALID_DEVICE, f"no device {dev}")
 
 
+# ---- the generic node API (CUgraphNodeParams, CUDA 12.2+) ----------------------------------
+_UNION = 16  # CUgraphNodeParams: type, reserved0[3], then the per-type union
+_MEMCPY_3D_AT = 16  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then CUDA_MEMCPY3D
+_NODE_NAMES = {7: "external semaphore signal", 8: "external semaphore wait",
+               9: "batch memory operation", 12: "conditional"}  # fmt: skip
+
+
+def _generic(params: Any) -> tuple[int, Any]:
+    """(node type, the address of its per-type parameters)."""
+    if params == RT.ffi.NULL:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "NULL node parameters")
+    kind = RT.ffi.cast("int *", params)[0]
+    return kind, RT.ffi.cast("char *", params) + _UNION
+
+
+def _handle_at(u: Any) -> Any:
+    return RT.ffi.cast("void **", u)[0]
+
+
+def _not_served(kind: int) -> CudaError:
+    name = _NODE_NAMES.get(kind, f"type {kind}")
+    print(f"crane: {name} graph nodes are not supported", file=sys.stderr)
+    return CudaError(_E.CUDA_ERROR_NOT_SUPPORTED, f"{name} graph nodes")
+
+
+@handles("cuGraphAddNode@12020")
+def graph_add_node(out: Any, graph: Any, deps: Any, ndeps: int, params: Any) -> None:
+    """Every node type the typed calls serve, through one parameter union."""
+    kind, u = _generic(params)
+    null = RT.ffi.NULL
+    if kind == G.KERNEL:
+        graph_add_kernel_node(out, graph, deps, ndeps, u)
+    elif kind == G.MEMCPY:
+        graph_add_memcpy_node(out, graph, deps, ndeps, u + _MEMCPY_3D_AT, null)
+    elif kind == G.MEMSET:
+        graph_add_memset_node(out, graph, deps, ndeps, u, null)
+    elif kind == G.HOST:
+        graph_add_host_node(out, graph, deps, ndeps, u)
+    elif kind == G.GRAPH:
+        graph_add_child_graph_node(out, graph, deps, ndeps, _handle_at(u))
+    elif kind == G.EMPTY:
+        graph_add_empty_node(out, graph, deps, ndeps)
+    elif kind == G.WAIT_EVENT:
+        graph_add_event_wait_node(out, graph, deps, ndeps, _handle_at(u))
+    elif kind == G.EVENT_RECORD:
+        graph_add_event_record_node(out, graph, deps, ndeps, _handle_at(u))
+    elif kind == G.MEM_ALLOC:
+        graph_add_mem_alloc_node(out, graph, deps, ndeps, u)
+    elif kind == G.MEM_FREE:
+        graph_add_mem_free_node(out, graph, deps, ndeps, RT.ffi.cast("unsigned long long *", u)[0])
+    else:
+        raise _not_served(kind)
+
+
+@handles("cuGraphAddNode@12030")
+def graph_add_node_v2(
+    out: Any, graph: Any, deps: Any, edge_data: Any, ndeps: int, params: Any
+) -> None:
+    """Edge data other than the default (programmatic dependent launch ports) is refused."""
+    if edge_data != RT.ffi.NULL and any(bytes(RT.ffi.buffer(edge_data, 8 * ndeps))):
+        raise CudaError(_E.CUDA_ERROR_NOT_SUPPORTED, "graph edges with port or type data")
+    graph_add_node(out, graph, deps, ndeps, params)
+
+
+@handles("cuGraphNodeSetParams@12020")
+def graph_node_set_params(node: Any, params: Any) -> None:
+    kind, u = _generic(params)
+    n = G.node(_p(node))
+    if n.kind != kind:
+        raise CudaError(
+            _E.CUDA_ERROR_INVALID_VALUE, f"a type {kind} update of a type {n.kind} node"
+        )
+    if kind == G.KERNEL:
+        graph_kernel_node_set_params(node, u)
+    elif kind == G.MEMCPY:
+        graph_memcpy_node_set_params(node, u + _MEMCPY_3D_AT)
+    elif kind == G.MEMSET:
+        graph_memset_node_set_params(node, u)
+    elif kind == G.HOST:
+        graph_host_node_set_params(node, u)
+    elif kind in (G.EVENT_RECORD, G.WAIT_EVENT):
+        graph_event_node_set_event(node, _handle_at(u))
+    elif kind in (G.MEM_ALLOC, G.MEM_FREE, G.GRAPH, G.EMPTY):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"type {kind} nodes cannot be updated")
+    else:
+        raise _not_served(kind)
+
+
+@handles("cuGraphExecNodeSetParams@12020")
+def graph_exec_node_set_params(exec_: Any, node: Any, params: Any) -> None:
+    kind, u = _generic(params)
+    null = RT.ffi.NULL
+    if kind == G.KERNEL:
+        graph_exec_kernel_node_set_params(exec_, node, u)
+    elif kind == G.MEMCPY:
+        graph_exec_memcpy_node_set_params(exec_, node, u + _MEMCPY_3D_AT, null)
+    elif kind == G.MEMSET:
+        graph_exec_memset_node_set_params(exec_, node, u, null)
+    elif kind == G.HOST:
+        graph_exec_host_node_set_params(exec_, node, u)
+    elif kind == G.EVENT_RECORD:
+        graph_exec_event_record_node_set_event(exec_, node, _handle_at(u))
+    elif kind == G.WAIT_EVENT:
+        graph_exec_event_wait_node_set_event(exec_, node, _handle_at(u))
+    elif kind == G.GRAPH:
+        graph_exec_child_graph_node_set_params(exec_, node, _handle_at(u))
+    elif kind in (G.MEM_ALLOC, G.MEM_FREE, G.EMPTY):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"type {kind} nodes cannot be updated")
+    else:
+        raise _not_served(kind)
+
+
 def _typed(node: Any, kind: int) -> G.Node:
     n = G.node(_p(node))
     if n.kind != kind:

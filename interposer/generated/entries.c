@@ -682,9 +682,17 @@ CUresult cuGraphAddMemsetNode(void ** phGraphNode, void * hGraph, void ** depend
     return r;
 }
 
-CUresult cuGraphAddNode(void) { return crane_unsupported("cuGraphAddNode"); }
+CUresult cuGraphAddNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    CUresult r = crane_py_cuGraphAddNode_12020(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphAddNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
+    return r;
+}
 
-CUresult cuGraphAddNode_v2(void) { return crane_unsupported("cuGraphAddNode_v2"); }
+CUresult cuGraphAddNode_v2(void ** phGraphNode, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, void * nodeParams) {
+    CUresult r = crane_py_cuGraphAddNode_12030(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphAddNode_v2", r, "phGraphNode=%p hGraph=%p dependencies=%p dependencyData=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphBatchMemOpNodeGetParams(void) { return crane_unsupported("cuGraphBatchMemOpNodeGetParams"); }
 
@@ -814,7 +822,11 @@ CUresult cuGraphExecMemsetNodeSetParams(void * hGraphExec, void * hNode, void * 
     return r;
 }
 
-CUresult cuGraphExecNodeSetParams(void) { return crane_unsupported("cuGraphExecNodeSetParams"); }
+CUresult cuGraphExecNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphExecNodeSetParams_12020(hGraphExec, hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphExecNodeSetParams", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphExecUpdate(void * hGraphExec, void * hGraph, void ** hErrorNode_out, int * updateResult_out) {
     CUresult r = crane_py_cuGraphExecUpdate_10020(hGraphExec, hGraph, hErrorNode_out, updateResult_out);
@@ -1012,7 +1024,11 @@ CUresult cuGraphNodeSetEnabled(void * hGraphExec, void * hNode, unsigned int isE
     return r;
 }
 
-CUresult cuGraphNodeSetParams(void) { return crane_unsupported("cuGraphNodeSetParams"); }
+CUresult cuGraphNodeSetParams(void * hNode, void * nodeParams) {
+    CUresult r = crane_py_cuGraphNodeSetParams_12020(hNode, nodeParams);
+    if (crane_trace_on) crane_trace("cuGraphNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
+    return r;
+}
 
 CUresult cuGraphReleaseUserObject(void) { return crane_unsupported("cuGraphReleaseUserObject"); }
 

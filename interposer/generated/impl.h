@@ -226,6 +226,10 @@ int crane_py_cuGraphEventWaitNodeGetEvent_11010(void * hNode, void ** event_out)
 int crane_py_cuGraphEventRecordNodeSetEvent_11010(void * hNode, void * event);
 int crane_py_cuGraphEventWaitNodeSetEvent_11010(void * hNode, void * event);
 int crane_py_cuGraphMemsetNodeGetParams_10000(void * hNode, void * nodeParams);
+int crane_py_cuGraphAddNode_12020(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams);
+int crane_py_cuGraphAddNode_12030(void ** phGraphNode, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, void * nodeParams);
+int crane_py_cuGraphNodeSetParams_12020(void * hNode, void * nodeParams);
+int crane_py_cuGraphExecNodeSetParams_12020(void * hGraphExec, void * hNode, void * nodeParams);
 int crane_py_cuArrayCreate_3020(void ** pHandle, void * pAllocateArray);
 int crane_py_cuArray3DCreate_3020(void ** pHandle, void * pAllocateArray);
 int crane_py_cuArrayGetDescriptor_3020(void * pArrayDescriptor, void * hArray);
