@@ -207,7 +207,7 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuGraphEventRecordNodeSetEvent@11010", "cuGraphEventWaitNodeSetEvent@11010",
          "cuGraphMemsetNodeGetParams@10000",
          "cuGraphAddNode@12020,12030", "cuGraphNodeSetParams@12020",
-         "cuGraphExecNodeSetParams@12020")
+         "cuGraphExecNodeSetParams@12020", "cuGraphConditionalHandleCreate@12030")
     # -- Python, CUDA arrays, 2D/3D copies, texture and surface objects (h_array, h_copy,
     #    h_texture): arrays are allocations with a guest record, objects descriptors in memory -
     + _e(PY, False,

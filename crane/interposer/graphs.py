@@ -33,6 +33,8 @@ from crane.guest.session import Function
 from crane.interposer.runtime import RT
 
 __all__ = [
+    "COND",
+    "COND_HANDLES",
     "EMPTY",
     "EVENT_RECORD",
     "GRAPH",
@@ -47,6 +49,9 @@ __all__ = [
     "WAIT_EVENT",
     "Capture",
     "ChildParams",
+    "CondExec",
+    "CondHandle",
+    "CondParams",
     "CopyParams",
     "EventParams",
     "Graph",
@@ -60,7 +65,10 @@ __all__ = [
 
 # CUgraphNodeType
 KERNEL, MEMCPY, MEMSET, HOST, GRAPH, EMPTY, WAIT_EVENT, EVENT_RECORD = range(8)
-MEM_ALLOC, MEM_FREE = 10, 11
+MEM_ALLOC, MEM_FREE, COND = 10, 11, 13
+# CUgraphConditionalNodeType
+COND_IF, COND_WHILE, COND_SWITCH = 0, 1, 2
+COND_ASSIGN_DEFAULT = 1  # CU_GRAPH_COND_ASSIGN_DEFAULT
 # CUstreamCaptureMode / CUstreamCaptureStatus
 MODE_GLOBAL, MODE_THREAD_LOCAL, MODE_RELAXED = 0, 1, 2
 STATUS_NONE, STATUS_ACTIVE, STATUS_INVALIDATED = 0, 1, 2
@@ -139,6 +147,39 @@ class ChildParams:
     """A child-graph node: its own copy of the graph it was given (CUDA clones it)."""
 
     graph: Graph
+
+
+@dataclass(frozen=True)
+class CondParams:
+    """A conditional node: the handle (the device address of the 32-bit condition a kernel
+    sets with cudaGraphSetConditional), if/while/switch, and the body graphs the node owns."""
+
+    handle: int
+    type: int
+    bodies: tuple[Graph, ...]
+
+
+@dataclass(frozen=True)
+class CondExec:
+    """A conditional node as instantiated: each body's nodes in replay order (a snapshot, as
+    instantiation makes of every node)."""
+
+    handle: int
+    type: int
+    bodies: tuple[tuple[ExecNode, ...], ...]
+
+
+@dataclass(frozen=True)
+class CondHandle:
+    addr: int
+    default: int
+    flags: int
+
+
+#: graph handle -> the conditional handles created for it (freed with the graph)
+COND_HANDLES: dict[int, list[CondHandle]] = {}
+#: node types a conditional body may hold (CUDA_CONDITIONAL_NODE_PARAMS' rule)
+COND_BODY_KINDS = frozenset({KERNEL, EMPTY, GRAPH, MEMSET, MEMCPY, COND})
 
 
 @dataclass(frozen=True)
@@ -265,7 +306,12 @@ class Graph:
         copies: dict[Node, Node] = {}
         with LOCK:
             for n in self.nodes:
-                params = ChildParams(n.params.graph.clone()) if n.kind == GRAPH else n.params
+                params = n.params
+                if n.kind == GRAPH:
+                    params = ChildParams(n.params.graph.clone())
+                elif n.kind == COND:
+                    p = n.params
+                    params = CondParams(p.handle, p.type, tuple(b.clone() for b in p.bodies))
                 copies[n] = g.add(n.kind, params, [copies[d] for d in n.deps])
             g.origins = {n.handle: c for n, c in copies.items()}
         return g
@@ -330,13 +376,21 @@ class GraphExec:
     handle: int = field(default_factory=lambda: _handle(0xC8))
     last_stream: int | None = None
     done_event: int | None = None  # orders a launch on another stream after the previous one
+    #: (condition address, default) to set at each launch (CU_GRAPH_COND_ASSIGN_DEFAULT)
+    cond_defaults: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, graph: Graph, flags: int = 0, *, retain: bool = True) -> GraphExec:
         """``retain``: the executable graph holds graph memory (False for a throw-away copy
         of parameters, as cuGraphExecUpdate makes)."""
         flat, _ = graph.flat()
-        x = cls([ExecNode(n.handle, n.kind, n.params, deps, w) for n, deps, w in flat], flags)
+        x = cls(
+            [ExecNode(n.handle, n.kind, _exec_params(n), deps, w) for n, deps, w in flat],
+            flags,
+        )
+        x.cond_defaults = [
+            (h.addr, h.default) for h in COND_HANDLES.get(graph.handle, ()) if h.flags & 1
+        ]
         if retain:
             with LOCK:
                 _retain(n.params for n in x.nodes)
@@ -391,9 +445,28 @@ def graph_exec(handle: int) -> GraphExec:
     return x
 
 
+def _exec_params(n: Node) -> object:
+    """A node's parameters as an executable graph keeps them (conditional bodies flattened)."""
+    if n.kind != COND or not isinstance(n.params, CondParams):
+        return n.params
+    bodies = []
+    for body in n.params.bodies:
+        nodes = tuple(GraphExec.of(body, retain=False).nodes)
+        bad = [m.kind for m in nodes if m.kind not in COND_BODY_KINDS]
+        if bad:
+            raise CudaError(
+                _E.CUDA_ERROR_INVALID_VALUE, f"a conditional body holds a type {bad[0]} node"
+            )
+        bodies.append(nodes)
+    return CondExec(n.params.handle, n.params.type, tuple(bodies))
+
+
 def _release_node(n: Node) -> None:
     if n.kind == GRAPH:
         destroy_graph(n.params.graph)
+    elif n.kind == COND and isinstance(n.params, CondParams):
+        for body in n.params.bodies:
+            destroy_graph(body)
     else:
         _release([n.params])
 
@@ -404,6 +477,8 @@ def destroy_graph(g: Graph) -> None:
             NODES.pop(n.handle, None)
             _release_node(n)
         GRAPHS.pop(g.handle, None)
+        for h in COND_HANDLES.pop(g.handle, ()):
+            RT.session().mem_free(h.addr)
 
 
 # ---- capture -------------------------------------------------------------------------------

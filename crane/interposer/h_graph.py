@@ -159,6 +159,9 @@ def run_node(kind: int, p: object, stream: int) -> None:
     elif kind == G.MEM_FREE:
         assert isinstance(p, G.MemParams)
         free_now(p.addr, stream)
+    elif kind == G.COND:
+        assert isinstance(p, G.CondExec)
+        run_conditional(p, stream)
     elif kind not in (G.EMPTY, G.MEM_ALLOC):  # allocation nodes' memory is the graph's
         raise CudaError(_E.CUDA_ERROR_NOT_SUPPORTED, f"graph node type {kind}")
 
@@ -544,8 +547,8 @@ def device_graph_mem_trim(dev: int) -> None:
 # ---- the generic node API (CUgraphNodeParams, CUDA 12.2+) ----------------------------------
 _UNION = 16  # CUgraphNodeParams: type, reserved0[3], then the per-type union
 _MEMCPY_3D_AT = 16  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then CUDA_MEMCPY3D
-_NODE_NAMES = {7: "external semaphore signal", 8: "external semaphore wait",
-               9: "batch memory operation", 12: "conditional"}  # fmt: skip
+_NODE_NAMES = {8: "external semaphore signal", 9: "external semaphore wait",
+               12: "batch memory operation"}  # fmt: skip
 
 
 def _generic(params: Any) -> tuple[int, Any]:
@@ -591,8 +594,73 @@ def graph_add_node(out: Any, graph: Any, deps: Any, ndeps: int, params: Any) -> 
         graph_add_mem_alloc_node(out, graph, deps, ndeps, u)
     elif kind == G.MEM_FREE:
         graph_add_mem_free_node(out, graph, deps, ndeps, RT.ffi.cast("unsigned long long *", u)[0])
+    elif kind == G.COND:
+        _add_conditional(out, graph, deps, ndeps, u)
     else:
         raise _not_served(kind)
+
+
+# ---- conditional nodes ---------------------------------------------------------------------
+_COND_PARAMS = struct.Struct("<QIIQQ")  # handle, type, size, phGraph_out, ctx
+
+
+@handles("cuGraphConditionalHandleCreate@12030")
+def graph_conditional_handle_create(
+    out: Any, graph: Any, ctx: Any, default: int, flags: int
+) -> None:
+    """A handle is the device address of the condition's 32-bit slot (which the simulated
+    GPU's cudaGraphSetConditional writes); it lives as long as its graph."""
+    if out == RT.ffi.NULL:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "NULL handle pointer")
+    if flags & ~G.COND_ASSIGN_DEFAULT:
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"bad conditional handle flags {flags:#x}")
+    g = G.graph(_p(graph))
+    s = RT.session()
+    addr = s.mem_alloc(4, RT.ctx(ctx))
+    s.memset_d32(addr, default if flags & G.COND_ASSIGN_DEFAULT else 0, 1, 0)
+    G.COND_HANDLES.setdefault(g.handle, []).append(G.CondHandle(addr, default, flags))
+    out[0] = addr
+
+
+def _add_conditional(out: Any, graph: Any, deps: Any, ndeps: int, u: Any) -> None:
+    handle, kind, size, _, _ = _read(u, _COND_PARAMS)
+    if not any(h.addr == handle for hs in G.COND_HANDLES.values() for h in hs):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"unknown conditional handle {handle:#x}")
+    ok = {G.COND_IF: size in (1, 2), G.COND_WHILE: size == 1, G.COND_SWITCH: size >= 1}
+    if not ok.get(kind, False):
+        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, f"conditional type {kind} with {size} bodies")
+    bodies = tuple(G.new_graph() for _ in range(size))
+    n = _add(out, graph, deps, ndeps, G.COND, G.CondParams(handle, kind, bodies))
+    array = RT.ffi.new("void *[]", [_vp(b.handle) for b in bodies])
+    n.keep.append(array)  # CUDA-owned, valid for the node's lifetime
+    RT.ffi.cast("void **", RT.ffi.cast("char *", u) + 16)[0] = array
+
+
+def _condition(p: G.CondExec, stream: int) -> int:
+    """The condition's value once ``stream`` reaches the node (waits for it)."""
+    raw = RT.session().memcpy_dtoh(p.handle, 4, stream)
+    return int.from_bytes(raw, "little")
+
+
+def run_conditional(p: G.CondExec, stream: int) -> None:
+    """If/while/switch over the bodies. The guest replays graphs, so the node reads the
+    condition back: the launch waits here for the work before it."""
+    if p.type == G.COND_WHILE:
+        while _condition(p, stream):
+            run_nodes(p.bodies[0], stream)
+        return
+    v = _condition(p, stream)
+    if p.type == G.COND_IF:
+        body = p.bodies[0] if v else (p.bodies[1] if len(p.bodies) > 1 else ())
+    else:
+        body = p.bodies[v] if v < len(p.bodies) else ()
+    run_nodes(body, stream)
+
+
+def run_nodes(nodes: Any, stream: int) -> None:
+    for n in nodes:
+        if n.enabled:
+            run_node(n.kind, n.params, stream)
 
 
 @handles("cuGraphAddNode@12030")
@@ -779,9 +847,9 @@ def graph_launch(exec_: Any, stream: Any) -> None:
     # one launch of an executable graph runs after the previous one, whatever the stream
     if x.last_stream is not None and x.last_stream != s and x.done_event is not None:
         sess.stream_wait_event(s, x.done_event, 0)
-    for n in x.nodes:
-        if n.enabled:
-            run_node(n.kind, n.params, s)
+    for addr, default in x.cond_defaults:
+        sess.memset_d32(addr, default, 1, s)
+    run_nodes(x.nodes, s)
     if x.done_event is None:
         x.done_event = sess.event_create(2, RT.ctx())  # CU_EVENT_DISABLE_TIMING
     sess.event_record(x.done_event, s)

@@ -42,6 +42,7 @@ DRIVER_FUNCTIONS = frozenset(
         "__cudaCDP2LaunchDeviceV2",
         "__cudaCDP2GetLastError",
         "__cudaCDP2PeekAtLastError",
+        "cudaGraphSetConditional",
     }
 )
 

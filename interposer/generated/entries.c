@@ -710,7 +710,11 @@ CUresult cuGraphClone(void ** phGraphClone, void * originalGraph) {
     return r;
 }
 
-CUresult cuGraphConditionalHandleCreate(void) { return crane_unsupported("cuGraphConditionalHandleCreate"); }
+CUresult cuGraphConditionalHandleCreate(unsigned long long * pHandle_out, void * hGraph, void * ctx, unsigned int defaultLaunchValue, unsigned int flags) {
+    CUresult r = crane_py_cuGraphConditionalHandleCreate_12030(pHandle_out, hGraph, ctx, defaultLaunchValue, flags);
+    if (crane_trace_on) crane_trace("cuGraphConditionalHandleCreate", r, "pHandle_out=%p hGraph=%p ctx=%p defaultLaunchValue=%u flags=%u", (const void *)pHandle_out, (const void *)hGraph, (const void *)ctx, (unsigned int)defaultLaunchValue, (unsigned int)flags);
+    return r;
+}
 
 CUresult cuGraphCreate(void ** phGraph, unsigned int flags) {
     CUresult r = crane_py_cuGraphCreate_10000(phGraph, flags);

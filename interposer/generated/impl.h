@@ -230,6 +230,7 @@ int crane_py_cuGraphAddNode_12020(void ** phGraphNode, void * hGraph, void ** de
 int crane_py_cuGraphAddNode_12030(void ** phGraphNode, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, void * nodeParams);
 int crane_py_cuGraphNodeSetParams_12020(void * hNode, void * nodeParams);
 int crane_py_cuGraphExecNodeSetParams_12020(void * hGraphExec, void * hNode, void * nodeParams);
+int crane_py_cuGraphConditionalHandleCreate_12030(unsigned long long * pHandle_out, void * hGraph, void * ctx, unsigned int defaultLaunchValue, unsigned int flags);
 int crane_py_cuArrayCreate_3020(void ** pHandle, void * pAllocateArray);
 int crane_py_cuArray3DCreate_3020(void ** pHandle, void * pAllocateArray);
 int crane_py_cuArrayGetDescriptor_3020(void * pArrayDescriptor, void * hArray);

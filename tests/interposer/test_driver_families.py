@@ -32,3 +32,10 @@ def test_child_graphs_clones_and_graph_memory_nodes(program, run_guest) -> None:
     r = run_guest(program("graph_more.cu"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED: 0 failures" in r.stdout, r.stdout
+
+
+def test_conditional_graph_nodes(program, run_guest) -> None:
+    """If/else, while and switch nodes driven by cudaGraphSetConditional in a kernel."""
+    r = run_guest(program("graph_conditional.cu", "-gencode", "arch=compute_90,code=compute_90"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout

@@ -295,7 +295,7 @@ int main() {
     cudaGraphNodeParams cond = {};
     cond.type = cudaGraphNodeTypeConditional;
     cudaGraphNode_t gcond;
-    CHECK(cudaGraphAddNode(&gcond, gg, nullptr, nullptr, 0, &cond) != cudaSuccess, "conditional refused");
+    CHECK(cudaGraphAddNode(&gcond, gg, nullptr, nullptr, 0, &cond) != cudaSuccess, "a conditional node without a handle refused");
     cudaGetLastError();
     cudaGraphExecDestroy(ggx);
     cudaGraphExecDestroy(ggx2);

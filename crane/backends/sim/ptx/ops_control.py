@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .device_launch import BUILTINS as DEVICE_RUNTIME
+from .graph_conditional import BUILTINS as GRAPH_RUNTIME
 from .heap import h_free, h_malloc
 from .instr import BAR, BRA, CALL, EXIT, RET, TRAP, WBAR
 from .ops_common import Mods, h_nop
@@ -128,8 +129,9 @@ def dec_call(ctx, mods) -> None:
             ins.fn = h_free
             ins.x = (arg_offs[0][0],)
             return
-        if callee.builtin in DEVICE_RUNTIME:  # dynamic parallelism (device_launch.py)
-            handler, nargs = DEVICE_RUNTIME[callee.builtin]
+        runtime = DEVICE_RUNTIME if callee.builtin in DEVICE_RUNTIME else GRAPH_RUNTIME
+        if callee.builtin in runtime:  # dynamic parallelism, graph conditions
+            handler, nargs = runtime[callee.builtin]
             if len(arg_offs) != nargs:
                 raise ctx.error(f"{callee.builtin} takes {nargs} arguments")
             ins.fn = handler
