@@ -46,11 +46,16 @@ _SPACES = (
 
 def decode_space(ctx, m: Mods) -> str:
     sp = m.take(*_SPACES, "shared::cluster", "tex") or "generic"
-    if sp == "shared::cluster":
-        raise ctx.unsupported("distributed shared memory (.shared::cluster)")
     if sp == "tex":
         raise ctx.unsupported(".tex state space")
-    return {"shared::cta": "shared", "param::entry": "param", "param::func": "param"}.get(sp, sp)
+    # a .shared::cluster address is a shared address whose high bits may name another CTA of
+    # the cluster (memspace routes it); a .shared::cta address is one naming the own CTA
+    return {
+        "shared::cta": "shared",
+        "shared::cluster": "shared",
+        "param::entry": "param",
+        "param::func": "param",
+    }.get(sp, sp)
 
 
 def lane_addresses(st, addr, idx):

@@ -1,0 +1,301 @@
+"""Thread-block clusters in hand-written PTX: the %cluster* registers of a cluster launch,
+barrier.cluster ordering, distributed shared memory (mapa, getctarank, ld/st/atom
+.shared::cluster, generic addresses of another CTA's shared memory) and its bounds faults,
+and the driver's cluster checks on the simulated GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ptxdev import Ptr, u32
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.backends.sim.ptx import KernelFault, load_ptx
+
+HEAD = """
+.version 8.0
+.target sm_90
+.address_size 64
+"""
+
+REGS = (
+    HEAD
+    + """
+.visible .entry regs(.param .u64 out)
+{
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<8>;
+    .reg .pred %p1;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %ctaid.x; mov.u32 %r2, %ctaid.y; mov.u32 %r3, %nctaid.x;
+    mad.lo.u32 %r4, %r2, %r3, %r1;
+    mov.u32 %r5, %tid.x;
+    mad.lo.u32 %r4, %r4, %ntid.x, %r5;
+    mul.wide.u32 %rd2, %r4, 48;
+    add.s64 %rd3, %rd1, %rd2;
+    mov.u32 %r6, %clusterid.x; mov.u32 %r7, %clusterid.y;
+    mov.u32 %r8, %cluster_ctaid.x; mov.u32 %r9, %cluster_ctaid.y;
+    mov.u32 %r10, %cluster_ctarank; mov.u32 %r11, %cluster_nctarank;
+    mov.u32 %r12, %nclusterid.x; mov.u32 %r13, %nclusterid.y;
+    mov.u32 %r14, %cluster_nctaid.x; mov.u32 %r15, %cluster_nctaid.y;
+    mov.pred %p1, %is_explicit_cluster;
+    selp.u32 %r16, 1, 0, %p1;
+    st.global.v4.u32 [%rd3], {%r1, %r2, %r6, %r7};
+    st.global.v4.u32 [%rd3+16], {%r8, %r9, %r10, %r11};
+    st.global.v4.u32 [%rd3+32], {%r12, %r13, %r14, %r16};
+    ret;
+}
+"""
+)
+
+
+def _regs(dev, grid, block, cluster):
+    prog = load_ptx(REGS)
+    n = grid[0] * grid[1] * block
+    out = dev.zeros(n * 12, np.uint32)
+    dev.launch(prog, "regs", grid, block, [Ptr(out)], cluster=cluster)
+    return dev.download(out, n * 12, np.uint32).reshape(grid[1], grid[0], block, 12)
+
+
+@pytest.mark.parametrize(("grid", "cluster"), [((8, 6, 1), (2, 3, 1)), ((12, 2, 1), (4, 1, 1))])
+def test_cluster_registers(dev, grid, cluster):
+    got = _regs(dev, grid, 40, cluster)
+    cx, cy, _ = cluster
+    for y in range(grid[1]):
+        for x in range(grid[0]):
+            rx, ry = x % cx, y % cy
+            want = [x, y, x // cx, y // cy, rx, ry, rx + ry * cx, cx * cy]
+            want += [grid[0] // cx, grid[1] // cy, cx, 1]
+            assert got[y, x, :, :12].tolist() == [want] * 40, (x, y)
+
+
+def test_no_cluster_launch_is_one_cta_per_cluster(dev):
+    got = _regs(dev, (3, 2, 1), 8, None)
+    assert got[1, 2, 0].tolist() == [2, 1, 2, 1, 0, 0, 0, 1, 3, 2, 1, 0]
+
+
+def test_reqnctapercluster_gives_the_cluster_without_launch_dims(dev):
+    prog = load_ptx(
+        REGS.replace("(.param .u64 out)", "(.param .u64 out) .reqnctapercluster 2, 1, 1")
+    )
+    out = dev.zeros(4 * 12, np.uint32)
+    dev.launch(prog, "regs", (4, 1, 1), 1, [Ptr(out)])
+    got = dev.download(out, 4 * 12, np.uint32).reshape(4, 12)
+    assert got[:, 2].tolist() == [0, 0, 1, 1]  # %clusterid.x
+    assert got[:, 6].tolist() == [0, 1, 0, 1]  # %cluster_ctarank
+    assert got[:, 11].tolist() == [1] * 4  # %is_explicit_cluster
+    with pytest.raises(KernelFault) as e:  # launch dims differing from the compiled ones
+        dev.launch(prog, "regs", (4, 1, 1), 1, [Ptr(out)], cluster=(4, 1, 1))
+    assert e.value.code == CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE
+
+
+@pytest.mark.parametrize(
+    ("grid", "cluster", "kw", "code"),
+    [
+        ((6, 1, 1), (4, 1, 1), {}, CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),  # not divisible
+        ((16, 1, 1), (16, 1, 1), {}, CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),  # not portable
+        ((32, 1, 1), (32, 1, 1), {"non_portable_cluster": True},
+         CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),
+    ],
+)  # fmt: skip
+def test_cluster_launch_checks(dev, grid, cluster, kw, code):
+    prog = load_ptx(REGS)
+    out = dev.zeros(32 * 12, np.uint32)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "regs", grid, 1, [Ptr(out)], cluster=cluster, **kw)
+    assert e.value.code == code
+
+
+def test_sixteen_ctas_with_non_portable_size(dev):
+    prog = load_ptx(REGS)
+    out = dev.zeros(16 * 12, np.uint32)
+    dev.launch(prog, "regs", (16, 1, 1), 1, [Ptr(out)], cluster=(16, 1, 1),
+               non_portable_cluster=True)  # fmt: skip
+    got = dev.download(out, 16 * 12, np.uint32).reshape(16, 12)
+    assert got[:, 6].tolist() == list(range(16))
+
+
+def test_device_without_clusters_refuses(dev):
+    from ptxdev import Device
+
+    a100 = Device("a100-80gb")
+    try:
+        prog = load_ptx(REGS)
+        out = a100.zeros(4 * 12, np.uint32)
+        with pytest.raises(KernelFault) as e:
+            a100.launch(prog, "regs", (4, 1, 1), 1, [Ptr(out)], cluster=(2, 1, 1))
+        assert e.value.code == CUresult.CUDA_ERROR_NOT_SUPPORTED
+    finally:
+        a100.close()
+
+
+# Each thread stores rank*1000+tid in its CTA's sh[tid]; after a cluster barrier it reads
+# sh[tid] of CTA (rank+1) % n through mapa + ld.shared::cluster, and through a generic
+# address (cvta + mapa generic), adds 1 to a counter in CTA 0 (atom.shared::cluster), and
+# records getctarank of the mapped address; a second barrier keeps every CTA's shared memory
+# alive until all reads are done. Rank 0 first spins `delay` rounds, so its stores come last.
+RING = (
+    HEAD
+    + """
+.visible .entry ring(.param .u64 out, .param .u32 delay)
+{
+    .reg .b32 %r<32>;
+    .reg .b64 %rd<16>;
+    .reg .pred %p<4>;
+    .shared .align 4 .b32 sh[128];
+    .shared .align 4 .b32 counter;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r20, [delay];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %cluster_ctarank;
+    mov.u32 %r3, %cluster_nctarank;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra SKIPINIT;
+    st.shared.u32 [counter], 0;
+SKIPINIT:
+    setp.ne.u32 %p2, %r2, 0;
+    @%p2 bra STORE;
+    mov.u32 %r21, 0;
+SPIN:
+    add.u32 %r21, %r21, 1;
+    setp.lt.u32 %p3, %r21, %r20;
+    @%p3 bra SPIN;
+STORE:
+    mad.lo.u32 %r4, %r2, 1000, %r1;
+    mov.u32 %r5, sh;
+    shl.b32 %r6, %r1, 2;
+    add.u32 %r7, %r5, %r6;
+    st.shared.u32 [%r7], %r4;
+    barrier.cluster.arrive.release;
+    barrier.cluster.wait.acquire;
+    add.u32 %r8, %r2, 1;
+    rem.u32 %r8, %r8, %r3;
+    mapa.shared::cluster.u32 %r9, %r7, %r8;
+    ld.shared::cluster.u32 %r10, [%r9];
+    getctarank.shared::cluster.u32 %r11, %r9;
+    mov.u64 %rd2, sh;
+    cvta.shared.u64 %rd3, %rd2;
+    mul.wide.u32 %rd4, %r1, 4;
+    add.s64 %rd5, %rd3, %rd4;
+    mapa.u64 %rd6, %rd5, %r8;
+    ld.u32 %r12, [%rd6];
+    isspacep.shared::cluster %p1, %rd6;
+    selp.u32 %r13, 1, 0, %p1;
+    mov.u32 %r14, counter;
+    mapa.shared::cluster.u32 %r15, %r14, 0;
+    atom.shared::cluster.add.u32 %r16, [%r15], 1;
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    ld.shared.u32 %r17, [counter];
+    mov.u32 %r22, %ctaid.x;
+    mad.lo.u32 %r23, %r22, %ntid.x, %r1;
+    mul.wide.u32 %rd7, %r23, 32;
+    add.s64 %rd8, %rd1, %rd7;
+    st.global.v4.u32 [%rd8], {%r10, %r11, %r12, %r13};
+    st.global.v4.u32 [%rd8+16], {%r17, %r2, %r3, %r3};
+    ret;
+}
+"""
+)
+
+
+@pytest.mark.parametrize(("blocks", "csize", "threads"), [(8, 4, 64), (6, 2, 128), (16, 8, 33)])
+def test_distributed_shared_memory_ring(dev, blocks, csize, threads):
+    prog = load_ptx(RING)
+    out = dev.zeros(blocks * threads * 8, np.uint32)
+    dev.launch(prog, "ring", blocks, threads, [Ptr(out), u32(300)], cluster=(csize, 1, 1))
+    got = dev.download(out, blocks * threads * 8, np.uint32).reshape(blocks, threads, 8)
+    for b in range(blocks):
+        rank = b % csize
+        nxt = (rank + 1) % csize
+        t = np.arange(threads)
+        np.testing.assert_array_equal(got[b, :, 0], nxt * 1000 + t)  # ld.shared::cluster
+        np.testing.assert_array_equal(got[b, :, 1], nxt)  # getctarank
+        np.testing.assert_array_equal(got[b, :, 2], nxt * 1000 + t)  # generic
+        np.testing.assert_array_equal(got[b, :, 3], 1)  # isspacep.shared::cluster
+        want = csize * threads if rank == 0 else 0  # every thread's atom went to CTA 0
+        np.testing.assert_array_equal(got[b, :, 4], want)
+
+
+MAPA_FAULT = (
+    HEAD
+    + """
+.visible .entry bad(.param .u32 rank, .param .u32 off)
+{
+    .reg .b32 %r<8>;
+    .shared .align 4 .b32 sh[16];
+    ld.param.u32 %r1, [rank];
+    ld.param.u32 %r2, [off];
+    mov.u32 %r3, sh;
+    add.u32 %r3, %r3, %r2;
+    mapa.shared::cluster.u32 %r4, %r3, %r1;
+    ld.shared::cluster.u32 %r5, [%r4];
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    ret;
+}
+"""
+)
+
+
+@pytest.mark.parametrize(("rank", "off", "ok"), [(1, 60, True), (2, 0, False), (1, 64, False)])
+def test_mapa_bounds_fault_as_illegal_addresses(dev, rank, off, ok):
+    prog = load_ptx(MAPA_FAULT)
+    args = [u32(rank), u32(off)]
+    if ok:
+        dev.launch(prog, "bad", 4, 32, args, cluster=(2, 1, 1))
+        return
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "bad", 4, 32, args, cluster=(2, 1, 1))
+    assert e.value.code == CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+    assert "shared::cluster" in e.value.message
+
+
+def test_cluster_wait_completes_the_phase_of_the_threads_own_arrivals(dev):
+    """Rank 0 arrives twice before it waits: its wait completes only when rank 1 has arrived
+    twice too, i.e. after rank 1 (which passes its first wait at once, then spins) stored the
+    flag that rank 0 then reads from rank 1's shared memory."""
+    text = (
+        HEAD
+        + """
+.visible .entry phases(.param .u64 out)
+{
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<3>;
+    .shared .align 4 .b32 flag;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %cluster_ctarank;
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 bra RANK0;
+    st.shared.u32 [flag], 0;
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    mov.u32 %r2, 0;
+SPIN:
+    add.u32 %r2, %r2, 1;
+    setp.lt.u32 %p2, %r2, 500;
+    @%p2 bra SPIN;
+    st.shared.u32 [flag], 7;
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    ret;
+RANK0:
+    barrier.cluster.arrive;
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    mov.u32 %r3, flag;
+    mapa.shared::cluster.u32 %r4, %r3, 1;
+    ld.shared::cluster.u32 %r5, [%r4];
+    mov.u32 %r6, %tid.x;
+    mul.wide.u32 %rd2, %r6, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r5;
+    ret;
+}
+"""
+    )
+    prog = load_ptx(text)
+    out = dev.zeros(32, np.uint32)
+    dev.launch(prog, "phases", 2, 32, [Ptr(out)], cluster=(2, 1, 1))
+    np.testing.assert_array_equal(dev.download(out, 32, np.uint32), 7)
