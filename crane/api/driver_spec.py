@@ -112,6 +112,7 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuOccupancyMaxActiveBlocksPerMultiprocessor@6050",
          "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags@7000",
          "cuOccupancyAvailableDynamicSMemPerBlock@10020",
+         "cuOccupancyMaxActiveClusters@11070", "cuOccupancyMaxPotentialClusterSize@11070",
          "cuPointerGetAttribute@4000", "cuPointerGetAttributes@7000",
          "cuMemGetAddressRange@3020", "cuStreamGetFlags@5050", "cuStreamGetPriority@5050",
          "cuStreamGetCtx@9020", "cuStreamGetId@12000",

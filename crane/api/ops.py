@@ -244,6 +244,15 @@ OPS: tuple[Op, ...] = (
        doc="cuLaunchCooperativeKernel: as LAUNCH, but every block is resident at once and the "
            "kernel gets the grid-sync workspace (cooperative_groups grid.sync()); a grid above "
            "the device's co-residency limit fails with COOPERATIVE_LAUNCH_TOO_LARGE."),
+    op(31, "LAUNCH_CLUSTER",
+       "function:HANDLE config:LAUNCH_CONFIG stream:HANDLE cluster_x:U32 cluster_y:U32 "
+       "cluster_z:U32 flags:U32",
+       data_in="params", writes_via_params=True,
+       doc="cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (or a kernel whose "
+           "REQUIRED_CLUSTER_* attributes were set): as LAUNCH, the grid made of clusters of "
+           "cluster_x x cluster_y x cluster_z blocks that run together and share their shared "
+           "memory. flags: 1 cooperative (as LAUNCH_COOPERATIVE), 2 the function allows "
+           "non-portable cluster sizes (above 8 blocks)."),
 )
 # fmt: on
 

@@ -16,7 +16,12 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs as G
 from crane.interposer.h_copy import side
-from crane.interposer.h_launch import params_from_launch_args, run_host_func
+from crane.interposer.h_launch import (
+    cluster_dims,
+    launch_cluster,
+    params_from_launch_args,
+    run_host_func,
+)
 from crane.interposer.h_memory import copy
 from crane.interposer.h_module import max_dynamic_shared
 from crane.interposer.h_pools import free_now
@@ -133,8 +138,12 @@ def run_node(kind: int, p: object, stream: int) -> None:
     s = RT.session()
     if kind == G.KERNEL:
         assert isinstance(p, G.KernelParams)
-        s.launch(p.fn, p.grid, p.block, p.params, p.shared, stream,
-                 max_dynamic_shared=max_dynamic_shared(p.fn))  # fmt: skip
+        dims = cluster_dims(p.fn, p.grid, p.cluster)
+        if dims is not None:
+            launch_cluster(p.fn, p.grid, p.block, dims, p.params, p.shared, stream)
+        else:
+            s.launch(p.fn, p.grid, p.block, p.params, p.shared, stream,
+                     max_dynamic_shared=max_dynamic_shared(p.fn))  # fmt: skip
     elif kind == G.MEMCPY:
         assert isinstance(p, G.CopyParams)
         for dst, src, n in p.rows():

@@ -183,10 +183,15 @@ def required_cluster(fn: Function) -> tuple[int, int, int]:
     return (stored.get(11, 0), stored.get(12, 0), stored.get(13, 0))
 
 
+def non_portable_cluster(fn: Function) -> bool:
+    """Whether NON_PORTABLE_CLUSTER_SIZE_ALLOWED was set: clusters of up to 16 blocks."""
+    return bool(RT.func_attrs.get(fn.handle, {}).get(_NON_PORTABLE_CLUSTER, 0))
+
+
 def set_function_attribute(fn: Function, attrib: int, value: int) -> None:
     """The settable attributes of cuda.h's CUfunction_attribute, validated as the driver
-    documents; the cluster ones are recorded and reported (a launch that needs a cluster of
-    more than one block is refused: clusters are not served)."""
+    documents; the cluster ones are recorded, reported, and shape later launches
+    (REQUIRED_CLUSTER_*: the launch's clusters when it names none)."""
     s = RT.session()
     if attrib not in _SETTABLE:
         if 0 <= attrib <= 15:

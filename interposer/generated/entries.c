@@ -2136,7 +2136,11 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int * numBlocks, v
     return r;
 }
 
-CUresult cuOccupancyMaxActiveClusters(void) { return crane_unsupported("cuOccupancyMaxActiveClusters"); }
+CUresult cuOccupancyMaxActiveClusters(int * numClusters, void * func, void * config) {
+    CUresult r = crane_py_cuOccupancyMaxActiveClusters_11070(numClusters, func, config);
+    if (crane_trace_on) crane_trace("cuOccupancyMaxActiveClusters", r, "numClusters=%p func=%p config=%p", (const void *)numClusters, (const void *)func, (const void *)config);
+    return r;
+}
 
 CUresult cuOccupancyMaxPotentialBlockSize(int * minGridSize, int * blockSize, void * func, void * blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit) {
     CUresult r = crane_py_cuOccupancyMaxPotentialBlockSize_6050(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit);
@@ -2150,7 +2154,11 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int * minGridSize, int * bloc
     return r;
 }
 
-CUresult cuOccupancyMaxPotentialClusterSize(void) { return crane_unsupported("cuOccupancyMaxPotentialClusterSize"); }
+CUresult cuOccupancyMaxPotentialClusterSize(int * clusterSize, void * func, void * config) {
+    CUresult r = crane_py_cuOccupancyMaxPotentialClusterSize_11070(clusterSize, func, config);
+    if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialClusterSize", r, "clusterSize=%p func=%p config=%p", (const void *)clusterSize, (const void *)func, (const void *)config);
+    return r;
+}
 
 CUresult cuParamSetSize(void) { return crane_unsupported("cuParamSetSize"); }
 

@@ -44,6 +44,8 @@ int crane_py_cuFuncGetName_12030(const char ** name, void * hfunc);
 int crane_py_cuOccupancyMaxActiveBlocksPerMultiprocessor_6050(int * numBlocks, void * func, int blockSize, size_t dynamicSMemSize);
 int crane_py_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_7000(int * numBlocks, void * func, int blockSize, size_t dynamicSMemSize, unsigned int flags);
 int crane_py_cuOccupancyAvailableDynamicSMemPerBlock_10020(size_t * dynamicSmemSize, void * func, int numBlocks, int blockSize);
+int crane_py_cuOccupancyMaxActiveClusters_11070(int * numClusters, void * func, void * config);
+int crane_py_cuOccupancyMaxPotentialClusterSize_11070(int * clusterSize, void * func, void * config);
 int crane_py_cuPointerGetAttribute_4000(void * data, int attribute, unsigned long long ptr);
 int crane_py_cuPointerGetAttributes_7000(unsigned int numAttributes, int * attributes, void ** data, unsigned long long ptr);
 int crane_py_cuMemGetAddressRange_3020(unsigned long long * pbase, size_t * psize, unsigned long long dptr);

@@ -243,6 +243,8 @@ class SimBackend(Backend):
         *,
         max_dynamic_shared: int | None = None,
         cooperative: bool = False,
+        cluster: tuple[int, int, int] | None = None,
+        non_portable_cluster: bool = False,
     ) -> None:
         sim: _SimModule = module.native
         if sim.program is None:
@@ -263,6 +265,8 @@ class SimBackend(Backend):
                 max_dynamic_shared=max_dynamic_shared,
                 cooperative=cooperative,
                 grid_workspace=self._grid_workspace() if cooperative else 0,
+                cluster=cluster,
+                non_portable_cluster=non_portable_cluster,
             )
         except KernelFault as e:
             raise CudaError(CUresult(e.code), str(e)) from None
