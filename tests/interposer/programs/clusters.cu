@@ -1,7 +1,7 @@
 // Thread-block clusters end to end (build for compute_90): a __cluster_dims__ kernel launched
 // with <<<>>>, cudaLaunchKernelEx with cudaLaunchAttributeClusterDimension (2D clusters, a
 // non-portable 16-block cluster), cooperative_groups::this_cluster() (sync, map_shared_rank,
-// block_rank, block_index, num_blocks, dim_blocks), the launches the driver refuses, and
+// block_rank, block_index, num_blocks, num_threads, dim_blocks), the launches the driver refuses, and
 // cudaOccupancyMaxActiveClusters / MaxPotentialClusterSize, each against the host's answer.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -31,7 +31,7 @@ __global__ void __cluster_dims__(2, 1, 1) ring(int *out, unsigned *info) {
         p[1] = cl.num_blocks();
         p[2] = d.x;
         p[3] = d.y;
-        p[4] = cl.is_valid();
+        p[4] = cl.num_threads() == 2 * blockDim.x;
     }
     cl.sync();
 }
@@ -162,7 +162,7 @@ int main() {
         for (int t = 0; t < threads; t++) bad += out[b * threads + t] != ((r + 1) % 2) * 1000 + t + nb * 7;
         CHECK(info[b * 5] == (unsigned)r && info[b * 5 + 1] == 2 && info[b * 5 + 2] == 2 &&
                   info[b * 5 + 3] == 1 && info[b * 5 + 4] == 1,
-              "block %d: rank %u of %u, dims %ux%u, valid %u", b, info[b * 5], info[b * 5 + 1],
+              "block %d: rank %u of %u, dims %ux%u, threads ok %u", b, info[b * 5], info[b * 5 + 1],
               info[b * 5 + 2], info[b * 5 + 3], info[b * 5 + 4]);
     }
     CHECK(bad == 0, "ring: %d values differ", bad);
