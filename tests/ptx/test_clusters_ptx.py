@@ -299,3 +299,75 @@ RANK0:
     out = dev.zeros(32, np.uint32)
     dev.launch(prog, "phases", 2, 32, [Ptr(out)], cluster=(2, 1, 1))
     np.testing.assert_array_equal(dev.download(out, 32, np.uint32), 7)
+
+
+# CTA 1 of each pair copies 64 bytes of global memory into CTA 0's shared buffer with a bulk
+# copy completing on CTA 0's mbarrier (both named by mapa), and also arrives remotely on it;
+# CTA 0 waits on its own mbarrier, then stores what landed.
+REMOTE_BULK = (
+    HEAD
+    + """
+.visible .entry remote(.param .u64 src, .param .u64 out)
+{
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<16>;
+    .reg .pred %p<4>;
+    .shared .align 16 .b8 buf[64];
+    .shared .align 8 .b64 bar;
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %cluster_ctarank;
+    mov.u32 %r2, %tid.x;
+    setp.eq.u32 %p1, %r2, 0;
+    setp.eq.u32 %p2, %r1, 0;
+    @!%p1 bra SYNC;
+    @!%p2 bra SYNC;
+    mbarrier.init.shared::cta.b64 [bar], 2;
+    mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], 64;
+SYNC:
+    barrier.cluster.arrive.release;
+    barrier.cluster.wait.acquire;
+    @!%p1 bra WAIT;
+    @%p2 bra ARRIVED;
+    mov.u32 %r3, buf;
+    mapa.shared::cluster.u32 %r4, %r3, 0;
+    mov.u32 %r5, bar;
+    mapa.shared::cluster.u32 %r6, %r5, 0;
+    cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r4], [%rd1], 64, [%r6];
+    mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r6];
+    bra.uni WAIT;
+ARRIVED:
+    mbarrier.arrive.shared::cta.b64 %rd3, [bar];
+WAIT:
+    @!%p2 bra DONE;
+LOOP:
+    mbarrier.try_wait.parity.shared::cta.b64 %p3, [bar], 0;
+    @!%p3 bra LOOP;
+    setp.ge.u32 %p1, %r2, 16;
+    @%p1 bra DONE;
+    mov.u32 %r7, buf;
+    shl.b32 %r8, %r2, 2;
+    add.u32 %r9, %r7, %r8;
+    ld.shared.u32 %r10, [%r9];
+    mov.u32 %r11, %clusterid.x;
+    mad.lo.u32 %r12, %r11, 16, %r2;
+    mul.wide.u32 %rd4, %r12, 4;
+    add.s64 %rd5, %rd2, %rd4;
+    st.global.u32 [%rd5], %r10;
+DONE:
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    ret;
+}
+"""
+)
+
+
+def test_bulk_copy_and_mbarrier_arrive_into_another_cta(dev):
+    prog = load_ptx(REMOTE_BULK)
+    src = np.arange(16, dtype=np.uint32) * 3 + 5
+    psrc, out = dev.upload(src), dev.zeros(3 * 16, np.uint32)
+    dev.launch(prog, "remote", 6, 32, [Ptr(psrc), Ptr(out)], cluster=(2, 1, 1))
+    got = dev.download(out, 3 * 16, np.uint32).reshape(3, 16)
+    for c in range(3):
+        np.testing.assert_array_equal(got[c], src)

@@ -1,5 +1,6 @@
 """Bulk asynchronous copies (memory class): ``cp.async.bulk`` global→shared and shared→shared
-(``.shared::cluster`` destinations name the own CTA: the simulator launches no clusters) with
+(``.shared::cluster`` destinations and mbarriers may be another CTA's of the cluster: mapa
+addresses, routed by :mod:`.memspace`) with
 ``.mbarrier::complete_tx::bytes``, shared→global with ``.bulk_group``,
 ``cp.reduce.async.bulk`` shared→global (bulk group) and shared→shared (completing an
 mbarrier's transactions), and the bulk groups' ``commit_group``/``wait_group{.read}``: copies
