@@ -67,8 +67,9 @@ __global__ void dist_hist(const unsigned *in, unsigned *out, unsigned *where) {
 }
 
 static cudaError_t launch_hist(dim3 grid, dim3 block, dim3 cluster, const unsigned *in,
-                               unsigned *out, unsigned *where) {
+                               unsigned *out, unsigned *where, cudaStream_t stream = 0) {
     cudaLaunchConfig_t cfg = {};
+    cfg.stream = stream;
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cudaLaunchAttribute attr[1];
@@ -81,7 +82,9 @@ static cudaError_t launch_hist(dim3 grid, dim3 block, dim3 cluster, const unsign
     return cudaLaunchKernelEx(&cfg, dist_hist, in, out, where);
 }
 
-static void check_hist(dim3 grid, dim3 block, dim3 cluster) {
+// graph: the launch is captured into a graph, which then runs twice (the kernel node keeps the
+// cluster dimensions)
+static void check_hist(dim3 grid, dim3 block, dim3 cluster, bool graph = false) {
     unsigned nblocks = grid.x * grid.y, n = nblocks * block.x;
     unsigned nranks = cluster.x * cluster.y, nclusters = nblocks / nranks;
     std::vector<unsigned> in(n);
@@ -91,9 +94,29 @@ static void check_hist(dim3 grid, dim3 block, dim3 cluster) {
     cudaMalloc(&dout, nclusters * nranks * kBins * 4);
     cudaMalloc(&dwhere, nblocks * 12);
     cudaMemcpy(din, in.data(), n * 4, cudaMemcpyHostToDevice);
-    cudaError_t e = launch_hist(grid, block, cluster, din, dout, dwhere);
-    CHECK(e == cudaSuccess, "cluster %ux%u launch: %s", cluster.x, cluster.y,
-          cudaGetErrorString(e));
+    cudaError_t e;
+    if (graph) {
+        cudaStream_t st;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        cudaStreamCreate(&st);
+        cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+        e = launch_hist(grid, block, cluster, din, dout, dwhere, st);
+        CHECK(e == cudaSuccess, "captured launch: %s", cudaGetErrorString(e));
+        CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess, "end capture");
+        CHECK(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess, "instantiate");
+        cudaMemset(dout, 0xff, nclusters * nranks * kBins * 4);
+        for (int k = 0; k < 2; k++) e = cudaGraphLaunch(ge, st);
+        CHECK(e == cudaSuccess, "graph launch: %s", cudaGetErrorString(e));
+        cudaStreamSynchronize(st);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(st);
+    } else {
+        e = launch_hist(grid, block, cluster, din, dout, dwhere);
+        CHECK(e == cudaSuccess, "cluster %ux%u launch: %s", cluster.x, cluster.y,
+              cudaGetErrorString(e));
+    }
     e = cudaDeviceSynchronize();
     CHECK(e == cudaSuccess, "cluster %ux%u run: %s", cluster.x, cluster.y, cudaGetErrorString(e));
     std::vector<unsigned> got(nclusters * nranks * kBins), where(nblocks * 3);
@@ -171,6 +194,7 @@ int main() {
     // cudaLaunchKernelEx with cluster dimensions
     check_hist(dim3(8, 4), dim3(64), dim3(2, 2, 1));
     check_hist(dim3(16, 2), dim3(96), dim3(8, 1, 1));
+    check_hist(dim3(4, 4), dim3(64), dim3(1, 4, 1), true);
 
     // refusals: a grid not made of whole clusters, more than 8 blocks without opting in
     unsigned *dummy;
