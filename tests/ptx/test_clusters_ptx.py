@@ -251,6 +251,18 @@ def test_mapa_bounds_fault_as_illegal_addresses(dev, rank, off, ok):
     assert "shared::cluster" in e.value.message
 
 
+@pytest.mark.parametrize(("rank", "ok"), [(0, True), (1, False)])
+def test_outside_cluster_launches_rank_0_is_the_cta_itself(dev, rank, ok):
+    prog = load_ptx(MAPA_FAULT)
+    args = [u32(rank), u32(8)]
+    if ok:
+        dev.launch(prog, "bad", 3, 32, args)
+        return
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "bad", 3, 32, args)
+    assert e.value.code == CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+
+
 def test_cluster_wait_completes_the_phase_of_the_threads_own_arrivals(dev):
     """Rank 0 arrives twice before it waits: its wait completes only when rank 1 has arrived
     twice too, i.e. after rank 1 (which passes its first wait at once, then spins) stored the

@@ -89,10 +89,6 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
     """Shared (per block) or local (per lane) access at window offsets ``addr``."""
     if which == "shared":
         stride, base, buf = st.shared_stride, st.shbase, st.shared
-        if st.csize > 1:
-            a = np.asarray(addr, np.int64)
-            if a.size and (int(a.max()) >> CLUSTER_RANK_SHIFT) != 0:
-                return _cluster_window(st, a, nbytes, idx, gen_base)
     else:
         stride, base, buf = st.local_stride, st.lobase, st.local
     a = addr.astype(np.int64) if isinstance(addr, np.ndarray) else np.int64(int(addr))
@@ -101,6 +97,8 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
             hi = int(a.max())
             lo = int(a.min())
             if hi + nbytes > stride or lo < 0:
+                if which == "shared" and hi >> CLUSTER_RANK_SHIFT and lo >= 0:
+                    return _cluster_window(st, a, nbytes, idx, gen_base)
                 bad = (a + nbytes > stride) | (a < 0)
                 first = _first_bad(a, bad)
                 raise MemoryFault(
@@ -120,6 +118,8 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
                     )
     else:
         v = int(a)
+        if which == "shared" and v >> CLUSTER_RANK_SHIFT and v > 0:
+            return _cluster_window(st, np.asarray(a), nbytes, idx, gen_base)
         if v < 0 or v + nbytes > stride:
             raise MemoryFault(
                 f"{nbytes}-byte {which} access at {which} offset {v:#x} is outside the "
@@ -163,7 +163,9 @@ def _cluster_window(st, a: np.ndarray, nbytes: int, idx, gen_base: int):
             "misaligned",
         )
     own = st.shbase if idx is None else st.shbase[idx]
-    first_blk = st.cluster_first if idx is None else st.cluster_first[idx]
+    # outside cluster launches each CTA is its own cluster: rank 0 is the CTA itself
+    first = st.cluster_first if st.csize > 1 else st.block_of_lane
+    first_blk = first if idx is None else first[idx]
     base = np.where(tag == 0, own, (first_blk + tag - 1) * stride)
     return st.shared, base + off
 

@@ -165,7 +165,6 @@ class State:
                 self.special[f"%cluster_ctaid.{ax}"] = zero
             self.special["%cluster_ctarank"] = zero
             if cluster_barrier:  # barrier.cluster in a CTA that is its own cluster
-                self.cluster_first = blk_in_batch
                 self.exited = np.zeros(n, np.bool_)
                 self.carrive = np.zeros(n, np.uint32)
         else:
