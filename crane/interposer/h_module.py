@@ -168,7 +168,7 @@ def function_attribute(fn: Function, attrib: int) -> int:
         7: 0,
         _MAX_DYN: max_dynamic_shared(fn),
         _CARVEOUT: stored.get(_CARVEOUT, -1),
-        10: 0,  # CLUSTER_SIZE_MUST_BE_SET: no kernel here is compiled with cluster dimensions
+        10: 0,  # CLUSTER_SIZE_MUST_BE_SET: compiled cluster shapes reach the device side only
         11: stored.get(11, 0), 12: stored.get(12, 0), 13: stored.get(13, 0),
         14: stored.get(14, 0), 15: stored.get(15, 0),
     }  # fmt: skip

@@ -90,6 +90,29 @@ def test_reqnctapercluster_gives_the_cluster_without_launch_dims(dev):
 
 
 @pytest.mark.parametrize(
+    ("dirs", "cluster", "ok"),
+    [
+        (".explicitcluster", None, False),  # compiled for clusters, launched without
+        (".explicitcluster", (2, 1, 1), True),
+        (".maxclusterrank 2", (4, 1, 1), False),
+        (".maxclusterrank 2", (2, 1, 1), True),
+        (".maxclusterrank 2", None, True),
+    ],
+)
+def test_explicitcluster_and_maxclusterrank(dev, dirs, cluster, ok):
+    prog = load_ptx(REGS.replace("(.param .u64 out)", f"(.param .u64 out) {dirs}"))
+    out = dev.zeros(4 * 12, np.uint32)
+    if ok:
+        dev.launch(prog, "regs", (4, 1, 1), 1, [Ptr(out)], cluster=cluster)
+        got = dev.download(out, 4 * 12, np.uint32).reshape(4, 12)
+        assert got[:, 11].tolist() == [int(cluster is not None)] * 4  # %is_explicit_cluster
+        return
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "regs", (4, 1, 1), 1, [Ptr(out)], cluster=cluster)
+    assert e.value.code == CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE
+
+
+@pytest.mark.parametrize(
     ("grid", "cluster", "kw", "code"),
     [
         ((6, 1, 1), (4, 1, 1), {}, CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),  # not divisible
