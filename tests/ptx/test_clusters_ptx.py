@@ -406,3 +406,69 @@ def test_bulk_copy_and_mbarrier_arrive_into_another_cta(dev):
     got = dev.download(out, 3 * 16, np.uint32).reshape(3, 16)
     for c in range(3):
         np.testing.assert_array_equal(got[c], src)
+
+
+ST_ASYNC = (
+    HEAD
+    + """
+.visible .entry sta(.param .u64 out)
+{
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<16>;
+    .reg .pred %p<4>;
+    .shared .align 16 .b32 buf[16];
+    .shared .align 8 .b64 bar;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %cluster_ctarank;
+    mov.u32 %r2, %tid.x;
+    setp.eq.u32 %p1, %r2, 0;
+    setp.eq.u32 %p2, %r1, 0;
+    @!%p1 bra SYNC;
+    @!%p2 bra SYNC;
+    mbarrier.init.shared::cta.b64 [bar], 1;
+    mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], 64;
+SYNC:
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    @%p2 bra WAIT;
+    setp.ge.u32 %p3, %r2, 8;
+    @%p3 bra DONE;
+    mov.u32 %r3, buf;
+    shl.b32 %r4, %r2, 3;
+    add.u32 %r5, %r3, %r4;
+    mapa.shared::cluster.u32 %r6, %r5, 0;
+    mov.u32 %r7, bar;
+    mapa.shared::cluster.u32 %r8, %r7, 0;
+    mad.lo.u32 %r9, %r2, 2, 100;
+    add.u32 %r10, %r9, 1;
+    st.async.weak.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%r6], {%r9, %r10}, [%r8];
+    bra.uni DONE;
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p3, [bar], 0;
+    @!%p3 bra WAIT;
+    setp.ge.u32 %p3, %r2, 16;
+    @%p3 bra DONE;
+    mov.u32 %r3, buf;
+    shl.b32 %r4, %r2, 2;
+    add.u32 %r5, %r3, %r4;
+    ld.shared.u32 %r11, [%r5];
+    mov.u32 %r12, %clusterid.x;
+    mad.lo.u32 %r13, %r12, 16, %r2;
+    mul.wide.u32 %rd2, %r13, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r11;
+DONE:
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    ret;
+}
+"""
+)
+
+
+def test_st_async_into_another_cta_completes_its_mbarrier(dev):
+    prog = load_ptx(ST_ASYNC)
+    out = dev.zeros(2 * 16, np.uint32)
+    dev.launch(prog, "sta", 4, 32, [Ptr(out)], cluster=(2, 1, 1))
+    got = dev.download(out, 2 * 16, np.uint32).reshape(2, 16)
+    np.testing.assert_array_equal(got, np.tile(np.arange(16) + 100, (2, 1)))

@@ -45,6 +45,13 @@ class OpSpec:
 _FLOAT_KINDS = ("f", "h", "bh", "h2", "bh2")
 
 
+def _st(ctx, mods) -> None:
+    """``st.async`` (a store completing on an mbarrier) to the cluster module, others to st."""
+    if "async" in mods:
+        return cluster.dec_st_async(ctx, mods)
+    return mem.dec_st(ctx, mods)
+
+
 def _barrier(ctx, mods) -> None:
     """``barrier.cluster.*`` to the cluster barrier, every other ``barrier`` to bar's."""
     if "cluster" in mods:
@@ -137,7 +144,7 @@ _TABLE: list[tuple[str, str, Callable]] = [
     # ---- memory ----
     ("ld", "memory", mem.dec_ld),
     ("ldu", "memory", mem.dec_ld),
-    ("st", "memory", mem.dec_st),
+    ("st", "memory", _st),
     ("cvta", "memory", mem.dec_cvta),
     ("isspacep", "memory", mem.dec_isspacep),
     ("atom", "memory", mem.dec_atom),

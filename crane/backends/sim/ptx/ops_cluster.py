@@ -18,10 +18,17 @@ import numpy as np
 from .instr import CLUSTER_WAIT, MWAIT
 from .memspace import SHARED_WINDOW, WINDOW_SIZE, cluster_rank, map_cluster
 from .ops_common import Mods
-from .ops_mem import decode_space
+from .ops_mbarrier import complete_bytes
+from .ops_mem import dec_st, decode_space
 from .ptxtypes import TYPES
 
-__all__ = ["dec_barrier_cluster", "dec_getctarank", "dec_mapa", "uses_cluster_barrier"]
+__all__ = [
+    "dec_barrier_cluster",
+    "dec_getctarank",
+    "dec_mapa",
+    "dec_st_async",
+    "uses_cluster_barrier",
+]
 
 _ALL_ARRIVED = np.uint32(0xFFFFFFFF)
 _SH = np.uint64(SHARED_WINDOW)
@@ -129,6 +136,32 @@ def dec_getctarank(ctx, mods) -> None:
             inside = (a >= _SH) & (a < _SH + _WS)
             a = np.where(inside, a - _SH, np.uint64(0))
         ins.d.put(st, idx, cluster_rank(st, a.astype(np.int64), idx))
+
+    ins.fn = h
+
+
+def dec_st_async(ctx, mods) -> None:
+    """``st.async{.weak}{.cluster}.shared::cluster.mbarrier::complete_tx::bytes{.v2,.v4}.type
+    [addr], value, [mbar]``: a store into (another CTA's) shared memory that completes its
+    bytes on the mbarrier at ``mbar`` (in the destination's CTA). Performed at issue, as the
+    bulk copies are: the ordinary store, then the transaction count."""
+    rest = [x for x in mods if x != "async"]
+    if "mbarrier::complete_tx::bytes" not in rest or "shared::cluster" not in rest:
+        raise ctx.unsupported(f"`{ctx.pins.opcode}` (st.async completes on an mbarrier)")
+    rest.remove("mbarrier::complete_tx::bytes")
+    if len(ctx.ops) != 3:
+        raise ctx.error("st.async takes an address, a value and an mbarrier")
+    mbar = ctx.address(ctx.ops[2])
+    ctx.ops = ctx.ops[:2]
+    dec_st(ctx, rest)
+    ins = ctx.ins
+    nbytes = ins.x[2] * len(ins.b)  # (space, dtype, size, shift) and the stored operands
+    store = ins.fn
+
+    def h(st, ins, idx) -> None:
+        store(st, ins, idx)
+        n = st.n if idx is None else idx.size
+        complete_bytes(st, mbar, "shared", idx, np.full(n, nbytes, np.int64))
 
     ins.fn = h
 
