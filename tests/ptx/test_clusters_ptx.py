@@ -204,6 +204,11 @@ STORE:
     ld.u32 %r12, [%rd6];
     isspacep.shared::cluster %p1, %rd6;
     selp.u32 %r13, 1, 0, %p1;
+    isspacep.shared::cta %p2, %rd6;
+    selp.u32 %r24, 1, 0, %p2;
+    isspacep.shared::cta %p2, %rd5;
+    selp.u32 %r25, 2, 0, %p2;
+    add.u32 %r24, %r24, %r25;
     mov.u32 %r14, counter;
     mapa.shared::cluster.u32 %r15, %r14, 0;
     atom.shared::cluster.add.u32 %r16, [%r15], 1;
@@ -215,7 +220,7 @@ STORE:
     mul.wide.u32 %rd7, %r23, 32;
     add.s64 %rd8, %rd1, %rd7;
     st.global.v4.u32 [%rd8], {%r10, %r11, %r12, %r13};
-    st.global.v4.u32 [%rd8+16], {%r17, %r2, %r3, %r3};
+    st.global.v4.u32 [%rd8+16], {%r17, %r2, %r3, %r24};
     ret;
 }
 """
@@ -238,6 +243,8 @@ def test_distributed_shared_memory_ring(dev, blocks, csize, threads):
         np.testing.assert_array_equal(got[b, :, 3], 1)  # isspacep.shared::cluster
         want = csize * threads if rank == 0 else 0  # every thread's atom went to CTA 0
         np.testing.assert_array_equal(got[b, :, 4], want)
+        # isspacep.shared::cta: the neighbour's shared memory is not this CTA's; its own is
+        np.testing.assert_array_equal(got[b, :, 7], 2)
 
 
 MAPA_FAULT = (

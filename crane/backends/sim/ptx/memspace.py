@@ -40,6 +40,7 @@ __all__ = [
     "WINDOW_SIZE",
     "cluster_rank",
     "from_generic",
+    "in_own_cta",
     "is_space",
     "map_cluster",
     "resolve",
@@ -178,6 +179,16 @@ def cluster_rank(st, addr, idx) -> np.ndarray:
     own = st.special["%cluster_ctarank"]
     own = own if idx is None else own[idx]
     return np.where(tag == 0, own, tag - 1).astype(np.uint32)
+
+
+def in_own_cta(st, addr, idx) -> np.ndarray:
+    """Whether each generic shared-window address names the executing CTA's own shared memory
+    (untagged, or tagged with the CTA's own rank): ``isspacep.shared::cta``."""
+    off = (_as_array(addr).astype(np.uint64) - _SH).astype(np.int64)
+    tag = off >> CLUSTER_RANK_SHIFT
+    own = st.special["%cluster_ctarank"]
+    own = (own if idx is None else own[idx]).astype(np.int64)
+    return (tag == 0) | (tag == own + 1)
 
 
 def map_cluster(addr, rank):

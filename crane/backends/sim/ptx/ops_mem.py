@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .atomics import apply_atomic
-from .memspace import from_generic, is_space, resolve, to_generic
+from .memspace import from_generic, in_own_cta, is_space, resolve, to_generic
 from .ops_common import Mods, h_nop
 from .ptxtypes import TYPES, PtxType
 
@@ -266,6 +266,9 @@ def dec_cvta(ctx, mods) -> None:
 
 
 def dec_isspacep(ctx, mods) -> None:
+    # .shared / .shared::cta: the executing CTA's shared memory only; .shared::cluster: any
+    # CTA's of the cluster (decode_space names both "shared")
+    own_cta = "shared" in mods or "shared::cta" in mods
     m = Mods(ctx, mods)
     space = decode_space(ctx, m)
     m.done()
@@ -275,11 +278,14 @@ def dec_isspacep(ctx, mods) -> None:
     ins.a = ctx.src(ctx.ops[1], TYPES["u64"])
 
     def h(st, ins, idx):
-        r = is_space(space, ins.a.get(st, idx), st)
+        a = ins.a.get(st, idx)
+        r = is_space(space, a, st)
+        if own_cta:
+            r = r & in_own_cta(st, a, idx)
         ins.d.put(
             st,
             idx,
-            r if idx is None or np.ndim(ins.a.get(st, idx)) else np.broadcast_to(r, idx.shape),
+            r if idx is None or np.ndim(a) else np.broadcast_to(r, idx.shape),
         )
 
     ins.fn = h
