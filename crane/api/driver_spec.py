@@ -188,6 +188,8 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuGraphNodeGetDependencies@10000", "cuGraphNodeGetDependentNodes@10000",
          "cuGraphDestroyNode@10000", "cuGraphKernelNodeGetParams@10000,12000",
          "cuGraphKernelNodeSetParams@10000,12000", "cuGraphMemsetNodeSetParams@10000",
+         "cuGraphKernelNodeGetAttribute@11000", "cuGraphKernelNodeSetAttribute@11000",
+         "cuGraphKernelNodeCopyAttributes@11000",
          "cuGraphMemcpyNodeSetParams@10000", "cuGraphHostNodeGetParams@10000",
          "cuGraphHostNodeSetParams@10000", "cuGraphInstantiate@10000,11000",
          "cuGraphInstantiateWithFlags@11040", "cuGraphInstantiateWithParams@12000",

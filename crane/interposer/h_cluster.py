@@ -1,11 +1,19 @@
-"""Occupancy of thread-block clusters: cuOccupancyMaxActiveClusters and
-cuOccupancyMaxPotentialClusterSize (also what cudart's cudaOccupancy* forms call), answered
-locally from the device's limits with the computation of :mod:`crane.api.launch_check`: a
-cluster's blocks share one GPC, each SM holding as many blocks as the ordinary occupancy
-calculation allows for the configuration's block size and shared memory."""
+"""Thread-block clusters in the driver API beyond the launch itself.
+
+* Occupancy: cuOccupancyMaxActiveClusters and cuOccupancyMaxPotentialClusterSize (also what
+  cudart's cudaOccupancy* forms call), answered locally from the device's limits with the
+  computation of :mod:`crane.api.launch_check`: a cluster's blocks share one GPC, each SM
+  holding as many blocks as the ordinary occupancy calculation allows for the configuration's
+  block size and shared memory.
+* Graph kernel nodes' cluster dimensions, a node attribute: cuGraphKernelNodeGet/SetAttribute
+  (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; COOPERATIVE reads 0, nodes here are never
+  cooperative) and cuGraphKernelNodeCopyAttributes. Other attributes (access policy windows,
+  priorities, ...) stay CUDA_ERROR_NOT_SUPPORTED, naming the attribute."""
 
 from __future__ import annotations
 
+import struct
+from dataclasses import replace
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as DA
@@ -19,6 +27,7 @@ from crane.api.launch_check import (
 )
 from crane.api.results import CudaError
 from crane.guest.session import Function
+from crane.interposer import graphs as G
 from crane.interposer.h_launch import ExConfig, read_launch_config
 from crane.interposer.h_module import function_attribute, non_portable_cluster, required_cluster
 from crane.interposer.registry import handles
@@ -97,3 +106,58 @@ def occupancy_max_potential_cluster_size(out: Any, func: Any, config: Any) -> No
         size = dims[0] * dims[1] * dims[2]
         fits = size if size <= fits else 0
     RT.out(out, fits)
+
+
+# ---- graph kernel node attributes ------------------------------------------------------------
+_COOPERATIVE, _CLUSTER_DIMENSION = 2, 4  # CUlaunchAttributeID (= CUkernelNodeAttrID)
+_DIMS = struct.Struct("<3I")
+
+
+def _kernel_node(node: Any) -> G.Node:
+    n = G.node(RT.ptr(node))
+    if n.kind != G.KERNEL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "not a kernel node")
+    return n
+
+
+def _unsupported(attr: int) -> CudaError:
+    return CudaError(
+        CUresult.CUDA_ERROR_NOT_SUPPORTED,
+        f"kernel node attribute {attr} (only the cluster dimension is served)",
+    )
+
+
+@handles("cuGraphKernelNodeGetAttribute@11000")
+def graph_kernel_node_get_attribute(node: Any, attr: int, value_out: Any) -> None:
+    n = _kernel_node(node)
+    if value_out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL attribute value")
+    if attr == _CLUSTER_DIMENSION:
+        raw = _DIMS.pack(*(n.params.cluster or (0, 0, 0)))  # type: ignore[attr-defined]
+    elif attr == _COOPERATIVE:
+        raw = struct.pack("<i", 0)
+    else:
+        raise _unsupported(attr)
+    RT.ffi.memmove(value_out, raw, len(raw))
+
+
+@handles("cuGraphKernelNodeSetAttribute@11000")
+def graph_kernel_node_set_attribute(node: Any, attr: int, value: Any) -> None:
+    """The cluster dimension of a kernel node (checked, as the driver does, when the graph
+    launches it); COOPERATIVE 0 is accepted, a cooperative node is not served."""
+    n = _kernel_node(node)
+    if value == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL attribute value")
+    if attr == _CLUSTER_DIMENSION:
+        dims = _DIMS.unpack(bytes(RT.ffi.buffer(value, _DIMS.size)))
+        n.params = replace(n.params, cluster=dims if any(dims) else None)  # type: ignore[type-var]
+    elif attr == _COOPERATIVE and struct.unpack("<i", bytes(RT.ffi.buffer(value, 4)))[0] == 0:
+        pass
+    else:
+        raise _unsupported(attr)
+
+
+@handles("cuGraphKernelNodeCopyAttributes@11000")
+def graph_kernel_node_copy_attributes(dst: Any, src: Any) -> None:
+    d, s = _kernel_node(dst), _kernel_node(src)
+    d.params = replace(d.params, cluster=s.params.cluster)  # type: ignore[type-var, attr-defined]

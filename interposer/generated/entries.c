@@ -902,9 +902,17 @@ CUresult cuGraphInstantiateWithParams_ptsz(void ** phGraphExec, void * hGraph, v
     return r;
 }
 
-CUresult cuGraphKernelNodeCopyAttributes(void) { return crane_unsupported("cuGraphKernelNodeCopyAttributes"); }
+CUresult cuGraphKernelNodeCopyAttributes(void * dst, void * src) {
+    CUresult r = crane_py_cuGraphKernelNodeCopyAttributes_11000(dst, src);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeCopyAttributes", r, "dst=%p src=%p", (const void *)dst, (const void *)src);
+    return r;
+}
 
-CUresult cuGraphKernelNodeGetAttribute(void) { return crane_unsupported("cuGraphKernelNodeGetAttribute"); }
+CUresult cuGraphKernelNodeGetAttribute(void * hNode, int attr, void * value_out) {
+    CUresult r = crane_py_cuGraphKernelNodeGetAttribute_11000(hNode, attr, value_out);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeGetAttribute", r, "hNode=%p attr=%d value_out=%p", (const void *)hNode, (int)attr, (const void *)value_out);
+    return r;
+}
 
 CUresult cuGraphKernelNodeGetParams(void * hNode, void * nodeParams) {
     CUresult r = crane_py_cuGraphKernelNodeGetParams_10000(hNode, nodeParams);
@@ -918,7 +926,11 @@ CUresult cuGraphKernelNodeGetParams_v2(void * hNode, void * nodeParams) {
     return r;
 }
 
-CUresult cuGraphKernelNodeSetAttribute(void) { return crane_unsupported("cuGraphKernelNodeSetAttribute"); }
+CUresult cuGraphKernelNodeSetAttribute(void * hNode, int attr, void * value) {
+    CUresult r = crane_py_cuGraphKernelNodeSetAttribute_11000(hNode, attr, value);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeSetAttribute", r, "hNode=%p attr=%d value=%p", (const void *)hNode, (int)attr, (const void *)value);
+    return r;
+}
 
 CUresult cuGraphKernelNodeSetParams(void * hNode, void * nodeParams) {
     CUresult r = crane_py_cuGraphKernelNodeSetParams_10000(hNode, nodeParams);

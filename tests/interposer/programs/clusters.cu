@@ -104,6 +104,15 @@ static void check_hist(dim3 grid, dim3 block, dim3 cluster, bool graph = false) 
         e = launch_hist(grid, block, cluster, din, dout, dwhere, st);
         CHECK(e == cudaSuccess, "captured launch: %s", cudaGetErrorString(e));
         CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess, "end capture");
+        cudaGraphNode_t node;
+        size_t nnodes = 1;
+        CHECK(cudaGraphGetNodes(g, &node, &nnodes) == cudaSuccess && nnodes == 1, "nodes");
+        cudaKernelNodeAttrValue v = {};
+        e = cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributeClusterDimension, &v);
+        CHECK(e == cudaSuccess && v.clusterDim.x == cluster.x && v.clusterDim.y == cluster.y &&
+                  v.clusterDim.z == 1,
+              "node cluster %ux%ux%u (%s)", v.clusterDim.x, v.clusterDim.y, v.clusterDim.z,
+              cudaGetErrorName(e));
         CHECK(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess, "instantiate");
         cudaMemset(dout, 0xff, nclusters * nranks * kBins * 4);
         for (int k = 0; k < 2; k++) e = cudaGraphLaunch(ge, st);
