@@ -325,6 +325,7 @@ class SessionDevice:
                     "static_shared": k.static_shared_bytes or 0,
                     "max_threads": k.max_threads_per_block,
                     "versions": list(self.backend.code_versions(loaded, name)),
+                    "cluster": k.cluster_dims,
                 }
                 for name, k in info.kernels.items()
             },

@@ -59,6 +59,8 @@ class KernelLayout:
     #: cuFuncGetAttribute's PTX_VERSION and BINARY_VERSION of the code the device runs.
     ptx_version: int = 0
     binary_version: int = 0
+    #: compiled cluster shape (``__cluster_dims__``), else None
+    cluster: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -567,6 +569,7 @@ class GuestSession:
                 k["static_shared"],
                 k["max_threads"],
                 *k["versions"],
+                tuple(k["cluster"]) if k.get("cluster") else None,
             )
             for name, k in desc["kernels"].items()
         }

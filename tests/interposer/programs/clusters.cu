@@ -198,6 +198,26 @@ int main() {
               info[b * 5 + 2], info[b * 5 + 3], info[b * 5 + 4]);
     }
     CHECK(bad == 0, "ring: %d values differ", bad);
+    cudaFuncAttributes fa;
+    CHECK(cudaFuncGetAttributes(&fa, ring) == cudaSuccess, "ring attributes");
+    CHECK(fa.requiredClusterWidth == 2 && fa.requiredClusterHeight == 1 &&
+              fa.requiredClusterDepth == 1 && fa.clusterDimMustBeSet == 1,
+          "ring's compiled cluster %dx%dx%d must-be-set %d", fa.requiredClusterWidth,
+          fa.requiredClusterHeight, fa.requiredClusterDepth, fa.clusterDimMustBeSet);
+    e = cudaFuncSetAttribute(ring, cudaFuncAttributeRequiredClusterWidth, 4);
+    CHECK(e == cudaErrorNotPermitted, "resetting a compiled cluster width: %s",
+          cudaGetErrorName(e));
+    cudaGetLastError();
+    {  // the occupancy queries take the compiled shape when the configuration names none
+        cudaLaunchConfig_t rc = {};
+        rc.gridDim = dim3(6);
+        rc.blockDim = dim3(threads);
+        int n = -1;
+        e = cudaOccupancyMaxActiveClusters(&n, ring, &rc);
+        int want = host_active_clusters(prop, threads, 128 * 4, 2);
+        CHECK(e == cudaSuccess && n == want, "ring active clusters %d (%s), host %d", n,
+              cudaGetErrorName(e), want);
+    }
     printf("ring %s\n", bad ? "bad" : "ok");
 
     // cudaLaunchKernelEx with cluster dimensions
