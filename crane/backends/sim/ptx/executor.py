@@ -299,7 +299,7 @@ def _give_up(code: list, st, mparked: dict, groups: dict, n: int) -> dict:
     keep = {}
     for key, idx in mparked.items():
         ins = code[key[-1]]
-        if ins.x == CLUSTER_WAIT:
+        if ins.x is CLUSTER_WAIT:
             keep[key] = idx
             continue
         ins.fn(st, ins, idx)
@@ -319,7 +319,7 @@ def _exit(st, idx) -> None:
 
 def _deadlock(code: list, mparked: dict) -> None:
     ins = code[next(iter(mparked))[-1]]
-    what = "a cluster barrier" if ins.x == CLUSTER_WAIT else "an mbarrier phase"
+    what = "a cluster barrier" if ins.x is CLUSTER_WAIT else "an mbarrier phase"
     raise KernelFault(
         702,
         f"deadlock: threads wait at `{ins.text}` (PTX line {ins.line}) for {what} that no "

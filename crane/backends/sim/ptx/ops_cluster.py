@@ -168,7 +168,7 @@ def dec_st_async(ctx, mods) -> None:
 
 def uses_cluster_barrier(code) -> bool:
     """Whether decoded ``code`` holds a cluster barrier (its launches then track exits)."""
-    return any(ins.fn is _arrive or ins.x == CLUSTER_WAIT for ins in code)
+    return any(ins.fn is _arrive or ins.x is CLUSTER_WAIT for ins in code)
 
 
 def _lanes(v: np.ndarray, idx, st) -> np.ndarray:
