@@ -479,3 +479,34 @@ def test_st_async_into_another_cta_completes_its_mbarrier(dev):
     dev.launch(prog, "sta", 4, 32, [Ptr(out)], cluster=(2, 1, 1))
     got = dev.download(out, 2 * 16, np.uint32).reshape(2, 16)
     np.testing.assert_array_equal(got, np.tile(np.arange(16) + 100, (2, 1)))
+
+
+def test_red_async_into_another_cta_completes_its_mbarrier(dev):
+    """As st.async, with 16 u32 additions (64 bytes) onto values CTA 0 stored first."""
+    body = ST_ASYNC.replace(
+        "mbarrier.init.shared::cta.b64 [bar], 1;",
+        "mbarrier.init.shared::cta.b64 [bar], 1;\n"
+        "    mov.u32 %r14, buf;\n"
+        "    mov.u32 %r15, 0;\n"
+        "INIT:\n"
+        "    mul.lo.u32 %r13, %r15, 10;\n"
+        "    st.shared.u32 [%r14], %r13;\n"
+        "    add.u32 %r14, %r14, 4;\n"
+        "    add.u32 %r15, %r15, 1;\n"
+        "    setp.lt.u32 %p3, %r15, 16;\n"
+        "    @%p3 bra INIT;",
+    )
+    body = body.replace("setp.ge.u32 %p3, %r2, 8;", "setp.ge.u32 %p3, %r2, 16;")
+    body = body.replace("shl.b32 %r4, %r2, 3;", "shl.b32 %r4, %r2, 2;")
+    body = body.replace(
+        "st.async.weak.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%r6], {%r9, %r10}, [%r8];",
+        "add.u32 %r9, %r2, 1;\n"
+        "    red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u32"
+        " [%r6], %r9, [%r8];",
+    )
+    prog = load_ptx(body)
+    out = dev.zeros(2 * 16, np.uint32)
+    dev.launch(prog, "sta", 4, 32, [Ptr(out)], cluster=(2, 1, 1))
+    got = dev.download(out, 2 * 16, np.uint32).reshape(2, 16)
+    t = np.arange(16)
+    np.testing.assert_array_equal(got, np.tile(t * 10 + t + 1, (2, 1)))

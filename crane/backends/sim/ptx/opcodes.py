@@ -52,6 +52,13 @@ def _st(ctx, mods) -> None:
     return mem.dec_st(ctx, mods)
 
 
+def _red(ctx, mods) -> None:
+    """``red.async`` (a reduction completing on an mbarrier) to the cluster module."""
+    if "async" in mods:
+        return cluster.dec_red_async(ctx, mods)
+    return mem.dec_red(ctx, mods)
+
+
 def _barrier(ctx, mods) -> None:
     """``barrier.cluster.*`` to the cluster barrier, every other ``barrier`` to bar's."""
     if "cluster" in mods:
@@ -148,7 +155,7 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("cvta", "memory", mem.dec_cvta),
     ("isspacep", "memory", mem.dec_isspacep),
     ("atom", "memory", mem.dec_atom),
-    ("red", "memory", mem.dec_red),
+    ("red", "memory", _red),
     ("prefetch", "memory", mem.dec_prefetch),
     ("prefetchu", "memory", mem.dec_prefetch),
     ("cp", "memory", bulk.dec_cp),

@@ -19,13 +19,14 @@ from .instr import CLUSTER_WAIT, MWAIT
 from .memspace import SHARED_WINDOW, WINDOW_SIZE, cluster_rank, map_cluster
 from .ops_common import Mods
 from .ops_mbarrier import complete_bytes
-from .ops_mem import dec_st, decode_space
+from .ops_mem import dec_red, dec_st, decode_space
 from .ptxtypes import TYPES
 
 __all__ = [
     "dec_barrier_cluster",
     "dec_getctarank",
     "dec_mapa",
+    "dec_red_async",
     "dec_st_async",
     "uses_cluster_barrier",
 ]
@@ -143,23 +144,38 @@ def dec_getctarank(ctx, mods) -> None:
 def dec_st_async(ctx, mods) -> None:
     """``st.async{.weak}{.cluster}.shared::cluster.mbarrier::complete_tx::bytes{.v2,.v4}.type
     [addr], value, [mbar]``: a store into (another CTA's) shared memory that completes its
-    bytes on the mbarrier at ``mbar`` (in the destination's CTA). Performed at issue, as the
-    bulk copies are: the ordinary store, then the transaction count."""
+    bytes on the mbarrier at ``mbar`` (in the destination's CTA)."""
+    _completing_on_mbarrier(ctx, mods, dec_st)
+
+
+def dec_red_async(ctx, mods) -> None:
+    """``red.async{.relaxed}{.cluster}.shared::cluster.mbarrier::complete_tx::bytes.op.type
+    [addr], value, [mbar]``: a reduction on (another CTA's) shared memory completing its bytes
+    on the mbarrier at ``mbar``."""
+    _completing_on_mbarrier(ctx, mods, dec_red)
+
+
+def _completing_on_mbarrier(ctx, mods, decode) -> None:
+    """The ordinary store or reduction (``decode``), performed at issue as the bulk copies
+    are, then its bytes completed on the mbarrier named by the third operand."""
     rest = [x for x in mods if x != "async"]
     if "mbarrier::complete_tx::bytes" not in rest or "shared::cluster" not in rest:
-        raise ctx.unsupported(f"`{ctx.pins.opcode}` (st.async completes on an mbarrier)")
+        raise ctx.unsupported(f"`{ctx.pins.opcode}` (async forms complete on an mbarrier)")
     rest.remove("mbarrier::complete_tx::bytes")
     if len(ctx.ops) != 3:
-        raise ctx.error("st.async takes an address, a value and an mbarrier")
+        raise ctx.error(f"{ctx.pins.opcode} takes an address, a value and an mbarrier")
+    types = [TYPES[x] for x in rest if x in TYPES]
+    if len(types) != 1:
+        raise ctx.error("expected exactly one type modifier")
+    nbytes = types[0].size * (4 if "v4" in rest else 2 if "v2" in rest else 1)
     mbar = ctx.address(ctx.ops[2])
     ctx.ops = ctx.ops[:2]
-    dec_st(ctx, rest)
+    decode(ctx, rest)
     ins = ctx.ins
-    nbytes = ins.x[2] * len(ins.b)  # (space, dtype, size, shift) and the stored operands
-    store = ins.fn
+    access = ins.fn
 
     def h(st, ins, idx) -> None:
-        store(st, ins, idx)
+        access(st, ins, idx)
         n = st.n if idx is None else idx.size
         complete_bytes(st, mbar, "shared", idx, np.full(n, nbytes, np.int64))
 
