@@ -499,7 +499,8 @@ def test_red_async_into_another_cta_completes_its_mbarrier(dev):
     body = body.replace("setp.ge.u32 %p3, %r2, 8;", "setp.ge.u32 %p3, %r2, 16;")
     body = body.replace("shl.b32 %r4, %r2, 3;", "shl.b32 %r4, %r2, 2;")
     body = body.replace(
-        "st.async.weak.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%r6], {%r9, %r10}, [%r8];",
+        "st.async.weak.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 "
+        "[%r6], {%r9, %r10}, [%r8];",
         "add.u32 %r9, %r2, 1;\n"
         "    red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u32"
         " [%r6], %r9, [%r8];",
