@@ -511,3 +511,77 @@ def test_red_async_into_another_cta_completes_its_mbarrier(dev):
     got = dev.download(out, 2 * 16, np.uint32).reshape(2, 16)
     t = np.arange(16)
     np.testing.assert_array_equal(got, np.tile(t * 10 + t + 1, (2, 1)))
+
+
+# Rank 0 multicasts 64 bytes of global memory to the CTAs of the mask (same offset in each),
+# completing on each one's own mbarrier; every CTA in the mask waits on its mbarrier and
+# stores what landed, the others store their untouched buffer.
+MULTICAST = (
+    HEAD
+    + """
+.visible .entry mc(.param .u64 src, .param .u64 out, .param .u16 mask)
+{
+    .reg .b16 %rs<4>;
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<16>;
+    .reg .pred %p<4>;
+    .shared .align 16 .b32 buf[16];
+    .shared .align 8 .b64 bar;
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [out];
+    ld.param.u16 %rs1, [mask];
+    mov.u32 %r1, %cluster_ctarank;
+    mov.u32 %r2, %tid.x;
+    cvt.u32.u16 %r3, %rs1;
+    shr.u32 %r4, %r3, %r1;
+    and.b32 %r4, %r4, 1;
+    setp.eq.u32 %p2, %r4, 1;
+    setp.eq.u32 %p1, %r2, 0;
+    @!%p1 bra SYNC;
+    mbarrier.init.shared::cta.b64 [bar], 1;
+    @!%p2 bra SYNC;
+    mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], 64;
+SYNC:
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    setp.eq.u32 %p3, %r1, 0;
+    and.pred %p3, %p3, %p1;
+    @!%p3 bra WAIT;
+    cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster
+        [buf], [%rd1], 64, [bar], %rs1;
+WAIT:
+    @!%p2 bra STORE;
+LOOP:
+    mbarrier.try_wait.parity.shared::cta.b64 %p3, [bar], 0;
+    @!%p3 bra LOOP;
+STORE:
+    setp.ge.u32 %p3, %r2, 16;
+    @%p3 bra DONE;
+    mov.u32 %r5, buf;
+    shl.b32 %r6, %r2, 2;
+    add.u32 %r7, %r5, %r6;
+    ld.shared.u32 %r8, [%r7];
+    mov.u32 %r9, %ctaid.x;
+    mad.lo.u32 %r10, %r9, 16, %r2;
+    mul.wide.u32 %rd3, %r10, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    st.global.u32 [%rd4], %r8;
+DONE:
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    ret;
+}
+"""
+)
+
+
+@pytest.mark.parametrize("mask", [0b1111, 0b0101, 0b1000])
+def test_multicast_bulk_copy_to_the_masked_ctas(dev, mask):
+    prog = load_ptx(MULTICAST)
+    src = np.arange(16, dtype=np.uint32) * 7 + 3
+    psrc, out = dev.upload(src), dev.zeros(8 * 16, np.uint32)
+    dev.launch(prog, "mc", 8, 32, [Ptr(psrc), Ptr(out), np.uint16(mask)], cluster=(4, 1, 1))
+    got = dev.download(out, 8 * 16, np.uint32).reshape(8, 16)
+    for b in range(8):
+        want = src if mask >> (b % 4) & 1 else np.zeros(16, np.uint32)
+        np.testing.assert_array_equal(got[b], want, err_msg=f"block {b}")
