@@ -57,9 +57,9 @@ def cluster_dims(
     fn: Function, grid: tuple[int, int, int], cluster: tuple[int, int, int] | None
 ) -> tuple[int, int, int] | None:
     """The cluster dimensions a launch of ``fn`` runs with: the launch's own
-    (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), else the REQUIRED_CLUSTER_* function attributes,
-    else None; refused as the driver does (CUDA_ERROR_INVALID_CLUSTER_SIZE ...). A kernel
-    compiled with ``__cluster_dims__`` gets its clusters from the device side."""
+    (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), else the kernel's required ones (compiled with
+    ``__cluster_dims__`` or set as REQUIRED_CLUSTER_*), else None; refused as the driver does
+    (CUDA_ERROR_INVALID_CLUSTER_SIZE ...), the device side checking again."""
     req = required_cluster(fn)
     if cluster is None and not any(req):
         return None  # the common launch: nothing to check
