@@ -12,7 +12,13 @@ the worker (which never trusts the guest). The rules and error codes are the dri
   CUDA_ERROR_NOT_SUPPORTED; one with more blocks than the device keeps resident at once (SMs x
   the occupancy of that block size and shared memory, :func:`max_active_blocks_per_sm`, the
   same number cuOccupancyMaxActiveBlocksPerMultiprocessor answers):
-  CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+  CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+* a cluster launch (:func:`check_cluster`) on a device without CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH
+  (compute capability below 9.0): CUDA_ERROR_NOT_SUPPORTED; a grid not a whole number of
+  clusters, a cluster of more than 8 CTAs (16 with NON_PORTABLE_CLUSTER_SIZE_ALLOWED), launch
+  dimensions differing from the kernel's compiled ones (``__cluster_dims__``,
+  ``.reqnctapercluster``), above its ``.maxclusterrank``, or a kernel compiled for clusters
+  (``.explicitcluster``) launched without: CUDA_ERROR_INVALID_CLUSTER_SIZE.
 """
 
 from __future__ import annotations
@@ -25,10 +31,17 @@ from crane.api.results import CudaError
 
 __all__ = [
     "DEFAULT_SHARED_LIMIT",
+    "MAX_CLUSTER_SIZE",
+    "PORTABLE_CLUSTER_SIZE",
+    "check_cluster",
     "check_cooperative",
     "check_launch",
     "max_active_blocks_per_sm",
+    "max_active_clusters",
 ]
+
+#: CTAs per cluster every sm_90 device runs, and the most any runs (non-portable sizes)
+PORTABLE_CLUSTER_SIZE, MAX_CLUSTER_SIZE = 8, 16
 
 #: Shared memory a kernel may use per block without opting in.
 DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -149,3 +162,80 @@ def check_cooperative(
             f"resident ({sms} SMs x {per_sm} blocks of {block[0] * block[1] * block[2]} threads "
             f"and {static_shared + dynamic_shared} bytes of shared memory)",
         )
+
+
+def check_cluster(
+    attributes: Mapping[int, int],
+    grid: tuple[int, int, int],
+    cluster: tuple[int, int, int] | None,
+    *,
+    required: tuple[int, int, int] | None = None,
+    explicit: bool = False,
+    max_rank: int | None = None,
+    non_portable: bool = False,
+) -> tuple[int, int, int] | None:
+    """The cluster dimensions a launch runs with (None: no cluster launch), or
+    :class:`CudaError` as the driver refuses it. ``cluster`` is the launch's
+    (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, or the REQUIRED_CLUSTER_* function attributes;
+    all zero counts as none), ``required``/``explicit``/``max_rank`` the kernel's compiled
+    ``.reqnctapercluster``/``.explicitcluster``/``.maxclusterrank``."""
+    bad = CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE
+    given = ((*cluster, 1, 1))[:3] if cluster is not None and any(cluster) else None
+    if given is not None and not all(d >= 1 for d in given):
+        raise CudaError(bad, f"cluster dimensions {given} must all be positive")
+    req = ((*required, 1, 1))[:3] if required and any(d > 0 for d in required) else None
+    if req is not None and given is not None and given != req:
+        raise CudaError(bad, f"cluster dimensions {given} differ from the kernel's {req}")
+    dims = req or given
+    if dims is None:
+        if explicit:
+            raise CudaError(bad, "the kernel is compiled for clusters but launched without")
+        return None
+    if not attributes.get(A.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 0):
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED,
+            "the device has no thread-block clusters (compute capability 9.0 and above)",
+        )
+    size = dims[0] * dims[1] * dims[2]
+    for axis, (g, c) in enumerate(zip(grid, dims, strict=True)):
+        if g % c:
+            raise CudaError(
+                bad, f"grid dimension {'xyz'[axis]}={g} is not a multiple of the cluster's {c}"
+            )
+    most = MAX_CLUSTER_SIZE if non_portable else PORTABLE_CLUSTER_SIZE
+    if size > most:
+        why = "" if non_portable else " (more needs NON_PORTABLE_CLUSTER_SIZE_ALLOWED)"
+        raise CudaError(bad, f"a cluster of {size} CTAs is above the limit of {most}{why}")
+    if max_rank and size > max_rank:
+        raise CudaError(bad, f"a cluster of {size} CTAs is above the kernel's .maxclusterrank")
+    return dims  # type: ignore[return-value]
+
+
+def max_active_clusters(
+    attributes: Mapping[int, int],
+    cluster_size: int,
+    block_threads: int,
+    shared_bytes: int,
+    *,
+    max_threads: int | None = None,
+) -> int:
+    """cuOccupancyMaxActiveClusters: clusters of ``cluster_size`` CTAs that the device keeps
+    resident at once. A cluster's CTAs run on the SMs of one GPC (graphics processing
+    cluster), so clusters are counted per GPC: the device's SMs grouped in GPCs of
+    :data:`SMS_PER_GPC` (the last one smaller), each SM holding
+    :func:`max_active_blocks_per_sm` CTAs, and a GPC as many whole clusters as its CTAs make."""
+    per_sm = max_active_blocks_per_sm(
+        attributes, block_threads, shared_bytes, max_threads=max_threads
+    )
+    if cluster_size <= 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "cluster size must be positive")
+    if per_sm == 0:
+        return 0
+    sms = attributes[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]
+    gpcs, rest = divmod(sms, SMS_PER_GPC)
+    per_gpc = (per_sm * SMS_PER_GPC) // cluster_size
+    return gpcs * per_gpc + (per_sm * rest) // cluster_size
+
+
+#: SMs per graphics processing cluster (a cluster's CTAs share one GPC) on sm_90 parts
+SMS_PER_GPC = 18

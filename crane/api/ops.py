@@ -248,6 +248,15 @@ OPS: tuple[Op, ...] = (
        doc="The context's CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT "
            "(cuCtxSetLimit is answered in the guest): sent before a launch when they changed, "
            "for the device heap of malloc/free and the pending launches of dynamic parallelism."),
+    op(32, "LAUNCH_CLUSTER",
+       "function:HANDLE config:LAUNCH_CONFIG stream:HANDLE cluster_x:U32 cluster_y:U32 "
+       "cluster_z:U32 flags:U32",
+       data_in="params", writes_via_params=True,
+       doc="cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (or a kernel whose "
+           "REQUIRED_CLUSTER_* attributes were set): as LAUNCH, the grid made of clusters of "
+           "cluster_x x cluster_y x cluster_z blocks that run together and share their shared "
+           "memory. flags: 1 cooperative (as LAUNCH_COOPERATIVE), 2 the function allows "
+           "non-portable cluster sizes (above 8 blocks)."),
 )
 # fmt: on
 

@@ -146,13 +146,20 @@ class Backend(ABC):
         *,
         max_dynamic_shared: int | None = None,
         cooperative: bool = False,
+        cluster: tuple[int, int, int] | None = None,
+        non_portable_cluster: bool = False,
     ) -> None:
         """Run a kernel in stream order; ``max_dynamic_shared`` is the limit raised by
         cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) (None: the default 48 KiB rule).
 
         ``cooperative`` is cuLaunchCooperativeKernel: all blocks resident at once and the
         grid-sync workspace provided (the backend's own memory, as the driver's); a grid the
-        device cannot keep resident raises CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE."""
+        device cannot keep resident raises CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+
+        ``cluster`` is the launch's thread-block cluster dimensions (cuLaunchKernelEx's
+        CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; None: the kernel's compiled ones, if any) and
+        ``non_portable_cluster`` the function's NON_PORTABLE_CLUSTER_SIZE_ALLOWED; the backend
+        refuses what the driver refuses (CUDA_ERROR_INVALID_CLUSTER_SIZE ...)."""
 
     def set_device_runtime_limits(self, heap_bytes: int, pending_launches: int) -> None:
         """CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT for later

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
-from crane.api.launch_check import check_cooperative, check_launch
+from crane.api.launch_check import check_cluster, check_cooperative, check_launch
 from crane.api.ops import LaunchConfig
 from crane.api.results import CudaError
 from crane.backends.base import Backend, LoadedModule
@@ -325,6 +325,7 @@ class SessionDevice:
                     "static_shared": k.static_shared_bytes or 0,
                     "max_threads": k.max_threads_per_block,
                     "versions": list(self.backend.code_versions(loaded, name)),
+                    "cluster": k.cluster_dims,
                 }
                 for name, k in info.kernels.items()
             },
@@ -371,8 +372,33 @@ class SessionDevice:
         too, but the worker never trusts the guest), then a cooperative launch."""
         self._launch(function, config, stream, params, cooperative=True)
 
+    def launch_cluster(
+        self,
+        function: int,
+        config: LaunchConfig,
+        stream: int,
+        cluster_x: int,
+        cluster_y: int,
+        cluster_z: int,
+        flags: int,
+        params: bytes,
+    ) -> None:
+        """A cluster launch: the checks of a launch (cooperative ones with flag 1) plus the
+        driver's cluster rules, then the backend runs the grid as clusters."""
+        if flags & ~3:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown launch flags {flags:#x}")
+        cluster = (cluster_x, cluster_y, cluster_z)
+        self._launch(function, config, stream, params, bool(flags & 1), cluster, bool(flags & 2))
+
     def _launch(
-        self, function: int, config: LaunchConfig, stream: int, params: bytes, cooperative: bool
+        self,
+        function: int,
+        config: LaunchConfig,
+        stream: int,
+        params: bytes,
+        cooperative: bool,
+        cluster: tuple[int, int, int] | None = None,
+        non_portable_cluster: bool = False,
     ) -> None:
         """Validate a launch like the driver does (never trusting the guest), then run it."""
         fn = self.functions.get(function)
@@ -394,6 +420,10 @@ class SessionDevice:
         check_launch(attrs, grid, block, shared, max_dynamic_shared=max_dyn, **limits)
         if cooperative:
             check_cooperative(attrs, grid, block, shared, **limits)
+        extra = {}
+        if cluster is not None:
+            check_cluster(attrs, grid, cluster, non_portable=non_portable_cluster)
+            extra = {"cluster": cluster, "non_portable_cluster": non_portable_cluster}
         self.backend.launch(
             loaded,
             fn.obj,
@@ -404,4 +434,5 @@ class SessionDevice:
             params,
             max_dynamic_shared=max_dyn,
             cooperative=cooperative,
+            **extra,
         )

@@ -27,7 +27,7 @@ import numpy as np
 
 from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
-from crane.api.launch_check import check_cooperative, check_launch
+from crane.api.launch_check import check_cluster, check_cooperative, check_launch
 from crane.api.ops import OPS_BY_NAME, Op
 from crane.api.results import CudaError
 from crane.device.identity import DeviceSnapshot, snapshot_from_proto
@@ -44,6 +44,7 @@ _O = OPS_BY_NAME
 _DEFAULT_STREAMS = (0, 1, 2)
 _LAUNCH = _O["LAUNCH"]
 _LAUNCH_COOPERATIVE = _O["LAUNCH_COOPERATIVE"]
+_LAUNCH_CLUSTER = _O["LAUNCH_CLUSTER"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class KernelLayout:
     #: cuFuncGetAttribute's PTX_VERSION and BINARY_VERSION of the code the device runs.
     ptx_version: int = 0
     binary_version: int = 0
+    #: compiled cluster shape (``__cluster_dims__``), else None
+    cluster: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -566,6 +569,7 @@ class GuestSession:
                 k["static_shared"],
                 k["max_threads"],
                 *k["versions"],
+                tuple(k["cluster"]) if k.get("cluster") else None,
             )
             for name, k in desc["kernels"].items()
         }
@@ -653,6 +657,39 @@ class GuestSession:
             cooperative=True,
         )
 
+    def launch_cluster(
+        self,
+        function: Function,
+        grid: Sequence[int],
+        block: Sequence[int],
+        cluster: Sequence[int],
+        params: bytes | Sequence[object] = b"",
+        shared: int = 0,
+        stream: int = 0,
+        max_dynamic_shared: int | None = None,
+        *,
+        cooperative: bool = False,
+        non_portable_cluster: bool = False,
+    ) -> None:
+        """A launch whose grid is made of thread-block clusters of ``cluster`` blocks
+        (cuLaunchKernelEx's CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION): the driver's cluster
+        rules (:func:`crane.api.launch_check.check_cluster`) are checked here so a refused
+        launch fails at the call; ``non_portable_cluster`` is the function's
+        NON_PORTABLE_CLUSTER_SIZE_ALLOWED."""
+        c = ((*tuple(int(d) for d in cluster), 1, 1))[:3]
+        self._launch(
+            _LAUNCH_CLUSTER,
+            function,
+            grid,
+            block,
+            params,
+            shared,
+            stream,
+            max_dynamic_shared,
+            cooperative=cooperative,
+            cluster=(*c, (1 if cooperative else 0) | (2 if non_portable_cluster else 0)),
+        )
+
     def _launch(
         self,
         op: Op,
@@ -664,13 +701,14 @@ class GuestSession:
         stream: int,
         max_dynamic_shared: int | None,
         cooperative: bool = False,
+        cluster: tuple[int, int, int, int] | None = None,
     ) -> None:
         if function.handle not in self._objs.functions:  # holds FUNCTION handles only
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, "unknown function")
         g = grid if len(grid) == 3 and type(grid) is tuple else ((*tuple(grid), 1, 1))[:3]
         b = block if len(block) == 3 and type(block) is tuple else ((*tuple(block), 1, 1))[:3]
         lay = function.layout
-        key = (function.handle, g, b, shared, max_dynamic_shared, cooperative)
+        key = (function.handle, g, b, shared, max_dynamic_shared, cooperative, cluster)
         if key not in self._launch_ok:  # configurations repeat: check each one once
             limits = {"static_shared": lay.static_shared or 0, "max_threads": lay.max_threads}
             check_launch(
@@ -678,6 +716,8 @@ class GuestSession:
             )
             if cooperative:
                 check_cooperative(self.attributes, g, b, shared, **limits)
+            if cluster is not None:
+                check_cluster(self.attributes, g, cluster[:3], non_portable=bool(cluster[3] & 2))
             if len(self._launch_ok) > 4096:
                 self._launch_ok.clear()
             self._launch_ok.add(key)
@@ -695,7 +735,9 @@ class GuestSession:
         try:  # (inline, not through _enqueue: launches are the hot path)
             self._t.enqueue(
                 op,
-                op.pack(function.handle, (g, b, shared), stream),
+                op.pack(function.handle, (g, b, shared), stream)
+                if cluster is None
+                else op.pack(function.handle, (g, b, shared), stream, *cluster),
                 buf if type(buf) is bytes else bytes(buf),
                 expect=False,
             )

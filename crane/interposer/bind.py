@@ -18,6 +18,7 @@ from crane.api.driver_spec import SPEC, How, spec_key
 from crane.api.results import CudaError
 from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_array,
+    h_cluster,
     h_context,
     h_copy,
     h_device,

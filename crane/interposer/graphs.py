@@ -87,6 +87,8 @@ class KernelParams:
     block: tuple[int, int, int]
     shared: int
     params: bytes  # the packed parameter buffer, copied when the node is made
+    #: thread-block cluster dimensions of a captured cluster launch (None: no clusters)
+    cluster: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import struct
 import sys
+from dataclasses import replace
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs as G
 from crane.interposer.h_copy import side
-from crane.interposer.h_launch import params_from_launch_args, run_host_func
+from crane.interposer.h_launch import (
+    cluster_dims,
+    launch_cluster,
+    params_from_launch_args,
+    run_host_func,
+)
 from crane.interposer.h_memory import copy
 from crane.interposer.h_module import max_dynamic_shared
 from crane.interposer.h_pools import free_now
@@ -133,8 +139,12 @@ def run_node(kind: int, p: object, stream: int) -> None:
     s = RT.session()
     if kind == G.KERNEL:
         assert isinstance(p, G.KernelParams)
-        s.launch(p.fn, p.grid, p.block, p.params, p.shared, stream,
-                 max_dynamic_shared=max_dynamic_shared(p.fn))  # fmt: skip
+        dims = cluster_dims(p.fn, p.grid, p.cluster)
+        if dims is not None:
+            launch_cluster(p.fn, p.grid, p.block, dims, p.params, p.shared, stream)
+        else:
+            s.launch(p.fn, p.grid, p.block, p.params, p.shared, stream,
+                     max_dynamic_shared=max_dynamic_shared(p.fn))  # fmt: skip
     elif kind == G.MEMCPY:
         assert isinstance(p, G.CopyParams)
         for dst, src, n in p.rows():
@@ -740,14 +750,21 @@ def graph_kernel_node_get_params(node: Any, out: Any) -> None:
     _write_kernel_params(n, n.params, out, True)  # type: ignore[arg-type]
 
 
+def _set_kernel(n: G.Node | G.ExecNode, new: G.KernelParams) -> None:
+    """New launch parameters for a kernel node; its cluster dimensions are a node attribute
+    (cuGraphKernelNodeSetAttribute), which setting the parameters leaves as they were."""
+    old = n.params
+    n.params = replace(new, cluster=old.cluster) if isinstance(old, G.KernelParams) else new
+
+
 @handles("cuGraphKernelNodeSetParams@10000")
 def graph_kernel_node_set_params_v1(node: Any, params: Any) -> None:
-    _typed(node, G.KERNEL).params = _kernel_params(params, False)
+    _set_kernel(_typed(node, G.KERNEL), _kernel_params(params, False))
 
 
 @handles("cuGraphKernelNodeSetParams@12000")
 def graph_kernel_node_set_params(node: Any, params: Any) -> None:
-    _typed(node, G.KERNEL).params = _kernel_params(params, True)
+    _set_kernel(_typed(node, G.KERNEL), _kernel_params(params, True))
 
 
 @handles("cuGraphMemsetNodeSetParams@10000")
@@ -878,7 +895,7 @@ def graph_exec_kernel_node_set_params_v1(exec_: Any, node: Any, params: Any) -> 
     n = G.graph_exec(_p(exec_)).find(_p(node))
     if n.kind != G.KERNEL:
         raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "not a kernel node")
-    n.params = _kernel_params(params, False)
+    _set_kernel(n, _kernel_params(params, False))
 
 
 @handles("cuGraphExecKernelNodeSetParams@12000")
@@ -886,7 +903,7 @@ def graph_exec_kernel_node_set_params(exec_: Any, node: Any, params: Any) -> Non
     n = G.graph_exec(_p(exec_)).find(_p(node))
     if n.kind != G.KERNEL:
         raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "not a kernel node")
-    n.params = _kernel_params(params, True)
+    _set_kernel(n, _kernel_params(params, True))
 
 
 def _exec_node(exec_: Any, node: Any, kind: int, what: str) -> G.ExecNode:

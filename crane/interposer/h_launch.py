@@ -9,13 +9,14 @@ the stream is drained first and later work is enqueued only after the function r
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from crane.api.generated.cuda_enums import CUresult
+from crane.api.launch_check import check_cluster
 from crane.api.results import CudaError
 from crane.guest.session import Function
 from crane.interposer import device_limits, graphs
-from crane.interposer.h_module import max_dynamic_shared, required_cluster
+from crane.interposer.h_module import max_dynamic_shared, non_portable_cluster, required_cluster
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
 
@@ -52,31 +53,66 @@ def params_from_launch_args(fn: Function, params: Any, extra: Any) -> bytes:
     return bytes(ffi.buffer(ptr, size))
 
 
+def cluster_dims(
+    fn: Function, grid: tuple[int, int, int], cluster: tuple[int, int, int] | None
+) -> tuple[int, int, int] | None:
+    """The cluster dimensions a launch of ``fn`` runs with: the launch's own
+    (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), else the kernel's required ones (compiled with
+    ``__cluster_dims__`` or set as REQUIRED_CLUSTER_*), else None; refused as the driver does
+    (CUDA_ERROR_INVALID_CLUSTER_SIZE ...), the device side checking again."""
+    req = required_cluster(fn)
+    if cluster is None and not any(req):
+        return None  # the common launch: nothing to check
+    return check_cluster(
+        RT.session().attributes,
+        grid,
+        cluster,
+        required=req if any(req) else None,
+        non_portable=non_portable_cluster(fn),
+    )
+
+
 def launch(
     f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, stream: int,
     params: Any, extra: Any, cooperative: bool = False,
+    cluster: tuple[int, int, int] | None = None,
 ) -> None:  # fmt: skip
     fn = RT.function(f)
-    if any(d > 1 for d in required_cluster(fn)):
-        raise CudaError(
-            CUresult.CUDA_ERROR_NOT_SUPPORTED,
-            f"thread-block clusters (the kernel requires {required_cluster(fn)})",
-        )
+    dims = cluster_dims(fn, grid, cluster)
     buf = params_from_launch_args(fn, params, extra)  # a copy: a captured node keeps the values
     device_limits.before_launch()
     if cooperative:
         # graph kernel nodes carry no cooperative flag here: refuse rather than record a
         # node that would replay as an ordinary launch (its grid.sync() would then trap)
         graphs.refuse(stream, "a cooperative launch")
+        if dims is not None:
+            launch_cluster(fn, grid, block, dims, buf, shared, stream, cooperative=True)
+            return
         RT.session().launch_cooperative(
             fn, grid, block, buf, shared, stream, max_dynamic_shared=max_dynamic_shared(fn)
         )
         return
-    if graphs.record(stream, graphs.KERNEL, graphs.KernelParams(fn, grid, block, shared, buf)):
+    node = graphs.KernelParams(fn, grid, block, shared, buf, dims)
+    if graphs.record(stream, graphs.KERNEL, node):
+        return
+    if dims is not None:
+        launch_cluster(fn, grid, block, dims, buf, shared, stream)
         return
     RT.session().launch(
         fn, grid, block, buf, shared, stream, max_dynamic_shared=max_dynamic_shared(fn)
     )
+
+
+def launch_cluster(
+    fn: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
+    cluster: tuple[int, int, int], buf: bytes, shared: int, stream: int,
+    cooperative: bool = False,
+) -> None:  # fmt: skip
+    """A launch of clusters (also how a graph kernel node with cluster dimensions runs)."""
+    RT.session().launch_cluster(
+        fn, grid, block, cluster, buf, shared, stream, max_dynamic_shared(fn),
+        cooperative=cooperative, non_portable_cluster=non_portable_cluster(fn),
+    )  # fmt: skip
 
 
 @handles("cuLaunchKernel@4000")
@@ -87,28 +123,44 @@ def launch_kernel(
     launch(f, (gx, gy, gz), (bx, by, bz), shared, RT.stream(stream), params, extra)
 
 
-@handles("cuLaunchKernelEx@11060")
-def launch_kernel_ex(config: Any, f: Any, params: Any, extra: Any) -> None:
+class ExConfig(NamedTuple):
+    """A CUlaunchConfig as read from guest memory: its dimensions, stream and the attributes
+    that change what runs (every other attribute is a scheduling or memory-ordering hint)."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    stream: int
+    cooperative: bool
+    cluster: tuple[int, int, int] | None
+
+
+def read_launch_config(config: Any) -> ExConfig:
     ffi = RT.ffi
     if config == ffi.NULL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL launch config")
     gx, gy, gz, bx, by, bz, shared, stream, attrs, nattrs = _LAUNCH_CONFIG.unpack(
         bytes(ffi.buffer(config, _LAUNCH_CONFIG.size))
     )
+    if nattrs and not attrs:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL launch attributes")
     cooperative = False
+    cluster = None
     for i in range(nattrs):
         raw = bytes(ffi.buffer(ffi.cast("char *", attrs + i * _ATTR_SIZE), _ATTR_SIZE))
         aid = struct.unpack_from("<I", raw)[0]
         if aid == _COOPERATIVE:
             cooperative = bool(struct.unpack_from("<i", raw, 8)[0])
-        if aid == _CLUSTER_DIMENSION and struct.unpack_from("<3I", raw, 8) not in (
-            (1, 1, 1),
-            (0, 0, 0),
-        ):
-            raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "thread-block clusters")
-        # every other attribute is a scheduling or memory-ordering hint
-    s = RT.stream(ffi.cast("void *", stream))
-    launch(f, (gx, gy, gz), (bx, by, bz), shared, s, params, extra, cooperative)
+        if aid == _CLUSTER_DIMENSION:
+            cluster = struct.unpack_from("<3I", raw, 8)
+    return ExConfig((gx, gy, gz), (bx, by, bz), shared, stream, cooperative, cluster)
+
+
+@handles("cuLaunchKernelEx@11060")
+def launch_kernel_ex(config: Any, f: Any, params: Any, extra: Any) -> None:
+    c = read_launch_config(config)
+    s = RT.stream(RT.ffi.cast("void *", c.stream))
+    launch(f, c.grid, c.block, c.shared, s, params, extra, c.cooperative, c.cluster)
 
 
 @handles("cuLaunchCooperativeKernel@9000")

@@ -182,8 +182,8 @@ def function_attribute(fn: Function, attrib: int) -> int:
         7: 0,
         _MAX_DYN: max_dynamic_shared(fn),
         _CARVEOUT: stored.get(_CARVEOUT, -1),
-        10: 0,  # CLUSTER_SIZE_MUST_BE_SET: no kernel here is compiled with cluster dimensions
-        11: stored.get(11, 0), 12: stored.get(12, 0), 13: stored.get(13, 0),
+        10: int(lay.cluster is not None),  # CLUSTER_SIZE_MUST_BE_SET: compiled for clusters
+        11: required_cluster(fn)[0], 12: required_cluster(fn)[1], 13: required_cluster(fn)[2],
         14: stored.get(14, 0), 15: stored.get(15, 0),
     }  # fmt: skip
     if attrib not in values:
@@ -192,15 +192,23 @@ def function_attribute(fn: Function, attrib: int) -> int:
 
 
 def required_cluster(fn: Function) -> tuple[int, int, int]:
-    """The cluster dimensions set with REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH (0s: none)."""
+    """The kernel's required cluster dimensions (0s: none): compiled (``__cluster_dims__``),
+    else set with REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH."""
+    if fn.layout.cluster is not None:
+        return fn.layout.cluster
     stored = RT.func_attrs.get(fn.handle, {})
     return (stored.get(11, 0), stored.get(12, 0), stored.get(13, 0))
 
 
+def non_portable_cluster(fn: Function) -> bool:
+    """Whether NON_PORTABLE_CLUSTER_SIZE_ALLOWED was set: clusters of up to 16 blocks."""
+    return bool(RT.func_attrs.get(fn.handle, {}).get(_NON_PORTABLE_CLUSTER, 0))
+
+
 def set_function_attribute(fn: Function, attrib: int, value: int) -> None:
     """The settable attributes of cuda.h's CUfunction_attribute, validated as the driver
-    documents; the cluster ones are recorded and reported (a launch that needs a cluster of
-    more than one block is refused: clusters are not served)."""
+    documents; the cluster ones are recorded, reported, and shape later launches
+    (REQUIRED_CLUSTER_*: the launch's clusters when it names none)."""
     s = RT.session()
     if attrib not in _SETTABLE:
         if 0 <= attrib <= 15:
@@ -218,6 +226,11 @@ def set_function_attribute(fn: Function, attrib: int, value: int) -> None:
         if not -1 <= value <= 100:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad carveout {value}")
     elif attrib in _REQ_CLUSTER:
+        if fn.layout.cluster is not None:
+            raise CudaError(
+                CUresult.CUDA_ERROR_NOT_PERMITTED,
+                f"{fn.layout.name} is compiled with cluster dimensions {fn.layout.cluster}",
+            )
         if value < 0:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad cluster dimension {value}")
         if s.attributes.get(DA.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 0) == 0 and value > 1:

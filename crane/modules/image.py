@@ -63,6 +63,8 @@ class KernelInfo:
     num_regs: int | None
     #: Where ``params`` came from: ``"cubin"`` (KPARAM_INFO) or ``"ptx"``.
     layout_source: str
+    #: Compiled cluster shape (``__cluster_dims__``: PTX ``.reqnctapercluster``), else None.
+    cluster_dims: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +403,7 @@ def _cubin_kernels(cubin: Cubin, ptx: PtxModule | None) -> dict[str, KernelInfo]
             max_threads_per_block=max_threads,
             num_regs=k.num_regs,
             layout_source=source,
+            cluster_dims=pk.cluster_dims if pk is not None else None,
         )
     return out
 
@@ -415,6 +418,7 @@ def _ptx_kernels(module: PtxModule) -> dict[str, KernelInfo]:
             max_threads_per_block=fn.max_threads_per_block,
             num_regs=None,
             layout_source="ptx",
+            cluster_dims=fn.cluster_dims,
         )
         for name, fn in module.entries.items()
         if fn.body_span is not None

@@ -184,6 +184,12 @@ class PtxFunction:
         dims = self.reqntid or self.maxntid
         return math.prod(dims) if dims else None
 
+    @property
+    def cluster_dims(self) -> tuple[int, int, int] | None:
+        """``.reqnctapercluster`` (nvcc's ``__cluster_dims__``), padded to three."""
+        dims = self.directives.get(".reqnctapercluster")
+        return ((*dims, 1, 1))[:3] if dims else None  # type: ignore[return-value]
+
 
 @dataclass(frozen=True, slots=True)
 class PtxModule:

@@ -918,9 +918,17 @@ CUresult cuGraphInstantiateWithParams_ptsz(void ** phGraphExec, void * hGraph, v
     return r;
 }
 
-CUresult cuGraphKernelNodeCopyAttributes(void) { return crane_unsupported("cuGraphKernelNodeCopyAttributes"); }
+CUresult cuGraphKernelNodeCopyAttributes(void * dst, void * src) {
+    CUresult r = crane_py_cuGraphKernelNodeCopyAttributes_11000(dst, src);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeCopyAttributes", r, "dst=%p src=%p", (const void *)dst, (const void *)src);
+    return r;
+}
 
-CUresult cuGraphKernelNodeGetAttribute(void) { return crane_unsupported("cuGraphKernelNodeGetAttribute"); }
+CUresult cuGraphKernelNodeGetAttribute(void * hNode, int attr, void * value_out) {
+    CUresult r = crane_py_cuGraphKernelNodeGetAttribute_11000(hNode, attr, value_out);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeGetAttribute", r, "hNode=%p attr=%d value_out=%p", (const void *)hNode, (int)attr, (const void *)value_out);
+    return r;
+}
 
 CUresult cuGraphKernelNodeGetParams(void * hNode, void * nodeParams) {
     CUresult r = crane_py_cuGraphKernelNodeGetParams_10000(hNode, nodeParams);
@@ -934,7 +942,11 @@ CUresult cuGraphKernelNodeGetParams_v2(void * hNode, void * nodeParams) {
     return r;
 }
 
-CUresult cuGraphKernelNodeSetAttribute(void) { return crane_unsupported("cuGraphKernelNodeSetAttribute"); }
+CUresult cuGraphKernelNodeSetAttribute(void * hNode, int attr, void * value) {
+    CUresult r = crane_py_cuGraphKernelNodeSetAttribute_11000(hNode, attr, value);
+    if (crane_trace_on) crane_trace("cuGraphKernelNodeSetAttribute", r, "hNode=%p attr=%d value=%p", (const void *)hNode, (int)attr, (const void *)value);
+    return r;
+}
 
 CUresult cuGraphKernelNodeSetParams(void * hNode, void * nodeParams) {
     CUresult r = crane_py_cuGraphKernelNodeSetParams_10000(hNode, nodeParams);
@@ -2188,7 +2200,11 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int * numBlocks, v
     return r;
 }
 
-CUresult cuOccupancyMaxActiveClusters(void) { return crane_unsupported("cuOccupancyMaxActiveClusters"); }
+CUresult cuOccupancyMaxActiveClusters(int * numClusters, void * func, void * config) {
+    CUresult r = crane_py_cuOccupancyMaxActiveClusters_11070(numClusters, func, config);
+    if (crane_trace_on) crane_trace("cuOccupancyMaxActiveClusters", r, "numClusters=%p func=%p config=%p", (const void *)numClusters, (const void *)func, (const void *)config);
+    return r;
+}
 
 CUresult cuOccupancyMaxPotentialBlockSize(int * minGridSize, int * blockSize, void * func, void * blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit) {
     CUresult r = crane_py_cuOccupancyMaxPotentialBlockSize_6050(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit);
@@ -2202,7 +2218,11 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int * minGridSize, int * bloc
     return r;
 }
 
-CUresult cuOccupancyMaxPotentialClusterSize(void) { return crane_unsupported("cuOccupancyMaxPotentialClusterSize"); }
+CUresult cuOccupancyMaxPotentialClusterSize(int * clusterSize, void * func, void * config) {
+    CUresult r = crane_py_cuOccupancyMaxPotentialClusterSize_11070(clusterSize, func, config);
+    if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialClusterSize", r, "clusterSize=%p func=%p config=%p", (const void *)clusterSize, (const void *)func, (const void *)config);
+    return r;
+}
 
 CUresult cuParamSetSize(void) { return crane_unsupported("cuParamSetSize"); }
 

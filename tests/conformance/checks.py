@@ -65,6 +65,15 @@ extern "C" __global__ void grid_total(const int *in, int *out, int n) {
     if (g.thread_rank() == 0) out[1] = out[0] * 2;
 }
 extern "C" __global__ void wild(int *p) { p[1 << 28] = 1; }
+extern "C" __global__ void cluster_swap(int *out) {
+    __shared__ int s;
+    cg::cluster_group cl = cg::this_cluster();
+    if (threadIdx.x == 0) s = blockIdx.x * 10 + 1;
+    cl.sync();
+    int *peer = cl.map_shared_rank(&s, cl.block_rank() ^ 1);
+    if (threadIdx.x == 0) out[blockIdx.x] = *peer;
+    cl.sync();
+}
 """
 
 WINDOW = 128 << 30  # room for the checks' allocations and the module area (top 64 GiB)
@@ -247,6 +256,11 @@ def check_launch(r: Rig, fatbin: Path) -> None:
     params = struct.pack("<QQi4x", data, out, 4096)
     b.launch(mod, "grid_total", (4, 1, 1), (128, 1, 1), 0, stream, params, cooperative=True)
     assert struct.unpack("<ii", bytes(b.memcpy_dtoh(out, 8, stream))) == (4096, 8192)
+    # thread-block clusters of 2: each block reads its partner's shared memory
+    swapped = r.alloc(16)
+    params = struct.pack("<Q", swapped)
+    b.launch(mod, "cluster_swap", (4, 1, 1), (32, 1, 1), 0, stream, params, cluster=(2, 1, 1))
+    assert struct.unpack("<4i", bytes(b.memcpy_dtoh(swapped, 16, stream))) == (11, 1, 31, 21)
     b.module_unload(mod)
 
 

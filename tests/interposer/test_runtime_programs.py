@@ -122,3 +122,13 @@ def test_clocks_fp8_and_memcpy_async(run_guest, program, arch):
         "fp8 cudaSuccess mismatches=0",
         "memcpy_async cudaSuccess mismatches=0",
     ], r.stdout + r.stderr
+
+
+def test_thread_block_clusters(run_guest, program):
+    """Clusters end to end on the simulated H100: __cluster_dims__ and cudaLaunchKernelEx
+    launches, cooperative_groups' cluster API over distributed shared memory, the refused
+    launches and the cluster occupancy queries, each checked by the program itself."""
+    r = run_guest(program("clusters.cu", "-gencode", "arch=compute_90,code=compute_90"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout, r.stdout + r.stderr
+    assert "ring ok" in r.stdout

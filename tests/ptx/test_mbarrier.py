@@ -295,8 +295,8 @@ def test_mbarrier_outside_shared_memory_faults(dev):
     "line",
     [
         "cp.async.bulk.global.shared::cta.bulk_group.cp_mask [%rd1], [buf], 16, %rs1;",
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [buf], [%rd1], 16, [bar], %rs1;",
+        "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [buf], [%rd1, {%r1}], [bar];",
     ],
 )
 def test_unsupported_bulk_forms_are_refused(line):

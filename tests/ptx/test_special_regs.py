@@ -250,9 +250,13 @@ def test_cluster_registers_describe_one_cta_clusters(dev):
         assert rows[b, :8].tolist() == [b, 3, 0, 1, 0, 1, 0, 1]
 
 
-def test_multi_cta_clusters_refused_at_load():
+def test_required_cluster_dims_run_as_clusters(dev):
+    """.reqnctapercluster (nvcc's __cluster_dims__) launches clusters of that shape."""
     text = HEAD.format(opts="").replace("sm_80", "sm_90") + CLUSTER.format(
         dirs="\n.reqnctapercluster 2, 1, 1"
     )
-    with pytest.raises(PtxUnsupported, match="clusters of 2 CTAs"):
-        load_ptx(text)
+    out_p = dev.zeros(4 * 12, np.uint32)
+    dev.launch(load_ptx(text), "c", 4, 1, [Ptr(out_p)])
+    rows = dev.download(out_p, 48, np.uint32).reshape(4, 12)
+    for b in range(4):
+        assert rows[b, :8].tolist() == [b // 2, 2, b % 2, 1, b % 2, 2, 1, 1]

@@ -50,6 +50,7 @@ log = logging.getLogger("crane.cuda")
 
 #: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _FUNC_MAX_DYNAMIC_SHARED = 8
+_FUNC_NON_PORTABLE_CLUSTER = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 #: Size of the JIT log buffers asked for when loading PTX (the error log names the bad line).
 _JIT_LOG = 16 << 10
 
@@ -359,6 +360,8 @@ class CudaBackend(Backend):
         *,
         max_dynamic_shared: int | None = None,
         cooperative: bool = False,
+        cluster: tuple[int, int, int] | None = None,
+        non_portable_cluster: bool = False,
     ) -> None:
         self._bind()
         d, mod = self.drv, module.native
@@ -378,11 +381,40 @@ class CudaBackend(Backend):
         base = ctypes.addressof(buf)
         ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[base + off for off, _ in layout])
         args = ctypes.addressof(ptrs) if layout else 0
+        if cluster is not None:
+            if non_portable_cluster:
+                attrib = d.CUfunction_attribute(_FUNC_NON_PORTABLE_CLUSTER)
+                unwrap("cuFuncSetAttribute", d.cuFuncSetAttribute(fn, attrib, 1))
+            self._launch_cluster(fn, grid, block, shared, stream, args, cluster, cooperative)
+            return
         if cooperative:
             ret = d.cuLaunchCooperativeKernel(fn, *grid, *block, shared, stream, args)
             unwrap("cuLaunchCooperativeKernel", ret)
         else:
             unwrap("cuLaunchKernel", d.cuLaunchKernel(fn, *grid, *block, shared, stream, args, 0))
+
+    def _launch_cluster(
+        self, fn, grid, block, shared: int, stream, args, cluster, cooperative: bool
+    ) -> None:
+        """cuLaunchKernelEx with the cluster-dimension attribute (and the cooperative one)."""
+        d = self.drv
+        cfg = d.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = shared
+        cfg.hStream = stream
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        attrs = [attr]
+        if cooperative:
+            coop = d.CUlaunchAttribute()
+            coop.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            coop.value.cooperative = 1
+            attrs.append(coop)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        unwrap("cuLaunchKernelEx", d.cuLaunchKernelEx(cfg, fn, args, 0))
 
     def take_stdout(self) -> bytes:
         return self._stdout.take()

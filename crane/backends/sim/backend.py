@@ -248,6 +248,8 @@ class SimBackend(Backend):
         *,
         max_dynamic_shared: int | None = None,
         cooperative: bool = False,
+        cluster: tuple[int, int, int] | None = None,
+        non_portable_cluster: bool = False,
     ) -> None:
         sim: _SimModule = module.native
         if sim.program is None:
@@ -270,6 +272,8 @@ class SimBackend(Backend):
                 grid_workspace=self._grid_workspace() if cooperative else 0,
                 heap=self._device_heap() if sim.program.uses_heap else None,
                 max_pending=self._pending_launches,
+                cluster=cluster,
+                non_portable_cluster=non_portable_cluster,
             )
         except KernelFault as e:
             raise CudaError(CUresult(e.code), str(e)) from None

@@ -117,6 +117,19 @@ def test_launch_configuration_is_one_value() -> None:
     assert len(raw) == 8 + 7 * 4 + 8  # the same bytes as seven separate u32 fields
 
 
+def test_cluster_launch_carries_dims_and_flags_after_the_config() -> None:
+    """LAUNCH_CLUSTER is LAUNCH's arguments followed by the cluster shape and flags, so the
+    config still decodes as one value wherever it sits."""
+    op = OPS_BY_NAME["LAUNCH_CLUSTER"]
+    config = LaunchConfig((8, 4, 1), (64, 1, 1), 0)
+    raw = op.pack(7, config, 3, 2, 2, 1, 3)
+    assert op.unpack(raw) == (7, config, 3, 2, 2, 1, 3)
+    assert op.decoder(raw) == op.unpack(raw)
+    assert op.param_names == (
+        "function", "config", "stream", "cluster_x", "cluster_y", "cluster_z", "flags", "params"
+    )  # fmt: skip
+
+
 def test_kinds_sharing_a_layout_stay_distinct() -> None:
     assert Kind.HANDLE is not Kind.DEVPTR and Kind.HANDLE.code == Kind.DEVPTR.code
     assert "dst:DEVPTR" in OPS_BY_NAME["MEMSET"].signature()

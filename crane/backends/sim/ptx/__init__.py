@@ -14,13 +14,15 @@ Interface (what the sim backend calls)::
                                          # them and passes their addresses as ``symbols``
     prog.launch(name, grid=(gx, gy, gz), block=(bx, by, bz), dynamic_shared=0, params=b"...",
                 memory=SimMemory, symbols={var_name: device_addr}, profile=DeviceProfile,
-                printf=callable_taking_str, max_dynamic_shared=None)
+                printf=callable_taking_str, max_dynamic_shared=None,
+                cluster=None, non_portable_cluster=False)   # cluster: (cx, cy, cz) CTAs
 
 ``launch`` runs the kernel to completion or raises :class:`KernelFault` with ``code`` the
 CUresult: 700 illegal address / 716 misaligned address (naming the address, the instruction
 and its PTX line), 719 ``trap``, 710 a failed device ``assert`` (whose message is printed
 through ``printf`` first, as on a GPU), and the launch-configuration errors of
-:mod:`crane.api.launch_check` (1 INVALID_VALUE, 701 LAUNCH_OUT_OF_RESOURCES). ``params`` is the
+:mod:`crane.api.launch_check` (1 INVALID_VALUE, 701 LAUNCH_OUT_OF_RESOURCES, 912
+INVALID_CLUSTER_SIZE). ``params`` is the
 packed parameter buffer laid out per ``PtxKernel.params``. Device ``printf`` output goes to
 ``printf`` one formatted string per call and thread.
 

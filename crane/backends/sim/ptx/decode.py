@@ -46,10 +46,15 @@ _PER_LANE = {
     "%lanemask_le",
     "%lanemask_ge",
     "%lanemask_gt",
-    # every CTA is a cluster of its own (launches carry no cluster dimensions)
+    # the CTA's cluster and its place in it (each CTA its own 1x1x1 cluster outside cluster
+    # launches)
     "%clusterid.x",
     "%clusterid.y",
     "%clusterid.z",
+    "%cluster_ctaid.x",
+    "%cluster_ctaid.y",
+    "%cluster_ctaid.z",
+    "%cluster_ctarank",
 }
 _UNIFORM = {
     "%ntid.x",
@@ -73,13 +78,9 @@ _UNIFORM = {
     "%nclusterid.x",
     "%nclusterid.y",
     "%nclusterid.z",
-    "%cluster_ctaid.x",
-    "%cluster_ctaid.y",
-    "%cluster_ctaid.z",
     "%cluster_nctaid.x",
     "%cluster_nctaid.y",
     "%cluster_nctaid.z",
-    "%cluster_ctarank",
     "%cluster_nctarank",
     "%is_explicit_cluster",
     # performance-monitor counters: the simulator counts no events (pmevent is a no-op)

@@ -46,7 +46,7 @@ from crane.backends.sim.memory import MemoryFault
 from .calls import indirect_copies, resolve_indirect
 from .errors import KernelFault, fault_code
 from .frames import Frames
-from .instr import BAR, BRA, CALL, EXIT, MWAIT, PLAIN, RET, TRAP, WBAR
+from .instr import BAR, BRA, CALL, CLUSTER_WAIT, EXIT, MWAIT, PLAIN, RET, TRAP, WBAR
 
 __all__ = ["MAX_STALLS", "merge", "run_batch"]
 
@@ -133,8 +133,9 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                 stall_epoch = st.mbar_epoch
                 if stalls > MAX_STALLS:
                     _deadlock(code, mparked)
-                _give_up(code, st, mparked, groups, n)
-                mparked = {}
+                mparked = _give_up(code, st, mparked, groups, n)
+                if not groups:  # only cluster barriers wait, for threads that never arrive
+                    _deadlock(code, mparked)
                 continue
             key = min(groups)
             idx = groups.pop(key)
@@ -213,8 +214,10 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                     pc = callee.entry_pc
                     continue
                 if kind == RET:
-                    if not stack:
-                        break  # the kernel returns: these lanes are done
+                    if not stack:  # the kernel returns: these lanes are done
+                        if st.exited is not None:
+                            _exit(st, idx)
+                        break
                     site = code[stack[-1]]
                     if site.x[0] == "icall":
                         callee = funcs_by_fid[ins.fid]
@@ -233,6 +236,8 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                         break
                     continue
                 if kind == EXIT:
+                    if st.exited is not None:
+                        _exit(st, idx)
                     break
                 if kind == WBAR:
                     if idx is None:  # every lane of the batch is here: nobody to wait for
@@ -309,21 +314,37 @@ def _wake(code: list, st, mparked: dict, groups: dict, n: int) -> bool:
     return woke
 
 
-def _give_up(code: list, st, mparked: dict, groups: dict, n: int) -> None:
-    """Nothing else can run: every parked wait returns its (false) answer and moves on."""
+def _give_up(code: list, st, mparked: dict, groups: dict, n: int) -> dict:
+    """Nothing else can run: every parked mbarrier wait returns its (false) answer and moves
+    on. Cluster barrier waits have no such answer: they stay parked (returned)."""
+    keep = {}
     for key, idx in mparked.items():
         ins = code[key[-1]]
+        if ins.x is CLUSTER_WAIT:
+            keep[key] = idx
+            continue
         ins.fn(st, ins, idx)
         nk = (*key[:-1], key[-1] + 1)
         groups[nk] = merge(groups[nk], idx, n) if nk in groups else idx
+    return keep
+
+
+def _exit(st, idx) -> None:
+    """Lanes exit: a cluster barrier no longer waits for them."""
+    if idx is None:
+        st.exited[:] = True
+    else:
+        st.exited[idx] = True
+    st.mbar_epoch += 1
 
 
 def _deadlock(code: list, mparked: dict) -> None:
     ins = code[next(iter(mparked))[-1]]
+    what = "a cluster barrier" if ins.x is CLUSTER_WAIT else "an mbarrier phase"
     raise KernelFault(
         702,
-        f"deadlock: threads wait at `{ins.text}` (PTX line {ins.line}) for an mbarrier phase "
-        "that no thread can complete",
+        f"deadlock: threads wait at `{ins.text}` (PTX line {ins.line}) for {what} that no "
+        "thread can complete",
     )
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "BAR",
     "BRA",
     "CALL",
+    "CLUSTER_WAIT",
     "EXIT",
     "KIND_NAMES",
     "MWAIT",
@@ -26,6 +27,9 @@ __all__ = [
 # completed, ``e(st, ins, idx)`` tells the same without writing (the executor parks the others)
 PLAIN, BRA, CALL, RET, EXIT, BAR, TRAP, WBAR, MWAIT = range(9)
 KIND_NAMES = ("plain", "bra", "call", "ret", "exit", "bar", "trap", "wbar", "mwait")
+#: ``Ins.x`` of a ``barrier.cluster.wait`` (an MWAIT): the executor keeps such waits parked
+#: rather than answering them false when nothing else can run (a barrier has no "not yet")
+CLUSTER_WAIT = "barrier.cluster.wait"
 
 
 class Ins:

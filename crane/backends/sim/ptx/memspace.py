@@ -9,6 +9,13 @@ pointer can be routed per lane by its value alone:
 * local:  ``LOCAL_WINDOW + offset`` (a different byte in each thread);
 * param:  ``PARAM_WINDOW + offset`` (the launch's kernel parameter buffer, read-only).
 
+Distributed shared memory (cluster launches): a ``.shared::cluster`` address is a shared
+offset with the target CTA's rank + 1 in bits 24 and up (:data:`CLUSTER_RANK_SHIFT`; tag 0 is
+the executing CTA, so every ``.shared::cta`` address is also its own ``.shared::cluster``
+address, as the ISA requires). ``mapa`` sets the tag; an access routes each lane to that CTA's
+shared memory and faults as an illegal address when the rank is outside the cluster or the
+offset outside the CTA's shared memory. The generic form is ``SHARED_WINDOW`` + that address.
+
 A kernel parameter's ``.param``-space address (``mov.u64 %rd, kernel_param_0``) is its offset
 in the parameter buffer; ``cvta.param`` adds the window (PTX ISA 7.7+). CUB and cuBLASLt take
 parameter addresses to index small arrays passed by value. Kernel parameters are read-only, so a
@@ -26,12 +33,16 @@ import numpy as np
 from crane.backends.sim.memory import MemoryFault
 
 __all__ = [
+    "CLUSTER_RANK_SHIFT",
     "LOCAL_WINDOW",
     "PARAM_WINDOW",
     "SHARED_WINDOW",
     "WINDOW_SIZE",
+    "cluster_rank",
     "from_generic",
+    "in_own_cta",
     "is_space",
+    "map_cluster",
     "resolve",
     "to_generic",
 ]
@@ -53,6 +64,10 @@ _WINDOWS = (
     ("param", _PA, PARAM_WINDOW),
 )
 _BASE = {name: (nb, ib) for name, nb, ib in _WINDOWS}
+#: bits of a .shared::cluster address below the CTA tag (rank + 1): shared memory per CTA is
+#: far below 16 MiB on every GPU
+CLUSTER_RANK_SHIFT = 24
+_OFF_MASK = (1 << CLUSTER_RANK_SHIFT) - 1
 
 
 def _as_array(addr) -> np.ndarray:
@@ -83,6 +98,8 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
             hi = int(a.max())
             lo = int(a.min())
             if hi + nbytes > stride or lo < 0:
+                if which == "shared" and hi >> CLUSTER_RANK_SHIFT and lo >= 0:
+                    return _cluster_window(st, a, nbytes, idx, gen_base)
                 bad = (a + nbytes > stride) | (a < 0)
                 first = _first_bad(a, bad)
                 raise MemoryFault(
@@ -102,6 +119,8 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
                     )
     else:
         v = int(a)
+        if which == "shared" and v >> CLUSTER_RANK_SHIFT and v > 0:
+            return _cluster_window(st, np.asarray(a), nbytes, idx, gen_base)
         if v < 0 or v + nbytes > stride:
             raise MemoryFault(
                 f"{nbytes}-byte {which} access at {which} offset {v:#x} is outside the "
@@ -117,6 +136,65 @@ def _window(st, addr, nbytes: int, idx, which: str, gen_base: int):
             )
     lane_base = base if idx is None else base[idx]
     return buf, lane_base + a
+
+
+def _cluster_window(st, a: np.ndarray, nbytes: int, idx, gen_base: int):
+    """Shared-memory access at ``.shared::cluster`` addresses ``a`` (some naming another CTA
+    of the cluster): the byte offsets into the batch's shared memory, checked per lane."""
+    av = np.atleast_1d(a)
+    tag = av >> CLUSTER_RANK_SHIFT
+    off = av & _OFF_MASK
+    stride = st.shared_stride
+    bad = (tag > st.csize) | (off + nbytes > stride) | (av < 0)
+    if bad.any():
+        first = _first_bad(av, bad)
+        rank = (first >> CLUSTER_RANK_SHIFT) - 1
+        raise MemoryFault(
+            f"{nbytes}-byte shared::cluster access at {first:#x} (generic {gen_base + first:#x}):"
+            f" CTA rank {rank} offset {first & _OFF_MASK:#x} is outside the cluster's "
+            f"{st.csize} CTAs of {stride} bytes of shared memory",
+            gen_base + first,
+            "illegal",
+        )
+    if nbytes > 1 and ((off & (nbytes - 1)) != 0).any():
+        first = _first_bad(av, (off & (nbytes - 1)) != 0)
+        raise MemoryFault(
+            f"misaligned {nbytes}-byte shared::cluster access at {first:#x}",
+            gen_base + first,
+            "misaligned",
+        )
+    own = st.shbase if idx is None else st.shbase[idx]
+    # outside cluster launches each CTA is its own cluster: rank 0 is the CTA itself
+    first = st.cluster_first if st.csize > 1 else st.block_of_lane
+    first_blk = first if idx is None else first[idx]
+    base = np.where(tag == 0, own, (first_blk + tag - 1) * stride)
+    return st.shared, base + off
+
+
+def cluster_rank(st, addr, idx) -> np.ndarray:
+    """``getctarank``: the cluster rank of the CTA whose shared memory each lane's
+    ``.shared::cluster`` address names (untagged: the executing CTA)."""
+    a = np.asarray(addr, np.int64)
+    tag = a >> CLUSTER_RANK_SHIFT
+    own = st.special["%cluster_ctarank"]
+    own = own if idx is None else own[idx]
+    return np.where(tag == 0, own, tag - 1).astype(np.uint32)
+
+
+def in_own_cta(st, addr, idx) -> np.ndarray:
+    """Whether each generic shared-window address names the executing CTA's own shared memory
+    (untagged, or tagged with the CTA's own rank): ``isspacep.shared::cta``."""
+    off = (_as_array(addr).astype(np.uint64) - _SH).astype(np.int64)
+    tag = off >> CLUSTER_RANK_SHIFT
+    own = st.special["%cluster_ctarank"]
+    own = (own if idx is None else own[idx]).astype(np.int64)
+    return (tag == 0) | (tag == own + 1)
+
+
+def map_cluster(addr, rank):
+    """``mapa``: the ``.shared::cluster`` address of the same variable in CTA ``rank``."""
+    a = np.asarray(addr, np.int64) & _OFF_MASK
+    return a | ((np.asarray(rank, np.int64) + 1) << CLUSTER_RANK_SHIFT)
 
 
 def _param(st, addr, nbytes: int, write: bool):

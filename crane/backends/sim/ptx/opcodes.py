@@ -5,7 +5,8 @@ loads (``PtxUnsupported`` naming the instruction and line). Decoders live in sma
 class — ``ops_int`` (integer ALU), ``ops_bits`` (bit manipulation), ``ops_float`` (float ALU),
 ``ops_move`` (mov/cvt/compare/select), ``ops_sfu`` (special functions), ``ops_mem`` (memory,
 atomics), ``ops_mbarrier`` and ``ops_bulk`` (mbarrier, bulk asynchronous copies),
-``ops_control`` (branches, calls, barriers), ``ops_warp`` (warp-level), ``ops_tex`` (texture
+``ops_control`` (branches, calls, barriers), ``ops_cluster`` (cluster barriers, distributed
+shared memory addressing), ``ops_warp`` (warp-level), ``ops_tex`` (texture
 instructions), ``ops_surf`` (surface instructions). Mnemonics
 shared by integer and float forms (``add``, ``mul``, ``min`` ...) dispatch on the type.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from . import ops_bits as bits
 from . import ops_bulk as bulk
+from . import ops_cluster as cluster
 from . import ops_control as ctl
 from . import ops_float as flt
 from . import ops_int as alu
@@ -27,6 +29,7 @@ from . import ops_sfu as sfu
 from . import ops_surf as surf
 from . import ops_tex as tex
 from . import ops_warp as warp
+from .ops_common import Mods
 from .ptxtypes import TYPES
 
 __all__ = ["OPCODES", "OpSpec", "supported_mnemonics"]
@@ -40,6 +43,29 @@ class OpSpec:
 
 
 _FLOAT_KINDS = ("f", "h", "bh", "h2", "bh2")
+
+
+def _st(ctx, mods) -> None:
+    """``st.async`` (a store completing on an mbarrier) to the cluster module, others to st."""
+    if "async" in mods:
+        return cluster.dec_st_async(ctx, mods)
+    return mem.dec_st(ctx, mods)
+
+
+def _red(ctx, mods) -> None:
+    """``red.async`` (a reduction completing on an mbarrier) to the cluster module."""
+    if "async" in mods:
+        return cluster.dec_red_async(ctx, mods)
+    return mem.dec_red(ctx, mods)
+
+
+def _barrier(ctx, mods) -> None:
+    """``barrier.cluster.*`` to the cluster barrier, every other ``barrier`` to bar's."""
+    if "cluster" in mods:
+        m = Mods(ctx, mods)
+        m.take("cluster")
+        return cluster.dec_barrier_cluster(ctx, m)
+    return ctl.dec_bar(ctx, mods)
 
 
 def _by_type(int_dec: Callable, float_dec: Callable) -> Callable:
@@ -125,15 +151,17 @@ _TABLE: list[tuple[str, str, Callable]] = [
     # ---- memory ----
     ("ld", "memory", mem.dec_ld),
     ("ldu", "memory", mem.dec_ld),
-    ("st", "memory", mem.dec_st),
+    ("st", "memory", _st),
     ("cvta", "memory", mem.dec_cvta),
     ("isspacep", "memory", mem.dec_isspacep),
     ("atom", "memory", mem.dec_atom),
-    ("red", "memory", mem.dec_red),
+    ("red", "memory", _red),
     ("prefetch", "memory", mem.dec_prefetch),
     ("prefetchu", "memory", mem.dec_prefetch),
     ("cp", "memory", bulk.dec_cp),
     ("mbarrier", "memory", mbar.dec_mbarrier),
+    ("mapa", "memory", cluster.dec_mapa),
+    ("getctarank", "memory", cluster.dec_getctarank),
     # ---- control ----
     ("bra", "control", ctl.dec_bra),
     ("brx", "control", ctl.dec_brx),
@@ -143,7 +171,7 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("trap", "control", ctl.dec_trap),
     ("brkpt", "control", ctl.dec_trap),
     ("bar", "control", ctl.dec_bar),
-    ("barrier", "control", ctl.dec_bar),
+    ("barrier", "control", _barrier),
     ("membar", "control", ctl.dec_nop),
     ("fence", "control", ctl.dec_nop),
     ("nanosleep", "control", ctl.dec_nop),

@@ -1,5 +1,7 @@
 """Bulk asynchronous copies (memory class): ``cp.async.bulk`` global→shared and shared→shared
-(``.shared::cluster`` destinations name the own CTA: the simulator launches no clusters) with
+(``.shared::cluster`` destinations and mbarriers may be another CTA's of the cluster: mapa
+addresses, routed by :mod:`.memspace`; ``.multicast::cluster`` copies to every CTA of a mask)
+with
 ``.mbarrier::complete_tx::bytes``, shared→global with ``.bulk_group``,
 ``cp.reduce.async.bulk`` shared→global (bulk group) and shared→shared (completing an
 mbarrier's transactions), and the bulk groups' ``commit_group``/``wait_group{.read}``: copies
@@ -14,8 +16,9 @@ import numpy as np
 
 from crane.backends.sim.memory import MemoryFault
 
+from . import mbarrier as mb
 from .atomics import apply_atomic
-from .memspace import resolve
+from .memspace import map_cluster, resolve
 from .ops_common import Mods, h_nop
 from .ops_mbarrier import SHARED_SPACES, complete_bytes, dec_cp_mbarrier_arrive, per_lane
 from .ops_mem import dec_cp as dec_cp_thread
@@ -99,14 +102,26 @@ def dec_cp_async_bulk(ctx, m: Mods) -> None:
         m.done()
         ins.fn = h_nop
         return
-    if m.take("tensor") or m.has("multicast::cluster") or m.has("cp_mask"):
-        raise ctx.unsupported(f"`{ctx.pins.opcode}` (tensor maps, multicast, byte masks)")
+    if m.take("tensor") or m.has("cp_mask"):
+        raise ctx.unsupported(f"`{ctx.pins.opcode}` (tensor maps, byte masks)")
+    multicast = m.has("multicast::cluster")
     dst, src = _two_spaces(ctx, m)
     mbar = m.has("mbarrier::complete_tx::bytes")
     group = m.has("bulk_group")
     _cache_hint(ctx, m)
     m.done()
     _check_direction(ctx, dst, src, mbar, group)
+    if multicast:
+        if src != "global" or dst != "shared":
+            raise ctx.error("a multicast bulk copy is global -> shared::cluster")
+        ctx.nops(5)
+        ins.d = ctx.address(ctx.ops[0])
+        ins.a = ctx.address(ctx.ops[1])
+        ins.c = ctx.src(ctx.ops[2], TYPES["u32"])
+        ins.b = ctx.address(ctx.ops[3])
+        ins.e = ctx.src(ctx.ops[4], TYPES["u16"])
+        ins.fn = _h_bulk_multicast
+        return
     ctx.nops(4 if mbar else 3)
     ins.d = ctx.address(ctx.ops[0])
     ins.a = ctx.address(ctx.ops[1])
@@ -114,6 +129,36 @@ def dec_cp_async_bulk(ctx, m: Mods) -> None:
     ins.b = ctx.address(ctx.ops[3]) if mbar else None
     ins.x = (dst, src, "shared" if mbar else None)
     ins.fn = _h_bulk
+
+
+def _h_bulk_multicast(st, ins, idx) -> None:
+    """``.multicast::cluster``: each lane's copy lands at the same CTA-relative offset in the
+    shared memory of every CTA of its 16-bit ``ctaMask``, and completes its bytes on the
+    mbarrier at the same CTA-relative offset in each of them."""
+    nl = st.n if idx is None else idx.size
+    sizes = per_lane(ins.c, st, idx, nl)
+    if (sizes % 16).any() or (sizes < 0).any():
+        raise MemoryFault("cp.async.bulk size is not a multiple of 16", 0, "misaligned")
+    masks = per_lane(ins.e, st, idx, nl) & 0xFFFF
+    src = _lane_ranges(st, "global", ins.a, sizes, idx, False)
+    dst = np.broadcast_to(np.asarray(lane_addresses(st, ins.d, idx), np.int64), (nl,))
+    bar = np.broadcast_to(np.asarray(lane_addresses(st, ins.b, idx), np.int64), (nl,))
+    lanes = np.arange(nl) if idx is None else idx
+    words = st.view(st.shared, np.uint64)
+    for k in range(nl):
+        (sb, so), n, lane = src[k], int(sizes[k]), lanes[k : k + 1]
+        for rank in (r for r in range(16) if int(masks[k]) >> r & 1):
+            d = map_cluster(dst[k : k + 1], rank)
+            ((_, db, doff),) = resolve(st, "shared", d, 16, lane, True)
+            if n > 16:  # the last 16 bytes: the range must stay inside that CTA's memory
+                resolve(st, "shared", d + (n - 16), 16, lane, True)
+            do = int(np.asarray(doff).flat[0])
+            db[do : do + n] = sb[so : so + n]
+            b = map_cluster(bar[k : k + 1], rank)
+            ((_, _, boff),) = resolve(st, "shared", b, 8, lane, True)
+            w = int(np.asarray(boff).flat[0]) >> 3
+            words[w] = mb.update_tx(int(words[w]), np.array([-n]))
+    st.mbar_epoch += 1
 
 
 _REDUCE_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .atomics import apply_atomic
-from .memspace import from_generic, is_space, resolve, to_generic
+from .memspace import from_generic, in_own_cta, is_space, resolve, to_generic
 from .ops_common import Mods, h_nop
 from .ptxtypes import TYPES, PtxType
 
@@ -46,11 +46,16 @@ _SPACES = (
 
 def decode_space(ctx, m: Mods) -> str:
     sp = m.take(*_SPACES, "shared::cluster", "tex") or "generic"
-    if sp == "shared::cluster":
-        raise ctx.unsupported("distributed shared memory (.shared::cluster)")
     if sp == "tex":
         raise ctx.unsupported(".tex state space")
-    return {"shared::cta": "shared", "param::entry": "param", "param::func": "param"}.get(sp, sp)
+    # a .shared::cluster address is a shared address whose high bits may name another CTA of
+    # the cluster (memspace routes it); a .shared::cta address is one naming the own CTA
+    return {
+        "shared::cta": "shared",
+        "shared::cluster": "shared",
+        "param::entry": "param",
+        "param::func": "param",
+    }.get(sp, sp)
 
 
 def lane_addresses(st, addr, idx):
@@ -261,6 +266,9 @@ def dec_cvta(ctx, mods) -> None:
 
 
 def dec_isspacep(ctx, mods) -> None:
+    # .shared / .shared::cta: the executing CTA's shared memory only; .shared::cluster: any
+    # CTA's of the cluster (decode_space names both "shared")
+    own_cta = "shared" in mods or "shared::cta" in mods
     m = Mods(ctx, mods)
     space = decode_space(ctx, m)
     m.done()
@@ -270,11 +278,14 @@ def dec_isspacep(ctx, mods) -> None:
     ins.a = ctx.src(ctx.ops[1], TYPES["u64"])
 
     def h(st, ins, idx):
-        r = is_space(space, ins.a.get(st, idx), st)
+        a = ins.a.get(st, idx)
+        r = is_space(space, a, st)
+        if own_cta:
+            r = r & in_own_cta(st, a, idx)
         ins.d.put(
             st,
             idx,
-            r if idx is None or np.ndim(ins.a.get(st, idx)) else np.broadcast_to(r, idx.shape),
+            r if idx is None or np.ndim(a) else np.broadcast_to(r, idx.shape),
         )
 
     ins.fn = h

@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crane.api.generated.cuda_enums import CUresult
+from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
 from crane.backends.sim.memory import MemoryFault
 
 from .calls import function_address
 from .decode import Decoded, FuncInfo, decode_module
 from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .device_launch import MAX_PENDING, DeviceLaunches
-from .errors import KernelFault, PtxError, PtxUnsupported
+from .errors import KernelFault, PtxError
 from .executor import run_batch
+from .ops_cluster import uses_cluster_barrier
 from .parser import SUPPORTED_VERSION, parse_module
 from .state import LaunchGeometry, State
 from .target import apply_target_options
@@ -88,6 +89,13 @@ class PtxKernel:
     reads_grid_workspace: bool = False
     #: fid -> (start, end) of its .local variables in a lane's local memory (frames.py)
     local_frames: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: compiled cluster shape: .reqnctapercluster (__cluster_dims__), .explicitcluster,
+    #: .maxclusterrank
+    cluster_dims: tuple[int, ...] | None = None
+    explicit_cluster: bool = False
+    max_cluster_rank: int | None = None
+    #: the module holds barrier.cluster: launches track exited lanes for it
+    cluster_barrier: bool = False
 
     @property
     def max_threads(self) -> int | None:
@@ -149,8 +157,15 @@ class PtxProgram:
         heap=None,
         depth: int = 0,
         max_pending: int = MAX_PENDING,
+        cluster: tuple[int, int, int] | None = None,
+        non_portable_cluster: bool = False,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
+
+        ``cluster`` is the launch's cluster dimensions (None or zeros: the kernel's compiled
+        ones if any, else no clusters), checked as the driver does
+        (:func:`crane.api.launch_check.check_cluster`); the CTAs of each cluster run in one
+        batch, so they can wait for each other and reach each other's shared memory.
 
         ``max_dynamic_shared`` is the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
         (None: the default 48 KiB rule).
@@ -178,6 +193,7 @@ class PtxProgram:
         _check_launch(k, grid3, block3, dynamic_shared, profile, max_dynamic_shared)
         if cooperative:
             _check_cooperative(k, grid3, block3, dynamic_shared, profile, grid_workspace)
+        cdims = _check_cluster(k, grid3, cluster, profile, non_portable_cluster)
         params = bytes(params)
         if len(params) < k.param_bytes:
             raise KernelFault(
@@ -209,6 +225,17 @@ class PtxProgram:
         per_lane, shared_stride, local_stride = _batch_costs(k, dynamic_shared)
         by_mem = max(1, BATCH_BYTES // max(per_lane * t + shared_stride, 1))
         per_batch = max(1, min(geo.blocks, max(1, LANES_PER_BATCH // t), by_mem))
+        csize = math.prod(cdims) if cdims else 1
+        if csize > 1:  # whole clusters per batch
+            need = (per_lane * t + shared_stride) * csize
+            if need > BATCH_BYTES:
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),
+                    f"a cluster of {csize} blocks x {t} threads of {name} would hold {need} "
+                    f"bytes of lane state in the simulated GPU, above its limit of "
+                    f"{BATCH_BYTES} bytes",
+                )
+            per_batch = max(csize, per_batch // csize * csize)
         if cooperative:
             most = self.cooperative_max_blocks(name, t, dynamic_shared)
             if geo.blocks > most:
@@ -238,6 +265,8 @@ class PtxProgram:
             "clock_khz": getattr(profile, "clock_khz", DEFAULT_CLOCK_KHZ),
             "nwarps_per_sm": getattr(profile, "max_threads_per_sm", 2048) // 32,
             "gridid": _next_gridid(),
+            "cluster": cdims,
+            "cluster_barrier": k.cluster_barrier,
         }
         fault: KernelFault | None = None
         launches = None
@@ -355,6 +384,8 @@ class PtxProgram:
 
 
 _TRAP = int(CUresult.CUDA_ERROR_LAUNCH_FAILED)
+#: a launch without a device profile (the interpreter driven directly) may use clusters
+_CLUSTER_LAUNCH = int(CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
 #: SM clock used for %clock/%clock64 when a launch names no device profile (an H100 SXM's)
 DEFAULT_CLOCK_KHZ = 1980000
 _gridids = itertools.count(1)
@@ -389,6 +420,26 @@ def _batch_costs(k: PtxKernel, dynamic_shared: int) -> tuple[int, int, int]:
     shared_stride = max(shared_total, 16)
     local_stride = _align(max(k.local_bytes, 8), 16)
     return k.lane_bytes + local_stride + 160, shared_stride, local_stride
+
+
+def _check_cluster(k: PtxKernel, grid, cluster, profile, non_portable: bool):
+    """The cluster dimensions the launch runs with (None: none), checked as the driver does."""
+    from crane.api.launch_check import check_cluster
+    from crane.api.results import CudaError
+
+    attrs = profile.attributes if profile is not None else {_CLUSTER_LAUNCH: 1}
+    try:
+        return check_cluster(
+            attrs,
+            grid,
+            cluster,
+            required=k.cluster_dims,
+            explicit=k.explicit_cluster,
+            max_rank=k.max_cluster_rank,
+            non_portable=non_portable,
+        )
+    except CudaError as e:
+        raise KernelFault(int(e.code), e.message) from None
 
 
 def _check_cooperative(k: PtxKernel, grid, block, dynamic_shared: int, profile, ws: int) -> None:
@@ -465,19 +516,19 @@ def load_ptx(text: str) -> PtxProgram:
     if mapped is not text:
         mod = parse_module(mapped)
     dec = decode_module(mod, info)
+    cluster_barrier = uses_cluster_barrier(dec.code)
     kernels: dict[str, PtxKernel] = {}
     for name, fi in dec.funcs.items():
         if not fi.fn.is_entry:
             continue
         einfo = info.entries.get(name)
-        cluster = einfo.directives.get(".reqnctapercluster") if einfo is not None else None
-        if cluster and math.prod(cluster) > 1:
-            raise PtxUnsupported(
-                f"thread block clusters of {math.prod(cluster)} CTAs (.reqnctapercluster) in "
-                f"kernel {name}",
-                fi.fn.line,
-            )
-        kernels[name] = _kernel_layout(dec, fi, einfo)
+        kernels[name] = k = _kernel_layout(dec, fi, einfo)
+        if einfo is not None:
+            d = einfo.directives
+            k.cluster_dims = d.get(".reqnctapercluster") or None
+            k.explicit_cluster = ".explicitcluster" in d or k.cluster_dims is not None
+            k.max_cluster_rank = (d.get(".maxclusterrank") or (None,))[0]
+        k.cluster_barrier = cluster_barrier
     variables = []
     for v in info.variables.values():
         space = v.space.lstrip(".")

@@ -104,6 +104,8 @@ class State:
         clock_khz: int = 1980000,
         nwarps_per_sm: int = 64,
         gridid: int = 1,
+        cluster: tuple[int, int, int] | None = None,
+        cluster_barrier: bool = False,
     ) -> None:
         t = geometry.threads
         n = t * nblocks
@@ -143,16 +145,30 @@ class State:
             "%tid.x": (tlin % bx).astype(np.uint32),
             "%tid.y": ((tlin // bx) % by).astype(np.uint32),
             "%tid.z": (tlin // (bx * by)).astype(np.uint32),
-            "%ctaid.x": (gblk % gx).astype(np.uint32),
-            "%ctaid.y": ((gblk // gx) % gy).astype(np.uint32),
-            "%ctaid.z": (gblk // (gx * gy)).astype(np.uint32),
             "%laneid": (tlin % 32).astype(np.uint32),
             "%warpid": (tlin // 32).astype(np.uint32),
             "%smid": (gblk % max(nsm, 1)).astype(np.uint32),
         }
-        # no cluster launches: each CTA is its own 1x1x1 cluster
-        for ax in "xyz":
-            self.special[f"%clusterid.{ax}"] = self.special[f"%ctaid.{ax}"]
+        #: CTAs per cluster (1: no cluster launch); the batch holds whole clusters
+        self.csize = 1
+        #: per lane: whether it has exited (tracked only in cluster launches, for
+        #: barrier.cluster, where exited threads count as arrived as at bar.sync)
+        self.exited: np.ndarray | None = None
+        if cluster is None:
+            self.special["%ctaid.x"] = (gblk % gx).astype(np.uint32)
+            self.special["%ctaid.y"] = ((gblk // gx) % gy).astype(np.uint32)
+            self.special["%ctaid.z"] = (gblk // (gx * gy)).astype(np.uint32)
+            # no cluster launch: each CTA is its own 1x1x1 cluster
+            zero = np.zeros(n, np.uint32)
+            for ax in "xyz":
+                self.special[f"%clusterid.{ax}"] = self.special[f"%ctaid.{ax}"]
+                self.special[f"%cluster_ctaid.{ax}"] = zero
+            self.special["%cluster_ctarank"] = zero
+            if cluster_barrier:  # barrier.cluster in a CTA that is its own cluster
+                self.exited = np.zeros(n, np.bool_)
+                self.carrive = np.zeros(n, np.uint32)
+        else:
+            self._cluster_geometry(cluster, gblk, blk_in_batch, n)
         lid = self.special["%laneid"].astype(np.uint64)
         one = np.uint64(1)
         eq = (one << lid).astype(np.uint32)
@@ -186,16 +202,13 @@ class State:
             "%reserved_smem_offset_1": np.uint32(0),
             # kernels are not run as a node of a device-side graph launch
             "%current_graph_exec": np.uint64(0),
-            "%nclusterid.x": np.uint32(gx),
-            "%nclusterid.y": np.uint32(gy),
-            "%nclusterid.z": np.uint32(geometry.grid[2]),
-            "%cluster_ctarank": np.uint32(0),
-            "%cluster_nctarank": np.uint32(1),
-            "%is_explicit_cluster": np.bool_(False),
         }
-        for ax in "xyz":
-            self.uniform[f"%cluster_ctaid.{ax}"] = np.uint32(0)
-            self.uniform[f"%cluster_nctaid.{ax}"] = np.uint32(1)
+        cdim = cluster or (1, 1, 1)
+        for i, ax in enumerate("xyz"):
+            self.uniform[f"%nclusterid.{ax}"] = np.uint32(geometry.grid[i] // cdim[i])
+            self.uniform[f"%cluster_nctaid.{ax}"] = np.uint32(cdim[i])
+        self.uniform["%cluster_nctarank"] = np.uint32(self.csize)
+        self.uniform["%is_explicit_cluster"] = np.bool_(cluster is not None)
         # no performance-monitor events are counted (pmevent does nothing)
         for i in range(8):
             self.uniform[f"%pm{i}"] = np.uint32(0)
@@ -208,7 +221,7 @@ class State:
         self.uniform["%envreg1"] = np.uint32(grid_workspace >> 32)
         self.uniform["%envreg2"] = np.uint32(grid_workspace & 0xFFFFFFFF)
         #: True in a cooperative launch: blocks may wait on each other (see executor.run_batch)
-        self.cooperative = grid_workspace != 0
+        self.cooperative = grid_workspace != 0 or self.csize > 1
         # ---- memory -------------------------------------------------------------------------
         self.mem = memory
         self.kparams = kparams
@@ -240,6 +253,30 @@ class State:
         self.cc = np.zeros(n, np.uint64)
         #: per-lane scratch for barrier reductions (bar.red)
         self.barpred = np.zeros(n, np.bool_)
+
+    def _cluster_geometry(self, cluster, gblk, blk_in_batch, n: int) -> None:
+        """Cluster launch: batch block ``i`` is rank ``i % csize`` of cluster ``i // csize``
+        (clusters numbered x-fastest over %nclusterid, ranks x-fastest over the cluster), so the
+        CTAs of a cluster are adjacent in the batch and run together."""
+        cx, cy, cz = cluster
+        gx, gy, _ = self.geometry.grid
+        csize = cx * cy * cz
+        ncx, ncy = gx // cx, gy // cy
+        c = gblk // csize
+        r = gblk % csize
+        cid = (c % ncx, (c // ncx) % ncy, c // (ncx * ncy))
+        rid = (r % cx, (r // cx) % cy, r // (cx * cy))
+        for i, ax in enumerate("xyz"):
+            self.special[f"%clusterid.{ax}"] = cid[i].astype(np.uint32)
+            self.special[f"%cluster_ctaid.{ax}"] = rid[i].astype(np.uint32)
+            self.special[f"%ctaid.{ax}"] = (cid[i] * cluster[i] + rid[i]).astype(np.uint32)
+        self.special["%cluster_ctarank"] = r.astype(np.uint32)
+        self.csize = csize
+        #: per lane: the batch index of its cluster's rank-0 CTA (distributed shared memory)
+        self.cluster_first = blk_in_batch - blk_in_batch % csize
+        self.exited = np.zeros(n, np.bool_)
+        #: per lane: how many times it executed barrier.cluster.arrive
+        self.carrive = np.zeros(n, np.uint32)
 
     def view(self, buf: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """``buf`` (a flat uint8 buffer) viewed as ``dtype``, cached."""
