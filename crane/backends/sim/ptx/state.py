@@ -80,6 +80,20 @@ class LaunchGeometry:
         return self.grid[0] * self.grid[1] * self.grid[2]
 
 
+#: Special registers whose value never changes, built once (a launch copies the dict, which is
+#: much cheaper than making ~60 NumPy scalars per launch): no performance-monitor events are
+#: counted (pmevent does nothing); the simulated CTA's shared window holds no region reserved
+#: for system software (empty, at offset 0); kernels never run as a node of a device-side graph
+#: launch; the launch environment registers are 0 unless set per launch (%envreg1/2).
+_CONSTANT_UNIFORM: dict[str, object] = {
+    **{f"%pm{i}": np.uint32(0) for i in range(8)},
+    **{f"%pm{i}_64": np.uint64(0) for i in range(8)},
+    **{f"%envreg{i}": np.uint32(0) for i in range(32)},
+    **{f"%reserved_smem_offset_{k}": np.uint32(0) for k in ("begin", "end", "cap", "0", "1")},
+    "%current_graph_exec": np.uint64(0),
+}
+
+
 class State:
     """Registers, special registers and memory of one batch of blocks."""
 
@@ -180,7 +194,8 @@ class State:
         #: index of the first lane of each lane's warp, and one past the block's last lane
         self.warp_base = lane - (tlin % 32)
         self.block_end = (blk_in_batch + 1) * t
-        self.uniform = {
+        self.uniform = dict(_CONSTANT_UNIFORM)
+        self.uniform |= {
             "%ntid.x": np.uint32(bx),
             "%ntid.y": np.uint32(by),
             "%ntid.z": np.uint32(geometry.block[2]),
@@ -192,16 +207,8 @@ class State:
             "%gridid": np.uint64(gridid),
             "%dynamic_smem_size": np.uint32(dynamic_shared),
             "%total_smem_size": np.uint32(shared_bytes),
-            # the simulated CTA's shared window holds no region reserved for system software:
-            # the reserved region is empty, at offset 0, and the aggregate is the CTA's own use
+            # the reserved region is empty (see _CONSTANT_UNIFORM): the aggregate is the CTA's
             "%aggr_smem_size": np.uint32(shared_bytes),
-            "%reserved_smem_offset_begin": np.uint32(0),
-            "%reserved_smem_offset_end": np.uint32(0),
-            "%reserved_smem_offset_cap": np.uint32(0),
-            "%reserved_smem_offset_0": np.uint32(0),
-            "%reserved_smem_offset_1": np.uint32(0),
-            # kernels are not run as a node of a device-side graph launch
-            "%current_graph_exec": np.uint64(0),
         }
         cdim = cluster or (1, 1, 1)
         for i, ax in enumerate("xyz"):
@@ -209,15 +216,9 @@ class State:
             self.uniform[f"%cluster_nctaid.{ax}"] = np.uint32(cdim[i])
         self.uniform["%cluster_nctarank"] = np.uint32(self.csize)
         self.uniform["%is_explicit_cluster"] = np.bool_(cluster is not None)
-        # no performance-monitor events are counted (pmevent does nothing)
-        for i in range(8):
-            self.uniform[f"%pm{i}"] = np.uint32(0)
-            self.uniform[f"%pm{i}_64"] = np.uint64(0)
         # %envreg0..31: what the driver puts in the launch environment. Only the grid-sync
         # workspace is ever set: its address split as %envreg1 (high) : %envreg2 (low), 0 outside
         # cooperative launches, which is what cooperative_groups' grid.is_valid() tests.
-        for i in range(32):
-            self.uniform[f"%envreg{i}"] = np.uint32(0)
         self.uniform["%envreg1"] = np.uint32(grid_workspace >> 32)
         self.uniform["%envreg2"] = np.uint32(grid_workspace & 0xFFFFFFFF)
         #: True in a cooperative launch: blocks may wait on each other (see executor.run_batch)
