@@ -55,6 +55,7 @@ for _p in [*{roots!r}, _root]:
         sys.path.insert(0, _p)
 from crane.interposer.bind import install
 install(ffi, lib)
+lib.crane_py_mark_started()
 """
 
 

@@ -52,6 +52,9 @@ _FMT = {
     "unsigned long": ("%lu", "unsigned long"),
 }
 
+#: the spec's entries by (name, version): what a generated entry needs to know about its handler
+_SPEC_BY_KEY = {(e.name, e.version): e for e in SPEC}
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -151,8 +154,13 @@ def _entry(v: Variant) -> str:
     if not fmt:
         fmt, vals = "%s", ', ""'
     call = f"{_impl_name(base, ver, how)}({', '.join(args)})"
+    gate = ""
+    if how is How.PY:  # interposer/src/pygate.c: start-up lock, finalized interpreter
+        teardown = int(_SPEC_BY_KEY[(base, ver)].teardown)
+        gate = f"    int g = crane_py_gate({teardown});\n    if (g >= 0) return g;\n"
     return (
         f"CUresult {v.symbol}({_decl(v.params)}) {{\n"
+        f"{gate}"
         f"    {pre}CUresult r = {call};{post}\n"
         f'    if (crane_trace_on) crane_trace("{v.symbol}", r, "{fmt}"{vals});\n'
         f"    return r;\n}}\n"

@@ -243,7 +243,18 @@ class GuestSession:
 
     # ---- memory -------------------------------------------------------------------------------
     def _map_chunk(self, addr: int, size: int) -> None:
-        self._sync(_O["MEM_MAP_CHUNK"], addr, size)
+        """Map a chunk; an earlier asynchronous error reported by this call still fails it,
+        but the chunk the worker did map is unmapped first, so the allocator (which takes the
+        failure as "not mapped" and reuses the range) and the worker keep agreeing."""
+        op = _O["MEM_MAP_CHUNK"]
+        seq = self._enqueue(op, op.pack(addr, size), expect=True)
+        reply = self._wait(seq)
+        pending = self._t.take_async_error(seq)
+        if pending is not None:
+            if not reply.result:
+                self._async(_O["MEM_UNMAP_CHUNK"], addr)
+            raise CudaError(CUresult(pending.result), pending.detail)
+        self._settle(seq, reply)
 
     def _unmap_chunk(self, addr: int) -> None:
         self._async(_O["MEM_UNMAP_CHUNK"], addr)

@@ -7,6 +7,8 @@
 CUresult cuArray3DCreate(void) { return crane_unsupported("cuArray3DCreate"); }
 
 CUresult cuArray3DCreate_v2(void ** pHandle, void * pAllocateArray) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuArray3DCreate_3020(pHandle, pAllocateArray);
     if (crane_trace_on) crane_trace("cuArray3DCreate_v2", r, "pHandle=%p pAllocateArray=%p", (const void *)pHandle, (const void *)pAllocateArray);
     return r;
@@ -15,6 +17,8 @@ CUresult cuArray3DCreate_v2(void ** pHandle, void * pAllocateArray) {
 CUresult cuArray3DGetDescriptor(void) { return crane_unsupported("cuArray3DGetDescriptor"); }
 
 CUresult cuArray3DGetDescriptor_v2(void * pArrayDescriptor, void * hArray) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuArray3DGetDescriptor_3020(pArrayDescriptor, hArray);
     if (crane_trace_on) crane_trace("cuArray3DGetDescriptor_v2", r, "pArrayDescriptor=%p hArray=%p", (const void *)pArrayDescriptor, (const void *)hArray);
     return r;
@@ -23,12 +27,16 @@ CUresult cuArray3DGetDescriptor_v2(void * pArrayDescriptor, void * hArray) {
 CUresult cuArrayCreate(void) { return crane_unsupported("cuArrayCreate"); }
 
 CUresult cuArrayCreate_v2(void ** pHandle, void * pAllocateArray) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuArrayCreate_3020(pHandle, pAllocateArray);
     if (crane_trace_on) crane_trace("cuArrayCreate_v2", r, "pHandle=%p pAllocateArray=%p", (const void *)pHandle, (const void *)pAllocateArray);
     return r;
 }
 
 CUresult cuArrayDestroy(void * hArray) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuArrayDestroy_2000(hArray);
     if (crane_trace_on) crane_trace("cuArrayDestroy", r, "hArray=%p", (const void *)hArray);
     return r;
@@ -37,12 +45,16 @@ CUresult cuArrayDestroy(void * hArray) {
 CUresult cuArrayGetDescriptor(void) { return crane_unsupported("cuArrayGetDescriptor"); }
 
 CUresult cuArrayGetDescriptor_v2(void * pArrayDescriptor, void * hArray) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuArrayGetDescriptor_3020(pArrayDescriptor, hArray);
     if (crane_trace_on) crane_trace("cuArrayGetDescriptor_v2", r, "pArrayDescriptor=%p hArray=%p", (const void *)pArrayDescriptor, (const void *)hArray);
     return r;
 }
 
 CUresult cuArrayGetMemoryRequirements(void * memoryRequirements, void * array, int device) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuArrayGetMemoryRequirements_11060(memoryRequirements, array, device);
     if (crane_trace_on) crane_trace("cuArrayGetMemoryRequirements", r, "memoryRequirements=%p array=%p device=%d", (const void *)memoryRequirements, (const void *)array, (int)device);
     return r;
@@ -77,6 +89,8 @@ CUresult cuCtxAttach(void) { return crane_unsupported("cuCtxAttach"); }
 CUresult cuCtxCreate(void) { return crane_unsupported("cuCtxCreate"); }
 
 CUresult cuCtxCreate_v2(void ** pctx, unsigned int flags, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxCreate_3020(pctx, flags, dev);
     if (crane_trace_on) crane_trace("cuCtxCreate_v2", r, "pctx=%p flags=%u dev=%d", (const void *)pctx, (unsigned int)flags, (int)dev);
     return r;
@@ -85,6 +99,8 @@ CUresult cuCtxCreate_v2(void ** pctx, unsigned int flags, int dev) {
 CUresult cuCtxCreate_v3(void) { return crane_unsupported("cuCtxCreate_v3"); }
 
 CUresult cuCtxCreate_v4(void ** pctx, void * ctxCreateParams, unsigned int flags, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxCreate_12050(pctx, ctxCreateParams, flags, dev);
     if (crane_trace_on) crane_trace("cuCtxCreate_v4", r, "pctx=%p ctxCreateParams=%p flags=%u dev=%d", (const void *)pctx, (const void *)ctxCreateParams, (unsigned int)flags, (int)dev);
     return r;
@@ -93,6 +109,8 @@ CUresult cuCtxCreate_v4(void ** pctx, void * ctxCreateParams, unsigned int flags
 CUresult cuCtxDestroy(void) { return crane_unsupported("cuCtxDestroy"); }
 
 CUresult cuCtxDestroy_v2(void * ctx) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxDestroy_4000(ctx);
     if (crane_trace_on) crane_trace("cuCtxDestroy_v2", r, "ctx=%p", (const void *)ctx);
     return r;
@@ -113,6 +131,8 @@ CUresult cuCtxGetApiVersion(void * ctx, unsigned int * version) {
 }
 
 CUresult cuCtxGetCacheConfig(int * pconfig) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxGetCacheConfig_3020(pconfig);
     if (crane_trace_on) crane_trace("cuCtxGetCacheConfig", r, "pconfig=%p", (const void *)pconfig);
     return r;
@@ -149,6 +169,8 @@ CUresult cuCtxGetFlags(unsigned int * flags) {
 CUresult cuCtxGetId(void) { return crane_unsupported("cuCtxGetId"); }
 
 CUresult cuCtxGetLimit(size_t * pvalue, int limit) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxGetLimit_3010(pvalue, limit);
     if (crane_trace_on) crane_trace("cuCtxGetLimit", r, "pvalue=%p limit=%d", (const void *)pvalue, (int)limit);
     return r;
@@ -157,6 +179,8 @@ CUresult cuCtxGetLimit(size_t * pvalue, int limit) {
 CUresult cuCtxGetSharedMemConfig(void) { return crane_unsupported("cuCtxGetSharedMemConfig"); }
 
 CUresult cuCtxGetStreamPriorityRange(int * leastPriority, int * greatestPriority) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxGetStreamPriorityRange_5050(leastPriority, greatestPriority);
     if (crane_trace_on) crane_trace("cuCtxGetStreamPriorityRange", r, "leastPriority=%p greatestPriority=%p", (const void *)leastPriority, (const void *)greatestPriority);
     return r;
@@ -181,12 +205,16 @@ CUresult cuCtxPushCurrent_v2(void * ctx) {
 CUresult cuCtxRecordEvent(void) { return crane_unsupported("cuCtxRecordEvent"); }
 
 CUresult cuCtxResetPersistingL2Cache(void) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxResetPersistingL2Cache_11000();
     if (crane_trace_on) crane_trace("cuCtxResetPersistingL2Cache", r, "%s", "");
     return r;
 }
 
 CUresult cuCtxSetCacheConfig(int config) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxSetCacheConfig_3020(config);
     if (crane_trace_on) crane_trace("cuCtxSetCacheConfig", r, "config=%d", (int)config);
     return r;
@@ -201,6 +229,8 @@ CUresult cuCtxSetCurrent(void * ctx) {
 CUresult cuCtxSetFlags(void) { return crane_unsupported("cuCtxSetFlags"); }
 
 CUresult cuCtxSetLimit(int limit, size_t value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxSetLimit_3010(limit, value);
     if (crane_trace_on) crane_trace("cuCtxSetLimit", r, "limit=%d value=%zu", (int)limit, (size_t)value);
     return r;
@@ -209,12 +239,16 @@ CUresult cuCtxSetLimit(int limit, size_t value) {
 CUresult cuCtxSetSharedMemConfig(void) { return crane_unsupported("cuCtxSetSharedMemConfig"); }
 
 CUresult cuCtxSynchronize(void) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxSynchronize_2000();
     if (crane_trace_on) crane_trace("cuCtxSynchronize", r, "%s", "");
     return r;
 }
 
 CUresult cuCtxSynchronize_v2(void * ctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuCtxSynchronize_13000(ctx);
     if (crane_trace_on) crane_trace("cuCtxSynchronize_v2", r, "ctx=%p", (const void *)ctx);
     return r;
@@ -233,36 +267,48 @@ CUresult cuDevSmResourceSplitByCount(void) { return crane_unsupported("cuDevSmRe
 CUresult cuDeviceCanAccessPeer(void) { return crane_unsupported("cuDeviceCanAccessPeer"); }
 
 CUresult cuDeviceComputeCapability(int * major, int * minor, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceComputeCapability_2000(major, minor, dev);
     if (crane_trace_on) crane_trace("cuDeviceComputeCapability", r, "major=%p minor=%p dev=%d", (const void *)major, (const void *)minor, (int)dev);
     return r;
 }
 
 CUresult cuDeviceGet(int * device, int ordinal) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGet_2000(device, ordinal);
     if (crane_trace_on) crane_trace("cuDeviceGet", r, "device=%p ordinal=%d", (const void *)device, (int)ordinal);
     return r;
 }
 
 CUresult cuDeviceGetAttribute(int * pi, int attrib, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetAttribute_2000(pi, attrib, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetAttribute", r, "pi=%p attrib=%d dev=%d", (const void *)pi, (int)attrib, (int)dev);
     return r;
 }
 
 CUresult cuDeviceGetByPCIBusId(int * dev, const char * pciBusId) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetByPCIBusId_4010(dev, pciBusId);
     if (crane_trace_on) crane_trace("cuDeviceGetByPCIBusId", r, "dev=%p pciBusId=%p", (const void *)dev, (const void *)pciBusId);
     return r;
 }
 
 CUresult cuDeviceGetCount(int * count) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetCount_2000(count);
     if (crane_trace_on) crane_trace("cuDeviceGetCount", r, "count=%p", (const void *)count);
     return r;
 }
 
 CUresult cuDeviceGetDefaultMemPool(void ** pool_out, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetDefaultMemPool_11020(pool_out, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetDefaultMemPool", r, "pool_out=%p dev=%d", (const void *)pool_out, (int)dev);
     return r;
@@ -273,6 +319,8 @@ CUresult cuDeviceGetDevResource(void) { return crane_unsupported("cuDeviceGetDev
 CUresult cuDeviceGetExecAffinitySupport(void) { return crane_unsupported("cuDeviceGetExecAffinitySupport"); }
 
 CUresult cuDeviceGetGraphMemAttribute(int device, int attr, void * value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetGraphMemAttribute_11040(device, attr, value);
     if (crane_trace_on) crane_trace("cuDeviceGetGraphMemAttribute", r, "device=%d attr=%d value=%p", (int)device, (int)attr, (const void *)value);
     return r;
@@ -283,12 +331,16 @@ CUresult cuDeviceGetHostAtomicCapabilities(void) { return crane_unsupported("cuD
 CUresult cuDeviceGetLuid(void) { return crane_unsupported("cuDeviceGetLuid"); }
 
 CUresult cuDeviceGetMemPool(void ** pool, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetMemPool_11020(pool, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetMemPool", r, "pool=%p dev=%d", (const void *)pool, (int)dev);
     return r;
 }
 
 CUresult cuDeviceGetName(char * name, int len, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetName_2000(name, len, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetName", r, "name=%p len=%d dev=%d", (const void *)name, (int)len, (int)dev);
     return r;
@@ -301,6 +353,8 @@ CUresult cuDeviceGetP2PAtomicCapabilities(void) { return crane_unsupported("cuDe
 CUresult cuDeviceGetP2PAttribute(void) { return crane_unsupported("cuDeviceGetP2PAttribute"); }
 
 CUresult cuDeviceGetPCIBusId(char * pciBusId, int len, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetPCIBusId_4010(pciBusId, len, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetPCIBusId", r, "pciBusId=%p len=%d dev=%d", (const void *)pciBusId, (int)len, (int)dev);
     return r;
@@ -311,18 +365,24 @@ CUresult cuDeviceGetProperties(void) { return crane_unsupported("cuDeviceGetProp
 CUresult cuDeviceGetTexture1DLinearMaxWidth(void) { return crane_unsupported("cuDeviceGetTexture1DLinearMaxWidth"); }
 
 CUresult cuDeviceGetUuid(void * uuid, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetUuid_9020(uuid, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetUuid", r, "uuid=%p dev=%d", (const void *)uuid, (int)dev);
     return r;
 }
 
 CUresult cuDeviceGetUuid_v2(void * uuid, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGetUuid_11040(uuid, dev);
     if (crane_trace_on) crane_trace("cuDeviceGetUuid_v2", r, "uuid=%p dev=%d", (const void *)uuid, (int)dev);
     return r;
 }
 
 CUresult cuDeviceGraphMemTrim(int device) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceGraphMemTrim_11040(device);
     if (crane_trace_on) crane_trace("cuDeviceGraphMemTrim", r, "device=%d", (int)device);
     return r;
@@ -379,12 +439,16 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(int dev, unsigned int flags) {
 CUresult cuDeviceRegisterAsyncNotification(void) { return crane_unsupported("cuDeviceRegisterAsyncNotification"); }
 
 CUresult cuDeviceSetGraphMemAttribute(int device, int attr, void * value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceSetGraphMemAttribute_11040(device, attr, value);
     if (crane_trace_on) crane_trace("cuDeviceSetGraphMemAttribute", r, "device=%d attr=%d value=%p", (int)device, (int)attr, (const void *)value);
     return r;
 }
 
 CUresult cuDeviceSetMemPool(int dev, void * pool) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceSetMemPool_11020(dev, pool);
     if (crane_trace_on) crane_trace("cuDeviceSetMemPool", r, "dev=%d pool=%p", (int)dev, (const void *)pool);
     return r;
@@ -393,6 +457,8 @@ CUresult cuDeviceSetMemPool(int dev, void * pool) {
 CUresult cuDeviceTotalMem(void) { return crane_unsupported("cuDeviceTotalMem"); }
 
 CUresult cuDeviceTotalMem_v2(size_t * bytes, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDeviceTotalMem_3020(bytes, dev);
     if (crane_trace_on) crane_trace("cuDeviceTotalMem_v2", r, "bytes=%p dev=%d", (const void *)bytes, (int)dev);
     return r;
@@ -401,6 +467,8 @@ CUresult cuDeviceTotalMem_v2(size_t * bytes, int dev) {
 CUresult cuDeviceUnregisterAsyncNotification(void) { return crane_unsupported("cuDeviceUnregisterAsyncNotification"); }
 
 CUresult cuDriverGetVersion(int * driverVersion) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuDriverGetVersion_2020(driverVersion);
     if (crane_trace_on) crane_trace("cuDriverGetVersion", r, "driverVersion=%p", (const void *)driverVersion);
     return r;
@@ -425,6 +493,8 @@ CUresult cuEGLStreamProducerPresentFrame(void) { return crane_unsupported("cuEGL
 CUresult cuEGLStreamProducerReturnFrame(void) { return crane_unsupported("cuEGLStreamProducerReturnFrame"); }
 
 CUresult cuEventCreate(void ** phEvent, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventCreate_2000(phEvent, Flags);
     if (crane_trace_on) crane_trace("cuEventCreate", r, "phEvent=%p Flags=%u", (const void *)phEvent, (unsigned int)Flags);
     return r;
@@ -435,54 +505,72 @@ CUresult cuEventCreateFromEGLSync(void) { return crane_unsupported("cuEventCreat
 CUresult cuEventDestroy(void) { return crane_unsupported("cuEventDestroy"); }
 
 CUresult cuEventDestroy_v2(void * hEvent) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventDestroy_4000(hEvent);
     if (crane_trace_on) crane_trace("cuEventDestroy_v2", r, "hEvent=%p", (const void *)hEvent);
     return r;
 }
 
 CUresult cuEventElapsedTime(float * pMilliseconds, void * hStart, void * hEnd) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventElapsedTime_2000(pMilliseconds, hStart, hEnd);
     if (crane_trace_on) crane_trace("cuEventElapsedTime", r, "pMilliseconds=%p hStart=%p hEnd=%p", (const void *)pMilliseconds, (const void *)hStart, (const void *)hEnd);
     return r;
 }
 
 CUresult cuEventElapsedTime_v2(float * pMilliseconds, void * hStart, void * hEnd) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventElapsedTime_12080(pMilliseconds, hStart, hEnd);
     if (crane_trace_on) crane_trace("cuEventElapsedTime_v2", r, "pMilliseconds=%p hStart=%p hEnd=%p", (const void *)pMilliseconds, (const void *)hStart, (const void *)hEnd);
     return r;
 }
 
 CUresult cuEventQuery(void * hEvent) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventQuery_2000(hEvent);
     if (crane_trace_on) crane_trace("cuEventQuery", r, "hEvent=%p", (const void *)hEvent);
     return r;
 }
 
 CUresult cuEventRecord(void * hEvent, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventRecord_2000(hEvent, hStream);
     if (crane_trace_on) crane_trace("cuEventRecord", r, "hEvent=%p hStream=%p", (const void *)hEvent, (const void *)hStream);
     return r;
 }
 
 CUresult cuEventRecord_ptsz(void * hEvent, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventRecord_2000(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuEventRecord_ptsz", r, "hEvent=%p hStream=%p", (const void *)hEvent, (const void *)hStream);
     return r;
 }
 
 CUresult cuEventRecordWithFlags(void * hEvent, void * hStream, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventRecordWithFlags_11010(hEvent, hStream, flags);
     if (crane_trace_on) crane_trace("cuEventRecordWithFlags", r, "hEvent=%p hStream=%p flags=%u", (const void *)hEvent, (const void *)hStream, (unsigned int)flags);
     return r;
 }
 
 CUresult cuEventRecordWithFlags_ptsz(void * hEvent, void * hStream, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventRecordWithFlags_11010(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD), flags);
     if (crane_trace_on) crane_trace("cuEventRecordWithFlags_ptsz", r, "hEvent=%p hStream=%p flags=%u", (const void *)hEvent, (const void *)hStream, (unsigned int)flags);
     return r;
 }
 
 CUresult cuEventSynchronize(void * hEvent) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuEventSynchronize_2000(hEvent);
     if (crane_trace_on) crane_trace("cuEventSynchronize", r, "hEvent=%p", (const void *)hEvent);
     return r;
@@ -495,6 +583,8 @@ CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return crane_unsupporte
 CUresult cuFlushGPUDirectRDMAWrites(void) { return crane_unsupported("cuFlushGPUDirectRDMAWrites"); }
 
 CUresult cuFuncGetAttribute(int * pi, int attrib, void * hfunc) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuFuncGetAttribute_2020(pi, attrib, hfunc);
     if (crane_trace_on) crane_trace("cuFuncGetAttribute", r, "pi=%p attrib=%d hfunc=%p", (const void *)pi, (int)attrib, (const void *)hfunc);
     return r;
@@ -503,12 +593,16 @@ CUresult cuFuncGetAttribute(int * pi, int attrib, void * hfunc) {
 CUresult cuFuncGetModule(void) { return crane_unsupported("cuFuncGetModule"); }
 
 CUresult cuFuncGetName(const char ** name, void * hfunc) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuFuncGetName_12030(name, hfunc);
     if (crane_trace_on) crane_trace("cuFuncGetName", r, "name=%p hfunc=%p", (const void *)name, (const void *)hfunc);
     return r;
 }
 
 CUresult cuFuncGetParamInfo(void * func, size_t paramIndex, size_t * paramOffset, size_t * paramSize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuFuncGetParamInfo_12040(func, paramIndex, paramOffset, paramSize);
     if (crane_trace_on) crane_trace("cuFuncGetParamInfo", r, "func=%p paramIndex=%zu paramOffset=%p paramSize=%p", (const void *)func, (size_t)paramIndex, (const void *)paramOffset, (const void *)paramSize);
     return r;
@@ -519,6 +613,8 @@ CUresult cuFuncIsLoaded(void) { return crane_unsupported("cuFuncIsLoaded"); }
 CUresult cuFuncLoad(void) { return crane_unsupported("cuFuncLoad"); }
 
 CUresult cuFuncSetAttribute(void * hfunc, int attrib, int value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuFuncSetAttribute_9000(hfunc, attrib, value);
     if (crane_trace_on) crane_trace("cuFuncSetAttribute", r, "hfunc=%p attrib=%d value=%d", (const void *)hfunc, (int)attrib, (int)value);
     return r;
@@ -527,6 +623,8 @@ CUresult cuFuncSetAttribute(void * hfunc, int attrib, int value) {
 CUresult cuFuncSetBlockShape(void) { return crane_unsupported("cuFuncSetBlockShape"); }
 
 CUresult cuFuncSetCacheConfig(void * hfunc, int config) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuFuncSetCacheConfig_3000(hfunc, config);
     if (crane_trace_on) crane_trace("cuFuncSetCacheConfig", r, "hfunc=%p config=%d", (const void *)hfunc, (int)config);
     return r;
@@ -569,12 +667,16 @@ CUresult cuGLUnmapBufferObjectAsync(void) { return crane_unsupported("cuGLUnmapB
 CUresult cuGLUnregisterBufferObject(void) { return crane_unsupported("cuGLUnregisterBufferObject"); }
 
 CUresult cuGetErrorName(int error, const char ** pStr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGetErrorName_6000(error, pStr);
     if (crane_trace_on) crane_trace("cuGetErrorName", r, "error=%d pStr=%p", (int)error, (const void *)pStr);
     return r;
 }
 
 CUresult cuGetErrorString(int error, const char ** pStr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGetErrorString_6000(error, pStr);
     if (crane_trace_on) crane_trace("cuGetErrorString", r, "error=%d pStr=%p", (int)error, (const void *)pStr);
     return r;
@@ -601,36 +703,48 @@ CUresult cuGetProcAddress_v2(const char * symbol, void ** pfn, int driverVersion
 CUresult cuGraphAddBatchMemOpNode(void) { return crane_unsupported("cuGraphAddBatchMemOpNode"); }
 
 CUresult cuGraphAddChildGraphNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * childGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddChildGraphNode_10000(phGraphNode, hGraph, dependencies, numDependencies, childGraph);
     if (crane_trace_on) crane_trace("cuGraphAddChildGraphNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu childGraph=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)childGraph);
     return r;
 }
 
 CUresult cuGraphAddDependencies(void * hGraph, void ** from, void ** to, size_t numDependencies) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddDependencies_10000(hGraph, from, to, numDependencies);
     if (crane_trace_on) crane_trace("cuGraphAddDependencies", r, "hGraph=%p from=%p to=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (size_t)numDependencies);
     return r;
 }
 
 CUresult cuGraphAddDependencies_v2(void * hGraph, void ** from, void ** to, void * edgeData, size_t numDependencies) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddDependencies_12030(hGraph, from, to, edgeData, numDependencies);
     if (crane_trace_on) crane_trace("cuGraphAddDependencies_v2", r, "hGraph=%p from=%p to=%p edgeData=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)edgeData, (size_t)numDependencies);
     return r;
 }
 
 CUresult cuGraphAddEmptyNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddEmptyNode_10000(phGraphNode, hGraph, dependencies, numDependencies);
     if (crane_trace_on) crane_trace("cuGraphAddEmptyNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies);
     return r;
 }
 
 CUresult cuGraphAddEventRecordNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * event) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddEventRecordNode_11010(phGraphNode, hGraph, dependencies, numDependencies, event);
     if (crane_trace_on) crane_trace("cuGraphAddEventRecordNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu event=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)event);
     return r;
 }
 
 CUresult cuGraphAddEventWaitNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * event) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddEventWaitNode_11010(phGraphNode, hGraph, dependencies, numDependencies, event);
     if (crane_trace_on) crane_trace("cuGraphAddEventWaitNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu event=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)event);
     return r;
@@ -641,54 +755,72 @@ CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return crane_unsupported
 CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return crane_unsupported("cuGraphAddExternalSemaphoresWaitNode"); }
 
 CUresult cuGraphAddHostNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddHostNode_10000(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphAddHostNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphAddKernelNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddKernelNode_10000(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphAddKernelNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphAddKernelNode_v2(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddKernelNode_12000(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphAddKernelNode_v2", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphAddMemAllocNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddMemAllocNode_11040(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphAddMemAllocNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphAddMemFreeNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, unsigned long long dptr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddMemFreeNode_11040(phGraphNode, hGraph, dependencies, numDependencies, dptr);
     if (crane_trace_on) crane_trace("cuGraphAddMemFreeNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu dptr=%#llx", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (unsigned long long)dptr);
     return r;
 }
 
 CUresult cuGraphAddMemcpyNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * copyParams, void * ctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddMemcpyNode_10000(phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx);
     if (crane_trace_on) crane_trace("cuGraphAddMemcpyNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu copyParams=%p ctx=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)copyParams, (const void *)ctx);
     return r;
 }
 
 CUresult cuGraphAddMemsetNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * memsetParams, void * ctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddMemsetNode_10000(phGraphNode, hGraph, dependencies, numDependencies, memsetParams, ctx);
     if (crane_trace_on) crane_trace("cuGraphAddMemsetNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu memsetParams=%p ctx=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)memsetParams, (const void *)ctx);
     return r;
 }
 
 CUresult cuGraphAddNode(void ** phGraphNode, void * hGraph, void ** dependencies, size_t numDependencies, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddNode_12020(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphAddNode", r, "phGraphNode=%p hGraph=%p dependencies=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (size_t)numDependencies, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphAddNode_v2(void ** phGraphNode, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphAddNode_12030(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphAddNode_v2", r, "phGraphNode=%p hGraph=%p dependencies=%p dependencyData=%p numDependencies=%zu nodeParams=%p", (const void *)phGraphNode, (const void *)hGraph, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (const void *)nodeParams);
     return r;
@@ -699,24 +831,32 @@ CUresult cuGraphBatchMemOpNodeGetParams(void) { return crane_unsupported("cuGrap
 CUresult cuGraphBatchMemOpNodeSetParams(void) { return crane_unsupported("cuGraphBatchMemOpNodeSetParams"); }
 
 CUresult cuGraphChildGraphNodeGetGraph(void * hNode, void ** phGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphChildGraphNodeGetGraph_10000(hNode, phGraph);
     if (crane_trace_on) crane_trace("cuGraphChildGraphNodeGetGraph", r, "hNode=%p phGraph=%p", (const void *)hNode, (const void *)phGraph);
     return r;
 }
 
 CUresult cuGraphClone(void ** phGraphClone, void * originalGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphClone_10000(phGraphClone, originalGraph);
     if (crane_trace_on) crane_trace("cuGraphClone", r, "phGraphClone=%p originalGraph=%p", (const void *)phGraphClone, (const void *)originalGraph);
     return r;
 }
 
 CUresult cuGraphConditionalHandleCreate(unsigned long long * pHandle_out, void * hGraph, void * ctx, unsigned int defaultLaunchValue, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphConditionalHandleCreate_12030(pHandle_out, hGraph, ctx, defaultLaunchValue, flags);
     if (crane_trace_on) crane_trace("cuGraphConditionalHandleCreate", r, "pHandle_out=%p hGraph=%p ctx=%p defaultLaunchValue=%u flags=%u", (const void *)pHandle_out, (const void *)hGraph, (const void *)ctx, (unsigned int)defaultLaunchValue, (unsigned int)flags);
     return r;
 }
 
 CUresult cuGraphCreate(void ** phGraph, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphCreate_10000(phGraph, flags);
     if (crane_trace_on) crane_trace("cuGraphCreate", r, "phGraph=%p flags=%u", (const void *)phGraph, (unsigned int)flags);
     return r;
@@ -725,36 +865,48 @@ CUresult cuGraphCreate(void ** phGraph, unsigned int flags) {
 CUresult cuGraphDebugDotPrint(void) { return crane_unsupported("cuGraphDebugDotPrint"); }
 
 CUresult cuGraphDestroy(void * hGraph) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphDestroy_10000(hGraph);
     if (crane_trace_on) crane_trace("cuGraphDestroy", r, "hGraph=%p", (const void *)hGraph);
     return r;
 }
 
 CUresult cuGraphDestroyNode(void * hNode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphDestroyNode_10000(hNode);
     if (crane_trace_on) crane_trace("cuGraphDestroyNode", r, "hNode=%p", (const void *)hNode);
     return r;
 }
 
 CUresult cuGraphEventRecordNodeGetEvent(void * hNode, void ** event_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphEventRecordNodeGetEvent_11010(hNode, event_out);
     if (crane_trace_on) crane_trace("cuGraphEventRecordNodeGetEvent", r, "hNode=%p event_out=%p", (const void *)hNode, (const void *)event_out);
     return r;
 }
 
 CUresult cuGraphEventRecordNodeSetEvent(void * hNode, void * event) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphEventRecordNodeSetEvent_11010(hNode, event);
     if (crane_trace_on) crane_trace("cuGraphEventRecordNodeSetEvent", r, "hNode=%p event=%p", (const void *)hNode, (const void *)event);
     return r;
 }
 
 CUresult cuGraphEventWaitNodeGetEvent(void * hNode, void ** event_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphEventWaitNodeGetEvent_11010(hNode, event_out);
     if (crane_trace_on) crane_trace("cuGraphEventWaitNodeGetEvent", r, "hNode=%p event_out=%p", (const void *)hNode, (const void *)event_out);
     return r;
 }
 
 CUresult cuGraphEventWaitNodeSetEvent(void * hNode, void * event) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphEventWaitNodeSetEvent_11010(hNode, event);
     if (crane_trace_on) crane_trace("cuGraphEventWaitNodeSetEvent", r, "hNode=%p event=%p", (const void *)hNode, (const void *)event);
     return r;
@@ -763,24 +915,32 @@ CUresult cuGraphEventWaitNodeSetEvent(void * hNode, void * event) {
 CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return crane_unsupported("cuGraphExecBatchMemOpNodeSetParams"); }
 
 CUresult cuGraphExecChildGraphNodeSetParams(void * hGraphExec, void * hNode, void * childGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecChildGraphNodeSetParams_11010(hGraphExec, hNode, childGraph);
     if (crane_trace_on) crane_trace("cuGraphExecChildGraphNodeSetParams", r, "hGraphExec=%p hNode=%p childGraph=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)childGraph);
     return r;
 }
 
 CUresult cuGraphExecDestroy(void * hGraphExec) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecDestroy_10000(hGraphExec);
     if (crane_trace_on) crane_trace("cuGraphExecDestroy", r, "hGraphExec=%p", (const void *)hGraphExec);
     return r;
 }
 
 CUresult cuGraphExecEventRecordNodeSetEvent(void * hGraphExec, void * hNode, void * event) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecEventRecordNodeSetEvent_11010(hGraphExec, hNode, event);
     if (crane_trace_on) crane_trace("cuGraphExecEventRecordNodeSetEvent", r, "hGraphExec=%p hNode=%p event=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)event);
     return r;
 }
 
 CUresult cuGraphExecEventWaitNodeSetEvent(void * hGraphExec, void * hNode, void * event) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecEventWaitNodeSetEvent_11010(hGraphExec, hNode, event);
     if (crane_trace_on) crane_trace("cuGraphExecEventWaitNodeSetEvent", r, "hGraphExec=%p hNode=%p event=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)event);
     return r;
@@ -791,54 +951,72 @@ CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return crane_u
 CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return crane_unsupported("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
 
 CUresult cuGraphExecGetFlags(void * hGraphExec, unsigned long long * flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecGetFlags_12000(hGraphExec, flags);
     if (crane_trace_on) crane_trace("cuGraphExecGetFlags", r, "hGraphExec=%p flags=%p", (const void *)hGraphExec, (const void *)flags);
     return r;
 }
 
 CUresult cuGraphExecHostNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecHostNodeSetParams_10020(hGraphExec, hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphExecHostNodeSetParams", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphExecKernelNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecKernelNodeSetParams_10010(hGraphExec, hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphExecKernelNodeSetParams", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphExecKernelNodeSetParams_v2(void * hGraphExec, void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecKernelNodeSetParams_12000(hGraphExec, hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphExecKernelNodeSetParams_v2", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphExecMemcpyNodeSetParams(void * hGraphExec, void * hNode, void * copyParams, void * ctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecMemcpyNodeSetParams_10020(hGraphExec, hNode, copyParams, ctx);
     if (crane_trace_on) crane_trace("cuGraphExecMemcpyNodeSetParams", r, "hGraphExec=%p hNode=%p copyParams=%p ctx=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)copyParams, (const void *)ctx);
     return r;
 }
 
 CUresult cuGraphExecMemsetNodeSetParams(void * hGraphExec, void * hNode, void * memsetParams, void * ctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecMemsetNodeSetParams_10020(hGraphExec, hNode, memsetParams, ctx);
     if (crane_trace_on) crane_trace("cuGraphExecMemsetNodeSetParams", r, "hGraphExec=%p hNode=%p memsetParams=%p ctx=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)memsetParams, (const void *)ctx);
     return r;
 }
 
 CUresult cuGraphExecNodeSetParams(void * hGraphExec, void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecNodeSetParams_12020(hGraphExec, hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphExecNodeSetParams", r, "hGraphExec=%p hNode=%p nodeParams=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphExecUpdate(void * hGraphExec, void * hGraph, void ** hErrorNode_out, int * updateResult_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecUpdate_10020(hGraphExec, hGraph, hErrorNode_out, updateResult_out);
     if (crane_trace_on) crane_trace("cuGraphExecUpdate", r, "hGraphExec=%p hGraph=%p hErrorNode_out=%p updateResult_out=%p", (const void *)hGraphExec, (const void *)hGraph, (const void *)hErrorNode_out, (const void *)updateResult_out);
     return r;
 }
 
 CUresult cuGraphExecUpdate_v2(void * hGraphExec, void * hGraph, void * resultInfo) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphExecUpdate_12000(hGraphExec, hGraph, resultInfo);
     if (crane_trace_on) crane_trace("cuGraphExecUpdate_v2", r, "hGraphExec=%p hGraph=%p resultInfo=%p", (const void *)hGraphExec, (const void *)hGraph, (const void *)resultInfo);
     return r;
@@ -853,114 +1031,152 @@ CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return crane_unsuppo
 CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return crane_unsupported("cuGraphExternalSemaphoresWaitNodeSetParams"); }
 
 CUresult cuGraphGetEdges(void * hGraph, void ** from, void ** to, size_t * numEdges) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphGetEdges_10000(hGraph, from, to, numEdges);
     if (crane_trace_on) crane_trace("cuGraphGetEdges", r, "hGraph=%p from=%p to=%p numEdges=%p", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)numEdges);
     return r;
 }
 
 CUresult cuGraphGetEdges_v2(void * hGraph, void ** from, void ** to, void * edgeData, size_t * numEdges) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphGetEdges_12030(hGraph, from, to, edgeData, numEdges);
     if (crane_trace_on) crane_trace("cuGraphGetEdges_v2", r, "hGraph=%p from=%p to=%p edgeData=%p numEdges=%p", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)edgeData, (const void *)numEdges);
     return r;
 }
 
 CUresult cuGraphGetNodes(void * hGraph, void ** nodes, size_t * numNodes) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphGetNodes_10000(hGraph, nodes, numNodes);
     if (crane_trace_on) crane_trace("cuGraphGetNodes", r, "hGraph=%p nodes=%p numNodes=%p", (const void *)hGraph, (const void *)nodes, (const void *)numNodes);
     return r;
 }
 
 CUresult cuGraphGetRootNodes(void * hGraph, void ** rootNodes, size_t * numRootNodes) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphGetRootNodes_10000(hGraph, rootNodes, numRootNodes);
     if (crane_trace_on) crane_trace("cuGraphGetRootNodes", r, "hGraph=%p rootNodes=%p numRootNodes=%p", (const void *)hGraph, (const void *)rootNodes, (const void *)numRootNodes);
     return r;
 }
 
 CUresult cuGraphHostNodeGetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphHostNodeGetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphHostNodeGetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphHostNodeSetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphHostNodeSetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphHostNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphInstantiate(void ** phGraphExec, void * hGraph, void ** phErrorNode, char * logBuffer, size_t bufferSize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphInstantiate_10000(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     if (crane_trace_on) crane_trace("cuGraphInstantiate", r, "phGraphExec=%p hGraph=%p phErrorNode=%p logBuffer=%p bufferSize=%zu", (const void *)phGraphExec, (const void *)hGraph, (const void *)phErrorNode, (const void *)logBuffer, (size_t)bufferSize);
     return r;
 }
 
 CUresult cuGraphInstantiate_v2(void ** phGraphExec, void * hGraph, void ** phErrorNode, char * logBuffer, size_t bufferSize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphInstantiate_11000(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     if (crane_trace_on) crane_trace("cuGraphInstantiate_v2", r, "phGraphExec=%p hGraph=%p phErrorNode=%p logBuffer=%p bufferSize=%zu", (const void *)phGraphExec, (const void *)hGraph, (const void *)phErrorNode, (const void *)logBuffer, (size_t)bufferSize);
     return r;
 }
 
 CUresult cuGraphInstantiateWithFlags(void ** phGraphExec, void * hGraph, unsigned long long flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphInstantiateWithFlags_11040(phGraphExec, hGraph, flags);
     if (crane_trace_on) crane_trace("cuGraphInstantiateWithFlags", r, "phGraphExec=%p hGraph=%p flags=%#llx", (const void *)phGraphExec, (const void *)hGraph, (unsigned long long)flags);
     return r;
 }
 
 CUresult cuGraphInstantiateWithParams(void ** phGraphExec, void * hGraph, void * instantiateParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphInstantiateWithParams_12000(phGraphExec, hGraph, instantiateParams);
     if (crane_trace_on) crane_trace("cuGraphInstantiateWithParams", r, "phGraphExec=%p hGraph=%p instantiateParams=%p", (const void *)phGraphExec, (const void *)hGraph, (const void *)instantiateParams);
     return r;
 }
 
 CUresult cuGraphInstantiateWithParams_ptsz(void ** phGraphExec, void * hGraph, void * instantiateParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuGraphInstantiateWithParams_12000(phGraphExec, hGraph, instantiateParams); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuGraphInstantiateWithParams_ptsz", r, "phGraphExec=%p hGraph=%p instantiateParams=%p", (const void *)phGraphExec, (const void *)hGraph, (const void *)instantiateParams);
     return r;
 }
 
 CUresult cuGraphKernelNodeCopyAttributes(void * dst, void * src) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeCopyAttributes_11000(dst, src);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeCopyAttributes", r, "dst=%p src=%p", (const void *)dst, (const void *)src);
     return r;
 }
 
 CUresult cuGraphKernelNodeGetAttribute(void * hNode, int attr, void * value_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeGetAttribute_11000(hNode, attr, value_out);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeGetAttribute", r, "hNode=%p attr=%d value_out=%p", (const void *)hNode, (int)attr, (const void *)value_out);
     return r;
 }
 
 CUresult cuGraphKernelNodeGetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeGetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeGetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphKernelNodeGetParams_v2(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeGetParams_12000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeGetParams_v2", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphKernelNodeSetAttribute(void * hNode, int attr, void * value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeSetAttribute_11000(hNode, attr, value);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeSetAttribute", r, "hNode=%p attr=%d value=%p", (const void *)hNode, (int)attr, (const void *)value);
     return r;
 }
 
 CUresult cuGraphKernelNodeSetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeSetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphKernelNodeSetParams_v2(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphKernelNodeSetParams_12000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphKernelNodeSetParams_v2", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphLaunch(void * hGraph, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphLaunch_10000(hGraph, hStream);
     if (crane_trace_on) crane_trace("cuGraphLaunch", r, "hGraph=%p hStream=%p", (const void *)hGraph, (const void *)hStream);
     return r;
@@ -969,12 +1185,16 @@ CUresult cuGraphLaunch(void * hGraph, void * hStream) {
 CUresult cuGraphLaunch_ptsz(void) { return crane_unsupported("cuGraphLaunch_ptsz"); }
 
 CUresult cuGraphMemAllocNodeGetParams(void * hNode, void * params_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphMemAllocNodeGetParams_11040(hNode, params_out);
     if (crane_trace_on) crane_trace("cuGraphMemAllocNodeGetParams", r, "hNode=%p params_out=%p", (const void *)hNode, (const void *)params_out);
     return r;
 }
 
 CUresult cuGraphMemFreeNodeGetParams(void * hNode, unsigned long long * dptr_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphMemFreeNodeGetParams_11040(hNode, dptr_out);
     if (crane_trace_on) crane_trace("cuGraphMemFreeNodeGetParams", r, "hNode=%p dptr_out=%p", (const void *)hNode, (const void *)dptr_out);
     return r;
@@ -983,30 +1203,40 @@ CUresult cuGraphMemFreeNodeGetParams(void * hNode, unsigned long long * dptr_out
 CUresult cuGraphMemcpyNodeGetParams(void) { return crane_unsupported("cuGraphMemcpyNodeGetParams"); }
 
 CUresult cuGraphMemcpyNodeSetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphMemcpyNodeSetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphMemcpyNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphMemsetNodeGetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphMemsetNodeGetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphMemsetNodeGetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphMemsetNodeSetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphMemsetNodeSetParams_10000(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphMemsetNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
 }
 
 CUresult cuGraphNodeFindInClone(void ** phNode, void * hOriginalNode, void * hClonedGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeFindInClone_10000(phNode, hOriginalNode, hClonedGraph);
     if (crane_trace_on) crane_trace("cuGraphNodeFindInClone", r, "phNode=%p hOriginalNode=%p hClonedGraph=%p", (const void *)phNode, (const void *)hOriginalNode, (const void *)hClonedGraph);
     return r;
 }
 
 CUresult cuGraphNodeGetDependencies(void * hNode, void ** dependencies, size_t * numDependencies) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeGetDependencies_10000(hNode, dependencies, numDependencies);
     if (crane_trace_on) crane_trace("cuGraphNodeGetDependencies", r, "hNode=%p dependencies=%p numDependencies=%p", (const void *)hNode, (const void *)dependencies, (const void *)numDependencies);
     return r;
@@ -1015,6 +1245,8 @@ CUresult cuGraphNodeGetDependencies(void * hNode, void ** dependencies, size_t *
 CUresult cuGraphNodeGetDependencies_v2(void) { return crane_unsupported("cuGraphNodeGetDependencies_v2"); }
 
 CUresult cuGraphNodeGetDependentNodes(void * hNode, void ** dependentNodes, size_t * numDependentNodes) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeGetDependentNodes_10000(hNode, dependentNodes, numDependentNodes);
     if (crane_trace_on) crane_trace("cuGraphNodeGetDependentNodes", r, "hNode=%p dependentNodes=%p numDependentNodes=%p", (const void *)hNode, (const void *)dependentNodes, (const void *)numDependentNodes);
     return r;
@@ -1023,24 +1255,32 @@ CUresult cuGraphNodeGetDependentNodes(void * hNode, void ** dependentNodes, size
 CUresult cuGraphNodeGetDependentNodes_v2(void) { return crane_unsupported("cuGraphNodeGetDependentNodes_v2"); }
 
 CUresult cuGraphNodeGetEnabled(void * hGraphExec, void * hNode, unsigned int * isEnabled) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeGetEnabled_11060(hGraphExec, hNode, isEnabled);
     if (crane_trace_on) crane_trace("cuGraphNodeGetEnabled", r, "hGraphExec=%p hNode=%p isEnabled=%p", (const void *)hGraphExec, (const void *)hNode, (const void *)isEnabled);
     return r;
 }
 
 CUresult cuGraphNodeGetType(void * hNode, int * type) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeGetType_10000(hNode, type);
     if (crane_trace_on) crane_trace("cuGraphNodeGetType", r, "hNode=%p type=%p", (const void *)hNode, (const void *)type);
     return r;
 }
 
 CUresult cuGraphNodeSetEnabled(void * hGraphExec, void * hNode, unsigned int isEnabled) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeSetEnabled_11060(hGraphExec, hNode, isEnabled);
     if (crane_trace_on) crane_trace("cuGraphNodeSetEnabled", r, "hGraphExec=%p hNode=%p isEnabled=%u", (const void *)hGraphExec, (const void *)hNode, (unsigned int)isEnabled);
     return r;
 }
 
 CUresult cuGraphNodeSetParams(void * hNode, void * nodeParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphNodeSetParams_12020(hNode, nodeParams);
     if (crane_trace_on) crane_trace("cuGraphNodeSetParams", r, "hNode=%p nodeParams=%p", (const void *)hNode, (const void *)nodeParams);
     return r;
@@ -1049,12 +1289,16 @@ CUresult cuGraphNodeSetParams(void * hNode, void * nodeParams) {
 CUresult cuGraphReleaseUserObject(void) { return crane_unsupported("cuGraphReleaseUserObject"); }
 
 CUresult cuGraphRemoveDependencies(void * hGraph, void ** from, void ** to, size_t numDependencies) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphRemoveDependencies_10000(hGraph, from, to, numDependencies);
     if (crane_trace_on) crane_trace("cuGraphRemoveDependencies", r, "hGraph=%p from=%p to=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (size_t)numDependencies);
     return r;
 }
 
 CUresult cuGraphRemoveDependencies_v2(void * hGraph, void ** from, void ** to, void * edgeData, size_t numDependencies) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphRemoveDependencies_12030(hGraph, from, to, edgeData, numDependencies);
     if (crane_trace_on) crane_trace("cuGraphRemoveDependencies_v2", r, "hGraph=%p from=%p to=%p edgeData=%p numDependencies=%zu", (const void *)hGraph, (const void *)from, (const void *)to, (const void *)edgeData, (size_t)numDependencies);
     return r;
@@ -1063,6 +1307,8 @@ CUresult cuGraphRemoveDependencies_v2(void * hGraph, void ** from, void ** to, v
 CUresult cuGraphRetainUserObject(void) { return crane_unsupported("cuGraphRetainUserObject"); }
 
 CUresult cuGraphUpload(void * hGraph, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuGraphUpload_11010(hGraph, hStream);
     if (crane_trace_on) crane_trace("cuGraphUpload", r, "hGraph=%p hStream=%p", (const void *)hGraph, (const void *)hStream);
     return r;
@@ -1123,6 +1369,8 @@ CUresult cuImportExternalMemory(void) { return crane_unsupported("cuImportExtern
 CUresult cuImportExternalSemaphore(void) { return crane_unsupported("cuImportExternalSemaphore"); }
 
 CUresult cuInit(unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuInit_2000(Flags);
     if (crane_trace_on) crane_trace("cuInit", r, "Flags=%u", (unsigned int)Flags);
     return r;
@@ -1141,12 +1389,16 @@ CUresult cuIpcOpenMemHandle(void) { return crane_unsupported("cuIpcOpenMemHandle
 CUresult cuIpcOpenMemHandle_v2(void) { return crane_unsupported("cuIpcOpenMemHandle_v2"); }
 
 CUresult cuKernelGetAttribute(int * pi, int attrib, void * kernel, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuKernelGetAttribute_12000(pi, attrib, kernel, dev);
     if (crane_trace_on) crane_trace("cuKernelGetAttribute", r, "pi=%p attrib=%d kernel=%p dev=%d", (const void *)pi, (int)attrib, (const void *)kernel, (int)dev);
     return r;
 }
 
 CUresult cuKernelGetFunction(void ** pFunc, void * kernel) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuKernelGetFunction_12000(pFunc, kernel);
     if (crane_trace_on) crane_trace("cuKernelGetFunction", r, "pFunc=%p kernel=%p", (const void *)pFunc, (const void *)kernel);
     return r;
@@ -1155,24 +1407,32 @@ CUresult cuKernelGetFunction(void ** pFunc, void * kernel) {
 CUresult cuKernelGetLibrary(void) { return crane_unsupported("cuKernelGetLibrary"); }
 
 CUresult cuKernelGetName(const char ** name, void * hfunc) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuKernelGetName_12030(name, hfunc);
     if (crane_trace_on) crane_trace("cuKernelGetName", r, "name=%p hfunc=%p", (const void *)name, (const void *)hfunc);
     return r;
 }
 
 CUresult cuKernelGetParamInfo(void * kernel, size_t paramIndex, size_t * paramOffset, size_t * paramSize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuKernelGetParamInfo_12040(kernel, paramIndex, paramOffset, paramSize);
     if (crane_trace_on) crane_trace("cuKernelGetParamInfo", r, "kernel=%p paramIndex=%zu paramOffset=%p paramSize=%p", (const void *)kernel, (size_t)paramIndex, (const void *)paramOffset, (const void *)paramSize);
     return r;
 }
 
 CUresult cuKernelSetAttribute(int attrib, int val, void * kernel, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuKernelSetAttribute_12000(attrib, val, kernel, dev);
     if (crane_trace_on) crane_trace("cuKernelSetAttribute", r, "attrib=%d val=%d kernel=%p dev=%d", (int)attrib, (int)val, (const void *)kernel, (int)dev);
     return r;
 }
 
 CUresult cuKernelSetCacheConfig(void * kernel, int config, int dev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuKernelSetCacheConfig_12000(kernel, config, dev);
     if (crane_trace_on) crane_trace("cuKernelSetCacheConfig", r, "kernel=%p config=%d dev=%d", (const void *)kernel, (int)config, (int)dev);
     return r;
@@ -1181,12 +1441,16 @@ CUresult cuKernelSetCacheConfig(void * kernel, int config, int dev) {
 CUresult cuLaunch(void) { return crane_unsupported("cuLaunch"); }
 
 CUresult cuLaunchCooperativeKernel(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchCooperativeKernel_9000(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
     if (crane_trace_on) crane_trace("cuLaunchCooperativeKernel", r, "f=%p gridDimX=%u gridDimY=%u gridDimZ=%u blockDimX=%u blockDimY=%u blockDimZ=%u sharedMemBytes=%u hStream=%p kernelParams=%p", (const void *)f, (unsigned int)gridDimX, (unsigned int)gridDimY, (unsigned int)gridDimZ, (unsigned int)blockDimX, (unsigned int)blockDimY, (unsigned int)blockDimZ, (unsigned int)sharedMemBytes, (const void *)hStream, (const void *)kernelParams);
     return r;
 }
 
 CUresult cuLaunchCooperativeKernel_ptsz(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchCooperativeKernel_9000(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, (hStream ? hStream : CRANE_STREAM_PER_THREAD), kernelParams);
     if (crane_trace_on) crane_trace("cuLaunchCooperativeKernel_ptsz", r, "f=%p gridDimX=%u gridDimY=%u gridDimZ=%u blockDimX=%u blockDimY=%u blockDimZ=%u sharedMemBytes=%u hStream=%p kernelParams=%p", (const void *)f, (unsigned int)gridDimX, (unsigned int)gridDimY, (unsigned int)gridDimZ, (unsigned int)blockDimX, (unsigned int)blockDimY, (unsigned int)blockDimZ, (unsigned int)sharedMemBytes, (const void *)hStream, (const void *)kernelParams);
     return r;
@@ -1199,36 +1463,48 @@ CUresult cuLaunchGrid(void) { return crane_unsupported("cuLaunchGrid"); }
 CUresult cuLaunchGridAsync(void) { return crane_unsupported("cuLaunchGridAsync"); }
 
 CUresult cuLaunchHostFunc(void * hStream, void * fn, void * userData) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchHostFunc_10000(hStream, fn, userData);
     if (crane_trace_on) crane_trace("cuLaunchHostFunc", r, "hStream=%p fn=%p userData=%p", (const void *)hStream, (const void *)fn, (const void *)userData);
     return r;
 }
 
 CUresult cuLaunchHostFunc_ptsz(void * hStream, void * fn, void * userData) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchHostFunc_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD), fn, userData);
     if (crane_trace_on) crane_trace("cuLaunchHostFunc_ptsz", r, "hStream=%p fn=%p userData=%p", (const void *)hStream, (const void *)fn, (const void *)userData);
     return r;
 }
 
 CUresult cuLaunchKernel(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams, void ** extra) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchKernel_4000(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
     if (crane_trace_on) crane_trace("cuLaunchKernel", r, "f=%p gridDimX=%u gridDimY=%u gridDimZ=%u blockDimX=%u blockDimY=%u blockDimZ=%u sharedMemBytes=%u hStream=%p kernelParams=%p extra=%p", (const void *)f, (unsigned int)gridDimX, (unsigned int)gridDimY, (unsigned int)gridDimZ, (unsigned int)blockDimX, (unsigned int)blockDimY, (unsigned int)blockDimZ, (unsigned int)sharedMemBytes, (const void *)hStream, (const void *)kernelParams, (const void *)extra);
     return r;
 }
 
 CUresult cuLaunchKernel_ptsz(void * f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, void * hStream, void ** kernelParams, void ** extra) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchKernel_4000(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, (hStream ? hStream : CRANE_STREAM_PER_THREAD), kernelParams, extra);
     if (crane_trace_on) crane_trace("cuLaunchKernel_ptsz", r, "f=%p gridDimX=%u gridDimY=%u gridDimZ=%u blockDimX=%u blockDimY=%u blockDimZ=%u sharedMemBytes=%u hStream=%p kernelParams=%p extra=%p", (const void *)f, (unsigned int)gridDimX, (unsigned int)gridDimY, (unsigned int)gridDimZ, (unsigned int)blockDimX, (unsigned int)blockDimY, (unsigned int)blockDimZ, (unsigned int)sharedMemBytes, (const void *)hStream, (const void *)kernelParams, (const void *)extra);
     return r;
 }
 
 CUresult cuLaunchKernelEx(void * config, void * f, void ** kernelParams, void ** extra) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLaunchKernelEx_11060(config, f, kernelParams, extra);
     if (crane_trace_on) crane_trace("cuLaunchKernelEx", r, "config=%p f=%p kernelParams=%p extra=%p", (const void *)config, (const void *)f, (const void *)kernelParams, (const void *)extra);
     return r;
 }
 
 CUresult cuLaunchKernelEx_ptsz(void * config, void * f, void ** kernelParams, void ** extra) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuLaunchKernelEx_11060(config, f, kernelParams, extra); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuLaunchKernelEx_ptsz", r, "config=%p f=%p kernelParams=%p extra=%p", (const void *)config, (const void *)f, (const void *)kernelParams, (const void *)extra);
     return r;
@@ -1237,12 +1513,16 @@ CUresult cuLaunchKernelEx_ptsz(void * config, void * f, void ** kernelParams, vo
 CUresult cuLibraryEnumerateKernels(void) { return crane_unsupported("cuLibraryEnumerateKernels"); }
 
 CUresult cuLibraryGetGlobal(unsigned long long * dptr, size_t * bytes, void * library, const char * name) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLibraryGetGlobal_12000(dptr, bytes, library, name);
     if (crane_trace_on) crane_trace("cuLibraryGetGlobal", r, "dptr=%p bytes=%p library=%p name=%p", (const void *)dptr, (const void *)bytes, (const void *)library, (const void *)name);
     return r;
 }
 
 CUresult cuLibraryGetKernel(void ** pKernel, void * library, const char * name) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLibraryGetKernel_12000(pKernel, library, name);
     if (crane_trace_on) crane_trace("cuLibraryGetKernel", r, "pKernel=%p library=%p name=%p", (const void *)pKernel, (const void *)library, (const void *)name);
     return r;
@@ -1253,6 +1533,8 @@ CUresult cuLibraryGetKernelCount(void) { return crane_unsupported("cuLibraryGetK
 CUresult cuLibraryGetManaged(void) { return crane_unsupported("cuLibraryGetManaged"); }
 
 CUresult cuLibraryGetModule(void ** pMod, void * library) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLibraryGetModule_12000(pMod, library);
     if (crane_trace_on) crane_trace("cuLibraryGetModule", r, "pMod=%p library=%p", (const void *)pMod, (const void *)library);
     return r;
@@ -1261,66 +1543,88 @@ CUresult cuLibraryGetModule(void ** pMod, void * library) {
 CUresult cuLibraryGetUnifiedFunction(void) { return crane_unsupported("cuLibraryGetUnifiedFunction"); }
 
 CUresult cuLibraryLoadData(void ** library, const void * code, int * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, int * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLibraryLoadData_12000(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     if (crane_trace_on) crane_trace("cuLibraryLoadData", r, "library=%p code=%p jitOptions=%p jitOptionsValues=%p numJitOptions=%u libraryOptions=%p libraryOptionValues=%p numLibraryOptions=%u", (const void *)library, (const void *)code, (const void *)jitOptions, (const void *)jitOptionsValues, (unsigned int)numJitOptions, (const void *)libraryOptions, (const void *)libraryOptionValues, (unsigned int)numLibraryOptions);
     return r;
 }
 
 CUresult cuLibraryLoadFromFile(void ** library, const char * fileName, int * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, int * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLibraryLoadFromFile_12000(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     if (crane_trace_on) crane_trace("cuLibraryLoadFromFile", r, "library=%p fileName=%p jitOptions=%p jitOptionsValues=%p numJitOptions=%u libraryOptions=%p libraryOptionValues=%p numLibraryOptions=%u", (const void *)library, (const void *)fileName, (const void *)jitOptions, (const void *)jitOptionsValues, (unsigned int)numJitOptions, (const void *)libraryOptions, (const void *)libraryOptionValues, (unsigned int)numLibraryOptions);
     return r;
 }
 
 CUresult cuLibraryUnload(void * library) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLibraryUnload_12000(library);
     if (crane_trace_on) crane_trace("cuLibraryUnload", r, "library=%p", (const void *)library);
     return r;
 }
 
 CUresult cuLinkAddData(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkAddData_5050(state, type, data, size, name, numOptions, options, optionValues);
     if (crane_trace_on) crane_trace("cuLinkAddData", r, "state=%p type=%d data=%p size=%zu name=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)data, (size_t)size, (const void *)name, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
     return r;
 }
 
 CUresult cuLinkAddData_v2(void * state, int type, void * data, size_t size, const char * name, unsigned int numOptions, int * options, void ** optionValues) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkAddData_6050(state, type, data, size, name, numOptions, options, optionValues);
     if (crane_trace_on) crane_trace("cuLinkAddData_v2", r, "state=%p type=%d data=%p size=%zu name=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)data, (size_t)size, (const void *)name, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
     return r;
 }
 
 CUresult cuLinkAddFile(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkAddFile_5050(state, type, path, numOptions, options, optionValues);
     if (crane_trace_on) crane_trace("cuLinkAddFile", r, "state=%p type=%d path=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)path, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
     return r;
 }
 
 CUresult cuLinkAddFile_v2(void * state, int type, const char * path, unsigned int numOptions, int * options, void ** optionValues) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkAddFile_6050(state, type, path, numOptions, options, optionValues);
     if (crane_trace_on) crane_trace("cuLinkAddFile_v2", r, "state=%p type=%d path=%p numOptions=%u options=%p optionValues=%p", (const void *)state, (int)type, (const void *)path, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
     return r;
 }
 
 CUresult cuLinkComplete(void * state, void ** cubinOut, size_t * sizeOut) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkComplete_5050(state, cubinOut, sizeOut);
     if (crane_trace_on) crane_trace("cuLinkComplete", r, "state=%p cubinOut=%p sizeOut=%p", (const void *)state, (const void *)cubinOut, (const void *)sizeOut);
     return r;
 }
 
 CUresult cuLinkCreate(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkCreate_5050(numOptions, options, optionValues, stateOut);
     if (crane_trace_on) crane_trace("cuLinkCreate", r, "numOptions=%u options=%p optionValues=%p stateOut=%p", (unsigned int)numOptions, (const void *)options, (const void *)optionValues, (const void *)stateOut);
     return r;
 }
 
 CUresult cuLinkCreate_v2(unsigned int numOptions, int * options, void ** optionValues, void ** stateOut) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkCreate_6050(numOptions, options, optionValues, stateOut);
     if (crane_trace_on) crane_trace("cuLinkCreate_v2", r, "numOptions=%u options=%p optionValues=%p stateOut=%p", (unsigned int)numOptions, (const void *)options, (const void *)optionValues, (const void *)stateOut);
     return r;
 }
 
 CUresult cuLinkDestroy(void * state) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuLinkDestroy_5050(state);
     if (crane_trace_on) crane_trace("cuLinkDestroy", r, "state=%p", (const void *)state);
     return r;
@@ -1337,18 +1641,24 @@ CUresult cuLogsRegisterCallback(void) { return crane_unsupported("cuLogsRegister
 CUresult cuLogsUnregisterCallback(void) { return crane_unsupported("cuLogsUnregisterCallback"); }
 
 CUresult cuMemAddressFree(unsigned long long ptr, size_t size) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAddressFree_10020(ptr, size);
     if (crane_trace_on) crane_trace("cuMemAddressFree", r, "ptr=%#llx size=%zu", (unsigned long long)ptr, (size_t)size);
     return r;
 }
 
 CUresult cuMemAddressReserve(unsigned long long * ptr, size_t size, size_t alignment, unsigned long long addr, unsigned long long flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAddressReserve_10020(ptr, size, alignment, addr, flags);
     if (crane_trace_on) crane_trace("cuMemAddressReserve", r, "ptr=%p size=%zu alignment=%zu addr=%#llx flags=%#llx", (const void *)ptr, (size_t)size, (size_t)alignment, (unsigned long long)addr, (unsigned long long)flags);
     return r;
 }
 
 CUresult cuMemAdvise(unsigned long long devPtr, size_t count, int advice, int device) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAdvise_8000(devPtr, count, advice, device);
     if (crane_trace_on) crane_trace("cuMemAdvise", r, "devPtr=%#llx count=%zu advice=%d device=%d", (unsigned long long)devPtr, (size_t)count, (int)advice, (int)device);
     return r;
@@ -1363,30 +1673,40 @@ CUresult cuMemAdvise_v2(unsigned long long devPtr, size_t count, int advice, CUm
 CUresult cuMemAlloc(void) { return crane_unsupported("cuMemAlloc"); }
 
 CUresult cuMemAlloc_v2(unsigned long long * dptr, size_t bytesize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAlloc_3020(dptr, bytesize);
     if (crane_trace_on) crane_trace("cuMemAlloc_v2", r, "dptr=%p bytesize=%zu", (const void *)dptr, (size_t)bytesize);
     return r;
 }
 
 CUresult cuMemAllocAsync(unsigned long long * dptr, size_t bytesize, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAllocAsync_11020(dptr, bytesize, hStream);
     if (crane_trace_on) crane_trace("cuMemAllocAsync", r, "dptr=%p bytesize=%zu hStream=%p", (const void *)dptr, (size_t)bytesize, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemAllocAsync_ptsz(unsigned long long * dptr, size_t bytesize, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAllocAsync_11020(dptr, bytesize, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemAllocAsync_ptsz", r, "dptr=%p bytesize=%zu hStream=%p", (const void *)dptr, (size_t)bytesize, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemAllocFromPoolAsync(unsigned long long * dptr, size_t bytesize, void * pool, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAllocFromPoolAsync_11020(dptr, bytesize, pool, hStream);
     if (crane_trace_on) crane_trace("cuMemAllocFromPoolAsync", r, "dptr=%p bytesize=%zu pool=%p hStream=%p", (const void *)dptr, (size_t)bytesize, (const void *)pool, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(unsigned long long * dptr, size_t bytesize, void * pool, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAllocFromPoolAsync_11020(dptr, bytesize, pool, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemAllocFromPoolAsync_ptsz", r, "dptr=%p bytesize=%zu pool=%p hStream=%p", (const void *)dptr, (size_t)bytesize, (const void *)pool, (const void *)hStream);
     return r;
@@ -1401,6 +1721,8 @@ CUresult cuMemAllocHost_v2(void ** pp, size_t bytesize) {
 }
 
 CUresult cuMemAllocManaged(unsigned long long * dptr, size_t bytesize, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAllocManaged_6000(dptr, bytesize, flags);
     if (crane_trace_on) crane_trace("cuMemAllocManaged", r, "dptr=%p bytesize=%zu flags=%u", (const void *)dptr, (size_t)bytesize, (unsigned int)flags);
     return r;
@@ -1409,6 +1731,8 @@ CUresult cuMemAllocManaged(unsigned long long * dptr, size_t bytesize, unsigned 
 CUresult cuMemAllocPitch(void) { return crane_unsupported("cuMemAllocPitch"); }
 
 CUresult cuMemAllocPitch_v2(unsigned long long * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemAllocPitch_3020(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (crane_trace_on) crane_trace("cuMemAllocPitch_v2", r, "dptr=%p pPitch=%p WidthInBytes=%zu Height=%zu ElementSizeBytes=%u", (const void *)dptr, (const void *)pPitch, (size_t)WidthInBytes, (size_t)Height, (unsigned int)ElementSizeBytes);
     return r;
@@ -1419,6 +1743,8 @@ CUresult cuMemBatchDecompressAsync(void) { return crane_unsupported("cuMemBatchD
 CUresult cuMemBatchDecompressAsync_ptsz(void) { return crane_unsupported("cuMemBatchDecompressAsync_ptsz"); }
 
 CUresult cuMemCreate(unsigned long long * handle, size_t size, void * prop, unsigned long long flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemCreate_10020(handle, size, prop, flags);
     if (crane_trace_on) crane_trace("cuMemCreate", r, "handle=%p size=%zu prop=%p flags=%#llx", (const void *)handle, (size_t)size, (const void *)prop, (unsigned long long)flags);
     return r;
@@ -1433,6 +1759,8 @@ CUresult cuMemDiscardBatchAsync(void) { return crane_unsupported("cuMemDiscardBa
 CUresult cuMemDiscardBatchAsync_ptsz(void) { return crane_unsupported("cuMemDiscardBatchAsync_ptsz"); }
 
 CUresult cuMemExportToShareableHandle(void * shareableHandle, unsigned long long handle, int handleType, unsigned long long flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemExportToShareableHandle_10020(shareableHandle, handle, handleType, flags);
     if (crane_trace_on) crane_trace("cuMemExportToShareableHandle", r, "shareableHandle=%p handle=%#llx handleType=%d flags=%#llx", (const void *)shareableHandle, (unsigned long long)handle, (int)handleType, (unsigned long long)flags);
     return r;
@@ -1441,30 +1769,40 @@ CUresult cuMemExportToShareableHandle(void * shareableHandle, unsigned long long
 CUresult cuMemFree(void) { return crane_unsupported("cuMemFree"); }
 
 CUresult cuMemFree_v2(unsigned long long dptr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemFree_3020(dptr);
     if (crane_trace_on) crane_trace("cuMemFree_v2", r, "dptr=%#llx", (unsigned long long)dptr);
     return r;
 }
 
 CUresult cuMemFreeAsync(unsigned long long dptr, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemFreeAsync_11020(dptr, hStream);
     if (crane_trace_on) crane_trace("cuMemFreeAsync", r, "dptr=%#llx hStream=%p", (unsigned long long)dptr, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemFreeAsync_ptsz(unsigned long long dptr, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemFreeAsync_11020(dptr, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemFreeAsync_ptsz", r, "dptr=%#llx hStream=%p", (unsigned long long)dptr, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemFreeHost(void * p) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemFreeHost_2000(p);
     if (crane_trace_on) crane_trace("cuMemFreeHost", r, "p=%p", (const void *)p);
     return r;
 }
 
 CUresult cuMemGetAccess(unsigned long long * flags, void * location, unsigned long long ptr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemGetAccess_10020(flags, location, ptr);
     if (crane_trace_on) crane_trace("cuMemGetAccess", r, "flags=%p location=%p ptr=%#llx", (const void *)flags, (const void *)location, (unsigned long long)ptr);
     return r;
@@ -1473,18 +1811,24 @@ CUresult cuMemGetAccess(unsigned long long * flags, void * location, unsigned lo
 CUresult cuMemGetAddressRange(void) { return crane_unsupported("cuMemGetAddressRange"); }
 
 CUresult cuMemGetAddressRange_v2(unsigned long long * pbase, size_t * psize, unsigned long long dptr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemGetAddressRange_3020(pbase, psize, dptr);
     if (crane_trace_on) crane_trace("cuMemGetAddressRange_v2", r, "pbase=%p psize=%p dptr=%#llx", (const void *)pbase, (const void *)psize, (unsigned long long)dptr);
     return r;
 }
 
 CUresult cuMemGetAllocationGranularity(size_t * granularity, void * prop, int option) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemGetAllocationGranularity_10020(granularity, prop, option);
     if (crane_trace_on) crane_trace("cuMemGetAllocationGranularity", r, "granularity=%p prop=%p option=%d", (const void *)granularity, (const void *)prop, (int)option);
     return r;
 }
 
 CUresult cuMemGetAllocationPropertiesFromHandle(void * prop, unsigned long long handle) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemGetAllocationPropertiesFromHandle_10020(prop, handle);
     if (crane_trace_on) crane_trace("cuMemGetAllocationPropertiesFromHandle", r, "prop=%p handle=%#llx", (const void *)prop, (unsigned long long)handle);
     return r;
@@ -1497,6 +1841,8 @@ CUresult cuMemGetHandleForAddressRange(void) { return crane_unsupported("cuMemGe
 CUresult cuMemGetInfo(void) { return crane_unsupported("cuMemGetInfo"); }
 
 CUresult cuMemGetInfo_v2(size_t * free, size_t * total) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemGetInfo_3020(free, total);
     if (crane_trace_on) crane_trace("cuMemGetInfo_v2", r, "free=%p total=%p", (const void *)free, (const void *)total);
     return r;
@@ -1505,6 +1851,8 @@ CUresult cuMemGetInfo_v2(size_t * free, size_t * total) {
 CUresult cuMemGetMemPool(void) { return crane_unsupported("cuMemGetMemPool"); }
 
 CUresult cuMemHostAlloc(void ** pp, size_t bytesize, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemHostAlloc_2020(pp, bytesize, Flags);
     if (crane_trace_on) crane_trace("cuMemHostAlloc", r, "pp=%p bytesize=%zu Flags=%u", (const void *)pp, (size_t)bytesize, (unsigned int)Flags);
     return r;
@@ -1513,6 +1861,8 @@ CUresult cuMemHostAlloc(void ** pp, size_t bytesize, unsigned int Flags) {
 CUresult cuMemHostGetDevicePointer(void) { return crane_unsupported("cuMemHostGetDevicePointer"); }
 
 CUresult cuMemHostGetDevicePointer_v2(unsigned long long * pdptr, void * p, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemHostGetDevicePointer_3020(pdptr, p, Flags);
     if (crane_trace_on) crane_trace("cuMemHostGetDevicePointer_v2", r, "pdptr=%p p=%p Flags=%u", (const void *)pdptr, (const void *)p, (unsigned int)Flags);
     return r;
@@ -1527,24 +1877,32 @@ CUresult cuMemHostGetFlags(unsigned int * pFlags, void * p) {
 CUresult cuMemHostRegister(void) { return crane_unsupported("cuMemHostRegister"); }
 
 CUresult cuMemHostRegister_v2(void * p, size_t bytesize, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemHostRegister_6050(p, bytesize, Flags);
     if (crane_trace_on) crane_trace("cuMemHostRegister_v2", r, "p=%p bytesize=%zu Flags=%u", (const void *)p, (size_t)bytesize, (unsigned int)Flags);
     return r;
 }
 
 CUresult cuMemHostUnregister(void * p) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemHostUnregister_4000(p);
     if (crane_trace_on) crane_trace("cuMemHostUnregister", r, "p=%p", (const void *)p);
     return r;
 }
 
 CUresult cuMemImportFromShareableHandle(unsigned long long * handle, void * osHandle, int shHandleType) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemImportFromShareableHandle_10020(handle, osHandle, shHandleType);
     if (crane_trace_on) crane_trace("cuMemImportFromShareableHandle", r, "handle=%p osHandle=%p shHandleType=%d", (const void *)handle, (const void *)osHandle, (int)shHandleType);
     return r;
 }
 
 CUresult cuMemMap(unsigned long long ptr, size_t size, size_t offset, unsigned long long handle, unsigned long long flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemMap_10020(ptr, size, offset, handle, flags);
     if (crane_trace_on) crane_trace("cuMemMap", r, "ptr=%#llx size=%zu offset=%zu handle=%#llx flags=%#llx", (unsigned long long)ptr, (size_t)size, (size_t)offset, (unsigned long long)handle, (unsigned long long)flags);
     return r;
@@ -1555,12 +1913,16 @@ CUresult cuMemMapArrayAsync(void) { return crane_unsupported("cuMemMapArrayAsync
 CUresult cuMemMapArrayAsync_ptsz(void) { return crane_unsupported("cuMemMapArrayAsync_ptsz"); }
 
 CUresult cuMemPoolCreate(void ** pool, void * poolProps) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolCreate_11020(pool, poolProps);
     if (crane_trace_on) crane_trace("cuMemPoolCreate", r, "pool=%p poolProps=%p", (const void *)pool, (const void *)poolProps);
     return r;
 }
 
 CUresult cuMemPoolDestroy(void * pool) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolDestroy_11020(pool);
     if (crane_trace_on) crane_trace("cuMemPoolDestroy", r, "pool=%p", (const void *)pool);
     return r;
@@ -1571,12 +1933,16 @@ CUresult cuMemPoolExportPointer(void) { return crane_unsupported("cuMemPoolExpor
 CUresult cuMemPoolExportToShareableHandle(void) { return crane_unsupported("cuMemPoolExportToShareableHandle"); }
 
 CUresult cuMemPoolGetAccess(int * flags, void * memPool, void * location) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolGetAccess_11020(flags, memPool, location);
     if (crane_trace_on) crane_trace("cuMemPoolGetAccess", r, "flags=%p memPool=%p location=%p", (const void *)flags, (const void *)memPool, (const void *)location);
     return r;
 }
 
 CUresult cuMemPoolGetAttribute(void * pool, int attr, void * value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolGetAttribute_11020(pool, attr, value);
     if (crane_trace_on) crane_trace("cuMemPoolGetAttribute", r, "pool=%p attr=%d value=%p", (const void *)pool, (int)attr, (const void *)value);
     return r;
@@ -1587,30 +1953,40 @@ CUresult cuMemPoolImportFromShareableHandle(void) { return crane_unsupported("cu
 CUresult cuMemPoolImportPointer(void) { return crane_unsupported("cuMemPoolImportPointer"); }
 
 CUresult cuMemPoolSetAccess(void * pool, void * map, size_t count) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolSetAccess_11020(pool, map, count);
     if (crane_trace_on) crane_trace("cuMemPoolSetAccess", r, "pool=%p map=%p count=%zu", (const void *)pool, (const void *)map, (size_t)count);
     return r;
 }
 
 CUresult cuMemPoolSetAttribute(void * pool, int attr, void * value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolSetAttribute_11020(pool, attr, value);
     if (crane_trace_on) crane_trace("cuMemPoolSetAttribute", r, "pool=%p attr=%d value=%p", (const void *)pool, (int)attr, (const void *)value);
     return r;
 }
 
 CUresult cuMemPoolTrimTo(void * pool, size_t minBytesToKeep) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPoolTrimTo_11020(pool, minBytesToKeep);
     if (crane_trace_on) crane_trace("cuMemPoolTrimTo", r, "pool=%p minBytesToKeep=%zu", (const void *)pool, (size_t)minBytesToKeep);
     return r;
 }
 
 CUresult cuMemPrefetchAsync(unsigned long long devPtr, size_t count, int dstDevice, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPrefetchAsync_8000(devPtr, count, dstDevice, hStream);
     if (crane_trace_on) crane_trace("cuMemPrefetchAsync", r, "devPtr=%#llx count=%zu dstDevice=%d hStream=%p", (unsigned long long)devPtr, (size_t)count, (int)dstDevice, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemPrefetchAsync_ptsz(unsigned long long devPtr, size_t count, int dstDevice, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemPrefetchAsync_8000(devPtr, count, dstDevice, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemPrefetchAsync_ptsz", r, "devPtr=%#llx count=%zu dstDevice=%d hStream=%p", (unsigned long long)devPtr, (size_t)count, (int)dstDevice, (const void *)hStream);
     return r;
@@ -1633,30 +2009,40 @@ CUresult cuMemPrefetchBatchAsync(void) { return crane_unsupported("cuMemPrefetch
 CUresult cuMemPrefetchBatchAsync_ptsz(void) { return crane_unsupported("cuMemPrefetchBatchAsync_ptsz"); }
 
 CUresult cuMemRangeGetAttribute(void * data, size_t dataSize, int attribute, unsigned long long devPtr, size_t count) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemRangeGetAttribute_8000(data, dataSize, attribute, devPtr, count);
     if (crane_trace_on) crane_trace("cuMemRangeGetAttribute", r, "data=%p dataSize=%zu attribute=%d devPtr=%#llx count=%zu", (const void *)data, (size_t)dataSize, (int)attribute, (unsigned long long)devPtr, (size_t)count);
     return r;
 }
 
 CUresult cuMemRangeGetAttributes(void ** data, size_t * dataSizes, int * attributes, size_t numAttributes, unsigned long long devPtr, size_t count) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemRangeGetAttributes_8000(data, dataSizes, attributes, numAttributes, devPtr, count);
     if (crane_trace_on) crane_trace("cuMemRangeGetAttributes", r, "data=%p dataSizes=%p attributes=%p numAttributes=%zu devPtr=%#llx count=%zu", (const void *)data, (const void *)dataSizes, (const void *)attributes, (size_t)numAttributes, (unsigned long long)devPtr, (size_t)count);
     return r;
 }
 
 CUresult cuMemRelease(unsigned long long handle) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemRelease_10020(handle);
     if (crane_trace_on) crane_trace("cuMemRelease", r, "handle=%#llx", (unsigned long long)handle);
     return r;
 }
 
 CUresult cuMemRetainAllocationHandle(unsigned long long * handle, void * addr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemRetainAllocationHandle_11000(handle, addr);
     if (crane_trace_on) crane_trace("cuMemRetainAllocationHandle", r, "handle=%p addr=%p", (const void *)handle, (const void *)addr);
     return r;
 }
 
 CUresult cuMemSetAccess(unsigned long long ptr, size_t size, void * desc, size_t count) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemSetAccess_10020(ptr, size, desc, count);
     if (crane_trace_on) crane_trace("cuMemSetAccess", r, "ptr=%#llx size=%zu desc=%p count=%zu", (unsigned long long)ptr, (size_t)size, (const void *)desc, (size_t)count);
     return r;
@@ -1665,18 +2051,24 @@ CUresult cuMemSetAccess(unsigned long long ptr, size_t size, void * desc, size_t
 CUresult cuMemSetMemPool(void) { return crane_unsupported("cuMemSetMemPool"); }
 
 CUresult cuMemUnmap(unsigned long long ptr, size_t size) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemUnmap_10020(ptr, size);
     if (crane_trace_on) crane_trace("cuMemUnmap", r, "ptr=%#llx size=%zu", (unsigned long long)ptr, (size_t)size);
     return r;
 }
 
 CUresult cuMemcpy(unsigned long long dst, unsigned long long src, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy_4000(dst, src, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpy", r, "dst=%#llx src=%#llx ByteCount=%zu", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpy_ptds(unsigned long long dst, unsigned long long src, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpy_4000(dst, src, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpy_ptds", r, "dst=%#llx src=%#llx ByteCount=%zu", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount);
     return r;
@@ -1685,12 +2077,16 @@ CUresult cuMemcpy_ptds(unsigned long long dst, unsigned long long src, size_t By
 CUresult cuMemcpy2D(void) { return crane_unsupported("cuMemcpy2D"); }
 
 CUresult cuMemcpy2D_v2(void * pCopy) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy2D_3020(pCopy);
     if (crane_trace_on) crane_trace("cuMemcpy2D_v2", r, "pCopy=%p", (const void *)pCopy);
     return r;
 }
 
 CUresult cuMemcpy2D_v2_ptds(void * pCopy) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpy2D_3020(pCopy); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpy2D_v2_ptds", r, "pCopy=%p", (const void *)pCopy);
     return r;
@@ -1699,12 +2095,16 @@ CUresult cuMemcpy2D_v2_ptds(void * pCopy) {
 CUresult cuMemcpy2DAsync(void) { return crane_unsupported("cuMemcpy2DAsync"); }
 
 CUresult cuMemcpy2DAsync_v2(void * pCopy, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy2DAsync_3020(pCopy, hStream);
     if (crane_trace_on) crane_trace("cuMemcpy2DAsync_v2", r, "pCopy=%p hStream=%p", (const void *)pCopy, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpy2DAsync_v2_ptsz(void * pCopy, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy2DAsync_3020(pCopy, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpy2DAsync_v2_ptsz", r, "pCopy=%p hStream=%p", (const void *)pCopy, (const void *)hStream);
     return r;
@@ -1713,12 +2113,16 @@ CUresult cuMemcpy2DAsync_v2_ptsz(void * pCopy, void * hStream) {
 CUresult cuMemcpy2DUnaligned(void) { return crane_unsupported("cuMemcpy2DUnaligned"); }
 
 CUresult cuMemcpy2DUnaligned_v2(void * pCopy) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy2DUnaligned_3020(pCopy);
     if (crane_trace_on) crane_trace("cuMemcpy2DUnaligned_v2", r, "pCopy=%p", (const void *)pCopy);
     return r;
 }
 
 CUresult cuMemcpy2DUnaligned_v2_ptds(void * pCopy) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpy2DUnaligned_3020(pCopy); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpy2DUnaligned_v2_ptds", r, "pCopy=%p", (const void *)pCopy);
     return r;
@@ -1727,12 +2131,16 @@ CUresult cuMemcpy2DUnaligned_v2_ptds(void * pCopy) {
 CUresult cuMemcpy3D(void) { return crane_unsupported("cuMemcpy3D"); }
 
 CUresult cuMemcpy3D_v2(void * pCopy) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy3D_3020(pCopy);
     if (crane_trace_on) crane_trace("cuMemcpy3D_v2", r, "pCopy=%p", (const void *)pCopy);
     return r;
 }
 
 CUresult cuMemcpy3D_v2_ptds(void * pCopy) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpy3D_3020(pCopy); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpy3D_v2_ptds", r, "pCopy=%p", (const void *)pCopy);
     return r;
@@ -1741,12 +2149,16 @@ CUresult cuMemcpy3D_v2_ptds(void * pCopy) {
 CUresult cuMemcpy3DAsync(void) { return crane_unsupported("cuMemcpy3DAsync"); }
 
 CUresult cuMemcpy3DAsync_v2(void * pCopy, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy3DAsync_3020(pCopy, hStream);
     if (crane_trace_on) crane_trace("cuMemcpy3DAsync_v2", r, "pCopy=%p hStream=%p", (const void *)pCopy, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpy3DAsync_v2_ptsz(void * pCopy, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpy3DAsync_3020(pCopy, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpy3DAsync_v2_ptsz", r, "pCopy=%p hStream=%p", (const void *)pCopy, (const void *)hStream);
     return r;
@@ -1769,12 +2181,16 @@ CUresult cuMemcpy3DPeerAsync(void) { return crane_unsupported("cuMemcpy3DPeerAsy
 CUresult cuMemcpy3DPeerAsync_ptsz(void) { return crane_unsupported("cuMemcpy3DPeerAsync_ptsz"); }
 
 CUresult cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAsync_4000(dst, src, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyAsync", r, "dst=%#llx src=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpyAsync_ptsz(unsigned long long dst, unsigned long long src, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAsync_4000(dst, src, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyAsync_ptsz", r, "dst=%#llx src=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount, (const void *)hStream);
     return r;
@@ -1783,12 +2199,16 @@ CUresult cuMemcpyAsync_ptsz(unsigned long long dst, unsigned long long src, size
 CUresult cuMemcpyAtoA(void) { return crane_unsupported("cuMemcpyAtoA"); }
 
 CUresult cuMemcpyAtoA_v2(void * dstArray, size_t dstOffset, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAtoA_3020(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyAtoA_v2", r, "dstArray=%p dstOffset=%zu srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyAtoA_v2_ptds(void * dstArray, size_t dstOffset, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyAtoA_3020(dstArray, dstOffset, srcArray, srcOffset, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyAtoA_v2_ptds", r, "dstArray=%p dstOffset=%zu srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
     return r;
@@ -1797,12 +2217,16 @@ CUresult cuMemcpyAtoA_v2_ptds(void * dstArray, size_t dstOffset, void * srcArray
 CUresult cuMemcpyAtoD(void) { return crane_unsupported("cuMemcpyAtoD"); }
 
 CUresult cuMemcpyAtoD_v2(unsigned long long dstDevice, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAtoD_3020(dstDevice, srcArray, srcOffset, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyAtoD_v2", r, "dstDevice=%#llx srcArray=%p srcOffset=%zu ByteCount=%zu", (unsigned long long)dstDevice, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyAtoD_v2_ptds(unsigned long long dstDevice, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyAtoD_3020(dstDevice, srcArray, srcOffset, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyAtoD_v2_ptds", r, "dstDevice=%#llx srcArray=%p srcOffset=%zu ByteCount=%zu", (unsigned long long)dstDevice, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
     return r;
@@ -1811,12 +2235,16 @@ CUresult cuMemcpyAtoD_v2_ptds(unsigned long long dstDevice, void * srcArray, siz
 CUresult cuMemcpyAtoH(void) { return crane_unsupported("cuMemcpyAtoH"); }
 
 CUresult cuMemcpyAtoH_v2(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAtoH_3020(dstHost, srcArray, srcOffset, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyAtoH_v2", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyAtoH_v2_ptds(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyAtoH_3020(dstHost, srcArray, srcOffset, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyAtoH_v2_ptds", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount);
     return r;
@@ -1825,12 +2253,16 @@ CUresult cuMemcpyAtoH_v2_ptds(void * dstHost, void * srcArray, size_t srcOffset,
 CUresult cuMemcpyAtoHAsync(void) { return crane_unsupported("cuMemcpyAtoHAsync"); }
 
 CUresult cuMemcpyAtoHAsync_v2(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAtoHAsync_3020(dstHost, srcArray, srcOffset, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyAtoHAsync_v2", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu hStream=%p", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpyAtoHAsync_v2_ptsz(void * dstHost, void * srcArray, size_t srcOffset, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyAtoHAsync_3020(dstHost, srcArray, srcOffset, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyAtoHAsync_v2_ptsz", r, "dstHost=%p srcArray=%p srcOffset=%zu ByteCount=%zu hStream=%p", (const void *)dstHost, (const void *)srcArray, (size_t)srcOffset, (size_t)ByteCount, (const void *)hStream);
     return r;
@@ -1847,12 +2279,16 @@ CUresult cuMemcpyBatchAsync_v2_ptsz(void) { return crane_unsupported("cuMemcpyBa
 CUresult cuMemcpyDtoA(void) { return crane_unsupported("cuMemcpyDtoA"); }
 
 CUresult cuMemcpyDtoA_v2(void * dstArray, size_t dstOffset, unsigned long long srcDevice, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoA_3020(dstArray, dstOffset, srcDevice, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyDtoA_v2", r, "dstArray=%p dstOffset=%zu srcDevice=%#llx ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyDtoA_v2_ptds(void * dstArray, size_t dstOffset, unsigned long long srcDevice, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyDtoA_3020(dstArray, dstOffset, srcDevice, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyDtoA_v2_ptds", r, "dstArray=%p dstOffset=%zu srcDevice=%#llx ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
@@ -1861,12 +2297,16 @@ CUresult cuMemcpyDtoA_v2_ptds(void * dstArray, size_t dstOffset, unsigned long l
 CUresult cuMemcpyDtoD(void) { return crane_unsupported("cuMemcpyDtoD"); }
 
 CUresult cuMemcpyDtoD_v2(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoD_3020(dstDevice, srcDevice, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyDtoD_v2", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyDtoD_v2_ptds(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyDtoD_3020(dstDevice, srcDevice, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyDtoD_v2_ptds", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
@@ -1875,12 +2315,16 @@ CUresult cuMemcpyDtoD_v2_ptds(unsigned long long dstDevice, unsigned long long s
 CUresult cuMemcpyDtoDAsync(void) { return crane_unsupported("cuMemcpyDtoDAsync"); }
 
 CUresult cuMemcpyDtoDAsync_v2(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoDAsync_3020(dstDevice, srcDevice, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyDtoDAsync_v2", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpyDtoDAsync_v2_ptsz(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoDAsync_3020(dstDevice, srcDevice, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyDtoDAsync_v2_ptsz", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount, (const void *)hStream);
     return r;
@@ -1889,12 +2333,16 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(unsigned long long dstDevice, unsigned long l
 CUresult cuMemcpyDtoH(void) { return crane_unsupported("cuMemcpyDtoH"); }
 
 CUresult cuMemcpyDtoH_v2(void * dstHost, unsigned long long srcDevice, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoH_3020(dstHost, srcDevice, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyDtoH_v2", r, "dstHost=%p srcDevice=%#llx ByteCount=%zu", (const void *)dstHost, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyDtoH_v2_ptds(void * dstHost, unsigned long long srcDevice, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyDtoH_3020(dstHost, srcDevice, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyDtoH_v2_ptds", r, "dstHost=%p srcDevice=%#llx ByteCount=%zu", (const void *)dstHost, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
@@ -1903,12 +2351,16 @@ CUresult cuMemcpyDtoH_v2_ptds(void * dstHost, unsigned long long srcDevice, size
 CUresult cuMemcpyDtoHAsync(void) { return crane_unsupported("cuMemcpyDtoHAsync"); }
 
 CUresult cuMemcpyDtoHAsync_v2(void * dstHost, unsigned long long srcDevice, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoHAsync_3020(dstHost, srcDevice, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyDtoHAsync_v2", r, "dstHost=%p srcDevice=%#llx ByteCount=%zu hStream=%p", (const void *)dstHost, (unsigned long long)srcDevice, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpyDtoHAsync_v2_ptsz(void * dstHost, unsigned long long srcDevice, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyDtoHAsync_3020(dstHost, srcDevice, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyDtoHAsync_v2_ptsz", r, "dstHost=%p srcDevice=%#llx ByteCount=%zu hStream=%p", (const void *)dstHost, (unsigned long long)srcDevice, (size_t)ByteCount, (const void *)hStream);
     return r;
@@ -1917,12 +2369,16 @@ CUresult cuMemcpyDtoHAsync_v2_ptsz(void * dstHost, unsigned long long srcDevice,
 CUresult cuMemcpyHtoA(void) { return crane_unsupported("cuMemcpyHtoA"); }
 
 CUresult cuMemcpyHtoA_v2(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyHtoA_3020(dstArray, dstOffset, srcHost, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyHtoA_v2", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyHtoA_v2_ptds(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyHtoA_3020(dstArray, dstOffset, srcHost, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyHtoA_v2_ptds", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount);
     return r;
@@ -1931,12 +2387,16 @@ CUresult cuMemcpyHtoA_v2_ptds(void * dstArray, size_t dstOffset, const void * sr
 CUresult cuMemcpyHtoAAsync(void) { return crane_unsupported("cuMemcpyHtoAAsync"); }
 
 CUresult cuMemcpyHtoAAsync_v2(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyHtoAAsync_3020(dstArray, dstOffset, srcHost, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyHtoAAsync_v2", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu hStream=%p", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpyHtoAAsync_v2_ptsz(void * dstArray, size_t dstOffset, const void * srcHost, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyHtoAAsync_3020(dstArray, dstOffset, srcHost, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyHtoAAsync_v2_ptsz", r, "dstArray=%p dstOffset=%zu srcHost=%p ByteCount=%zu hStream=%p", (const void *)dstArray, (size_t)dstOffset, (const void *)srcHost, (size_t)ByteCount, (const void *)hStream);
     return r;
@@ -1945,12 +2405,16 @@ CUresult cuMemcpyHtoAAsync_v2_ptsz(void * dstArray, size_t dstOffset, const void
 CUresult cuMemcpyHtoD(void) { return crane_unsupported("cuMemcpyHtoD"); }
 
 CUresult cuMemcpyHtoD_v2(unsigned long long dstDevice, const void * srcHost, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyHtoD_3020(dstDevice, srcHost, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyHtoD_v2", r, "dstDevice=%#llx srcHost=%p ByteCount=%zu", (unsigned long long)dstDevice, (const void *)srcHost, (size_t)ByteCount);
     return r;
 }
 
 CUresult cuMemcpyHtoD_v2_ptds(unsigned long long dstDevice, const void * srcHost, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemcpyHtoD_3020(dstDevice, srcHost, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyHtoD_v2_ptds", r, "dstDevice=%#llx srcHost=%p ByteCount=%zu", (unsigned long long)dstDevice, (const void *)srcHost, (size_t)ByteCount);
     return r;
@@ -1959,12 +2423,16 @@ CUresult cuMemcpyHtoD_v2_ptds(unsigned long long dstDevice, const void * srcHost
 CUresult cuMemcpyHtoDAsync(void) { return crane_unsupported("cuMemcpyHtoDAsync"); }
 
 CUresult cuMemcpyHtoDAsync_v2(unsigned long long dstDevice, const void * srcHost, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyHtoDAsync_3020(dstDevice, srcHost, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyHtoDAsync_v2", r, "dstDevice=%#llx srcHost=%p ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (const void *)srcHost, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemcpyHtoDAsync_v2_ptsz(unsigned long long dstDevice, const void * srcHost, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemcpyHtoDAsync_3020(dstDevice, srcHost, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyHtoDAsync_v2_ptsz", r, "dstDevice=%#llx srcHost=%p ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (const void *)srcHost, (size_t)ByteCount, (const void *)hStream);
     return r;
@@ -1981,24 +2449,32 @@ CUresult cuMemcpyPeerAsync_ptsz(void) { return crane_unsupported("cuMemcpyPeerAs
 CUresult cuMemsetD16(void) { return crane_unsupported("cuMemsetD16"); }
 
 CUresult cuMemsetD16_v2(unsigned long long dstDevice, unsigned short us, size_t N) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD16_3020(dstDevice, us, N);
     if (crane_trace_on) crane_trace("cuMemsetD16_v2", r, "dstDevice=%#llx us=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N);
     return r;
 }
 
 CUresult cuMemsetD16_v2_ptds(unsigned long long dstDevice, unsigned short us, size_t N) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemsetD16_3020(dstDevice, us, N); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemsetD16_v2_ptds", r, "dstDevice=%#llx us=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N);
     return r;
 }
 
 CUresult cuMemsetD16Async(unsigned long long dstDevice, unsigned short us, size_t N, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD16Async_3020(dstDevice, us, N, hStream);
     if (crane_trace_on) crane_trace("cuMemsetD16Async", r, "dstDevice=%#llx us=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemsetD16Async_ptsz(unsigned long long dstDevice, unsigned short us, size_t N, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD16Async_3020(dstDevice, us, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemsetD16Async_ptsz", r, "dstDevice=%#llx us=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N, (const void *)hStream);
     return r;
@@ -2037,24 +2513,32 @@ CUresult cuMemsetD2D8Async_ptsz(void) { return crane_unsupported("cuMemsetD2D8As
 CUresult cuMemsetD32(void) { return crane_unsupported("cuMemsetD32"); }
 
 CUresult cuMemsetD32_v2(unsigned long long dstDevice, unsigned int ui, size_t N) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD32_3020(dstDevice, ui, N);
     if (crane_trace_on) crane_trace("cuMemsetD32_v2", r, "dstDevice=%#llx ui=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N);
     return r;
 }
 
 CUresult cuMemsetD32_v2_ptds(unsigned long long dstDevice, unsigned int ui, size_t N) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemsetD32_3020(dstDevice, ui, N); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemsetD32_v2_ptds", r, "dstDevice=%#llx ui=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N);
     return r;
 }
 
 CUresult cuMemsetD32Async(unsigned long long dstDevice, unsigned int ui, size_t N, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD32Async_3020(dstDevice, ui, N, hStream);
     if (crane_trace_on) crane_trace("cuMemsetD32Async", r, "dstDevice=%#llx ui=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemsetD32Async_ptsz(unsigned long long dstDevice, unsigned int ui, size_t N, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD32Async_3020(dstDevice, ui, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemsetD32Async_ptsz", r, "dstDevice=%#llx ui=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N, (const void *)hStream);
     return r;
@@ -2063,48 +2547,64 @@ CUresult cuMemsetD32Async_ptsz(unsigned long long dstDevice, unsigned int ui, si
 CUresult cuMemsetD8(void) { return crane_unsupported("cuMemsetD8"); }
 
 CUresult cuMemsetD8_v2(unsigned long long dstDevice, unsigned char uc, size_t N) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD8_3020(dstDevice, uc, N);
     if (crane_trace_on) crane_trace("cuMemsetD8_v2", r, "dstDevice=%#llx uc=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N);
     return r;
 }
 
 CUresult cuMemsetD8_v2_ptds(unsigned long long dstDevice, unsigned char uc, size_t N) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     crane_ptds_enter(); CUresult r = crane_py_cuMemsetD8_3020(dstDevice, uc, N); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemsetD8_v2_ptds", r, "dstDevice=%#llx uc=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N);
     return r;
 }
 
 CUresult cuMemsetD8Async(unsigned long long dstDevice, unsigned char uc, size_t N, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD8Async_3020(dstDevice, uc, N, hStream);
     if (crane_trace_on) crane_trace("cuMemsetD8Async", r, "dstDevice=%#llx uc=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N, (const void *)hStream);
     return r;
 }
 
 CUresult cuMemsetD8Async_ptsz(unsigned long long dstDevice, unsigned char uc, size_t N, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMemsetD8Async_3020(dstDevice, uc, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemsetD8Async_ptsz", r, "dstDevice=%#llx uc=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N, (const void *)hStream);
     return r;
 }
 
 CUresult cuMipmappedArrayCreate(void ** pHandle, void * pMipmappedArrayDesc, unsigned int numMipmapLevels) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMipmappedArrayCreate_5000(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     if (crane_trace_on) crane_trace("cuMipmappedArrayCreate", r, "pHandle=%p pMipmappedArrayDesc=%p numMipmapLevels=%u", (const void *)pHandle, (const void *)pMipmappedArrayDesc, (unsigned int)numMipmapLevels);
     return r;
 }
 
 CUresult cuMipmappedArrayDestroy(void * hMipmappedArray) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMipmappedArrayDestroy_5000(hMipmappedArray);
     if (crane_trace_on) crane_trace("cuMipmappedArrayDestroy", r, "hMipmappedArray=%p", (const void *)hMipmappedArray);
     return r;
 }
 
 CUresult cuMipmappedArrayGetLevel(void ** pLevelArray, void * hMipmappedArray, unsigned int level) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMipmappedArrayGetLevel_5000(pLevelArray, hMipmappedArray, level);
     if (crane_trace_on) crane_trace("cuMipmappedArrayGetLevel", r, "pLevelArray=%p hMipmappedArray=%p level=%u", (const void *)pLevelArray, (const void *)hMipmappedArray, (unsigned int)level);
     return r;
 }
 
 CUresult cuMipmappedArrayGetMemoryRequirements(void * memoryRequirements, void * mipmap, int device) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuMipmappedArrayGetMemoryRequirements_11060(memoryRequirements, mipmap, device);
     if (crane_trace_on) crane_trace("cuMipmappedArrayGetMemoryRequirements", r, "memoryRequirements=%p mipmap=%p device=%d", (const void *)memoryRequirements, (const void *)mipmap, (int)device);
     return r;
@@ -2115,6 +2615,8 @@ CUresult cuMipmappedArrayGetSparseProperties(void) { return crane_unsupported("c
 CUresult cuModuleEnumerateFunctions(void) { return crane_unsupported("cuModuleEnumerateFunctions"); }
 
 CUresult cuModuleGetFunction(void ** hfunc, void * hmod, const char * name) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleGetFunction_2000(hfunc, hmod, name);
     if (crane_trace_on) crane_trace("cuModuleGetFunction", r, "hfunc=%p hmod=%p name=%p", (const void *)hfunc, (const void *)hmod, (const void *)name);
     return r;
@@ -2125,12 +2627,16 @@ CUresult cuModuleGetFunctionCount(void) { return crane_unsupported("cuModuleGetF
 CUresult cuModuleGetGlobal(void) { return crane_unsupported("cuModuleGetGlobal"); }
 
 CUresult cuModuleGetGlobal_v2(unsigned long long * dptr, size_t * bytes, void * hmod, const char * name) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleGetGlobal_3020(dptr, bytes, hmod, name);
     if (crane_trace_on) crane_trace("cuModuleGetGlobal_v2", r, "dptr=%p bytes=%p hmod=%p name=%p", (const void *)dptr, (const void *)bytes, (const void *)hmod, (const void *)name);
     return r;
 }
 
 CUresult cuModuleGetLoadingMode(int * mode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleGetLoadingMode_11070(mode);
     if (crane_trace_on) crane_trace("cuModuleGetLoadingMode", r, "mode=%p", (const void *)mode);
     return r;
@@ -2141,30 +2647,40 @@ CUresult cuModuleGetSurfRef(void) { return crane_unsupported("cuModuleGetSurfRef
 CUresult cuModuleGetTexRef(void) { return crane_unsupported("cuModuleGetTexRef"); }
 
 CUresult cuModuleLoad(void ** module, const char * fname) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleLoad_2000(module, fname);
     if (crane_trace_on) crane_trace("cuModuleLoad", r, "module=%p fname=%p", (const void *)module, (const void *)fname);
     return r;
 }
 
 CUresult cuModuleLoadData(void ** module, const void * image) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleLoadData_2000(module, image);
     if (crane_trace_on) crane_trace("cuModuleLoadData", r, "module=%p image=%p", (const void *)module, (const void *)image);
     return r;
 }
 
 CUresult cuModuleLoadDataEx(void ** module, const void * image, unsigned int numOptions, int * options, void ** optionValues) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleLoadDataEx_2010(module, image, numOptions, options, optionValues);
     if (crane_trace_on) crane_trace("cuModuleLoadDataEx", r, "module=%p image=%p numOptions=%u options=%p optionValues=%p", (const void *)module, (const void *)image, (unsigned int)numOptions, (const void *)options, (const void *)optionValues);
     return r;
 }
 
 CUresult cuModuleLoadFatBinary(void ** module, const void * fatCubin) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleLoadFatBinary_2000(module, fatCubin);
     if (crane_trace_on) crane_trace("cuModuleLoadFatBinary", r, "module=%p fatCubin=%p", (const void *)module, (const void *)fatCubin);
     return r;
 }
 
 CUresult cuModuleUnload(void * hmod) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuModuleUnload_2000(hmod);
     if (crane_trace_on) crane_trace("cuModuleUnload", r, "hmod=%p", (const void *)hmod);
     return r;
@@ -2183,42 +2699,56 @@ CUresult cuMulticastGetGranularity(void) { return crane_unsupported("cuMulticast
 CUresult cuMulticastUnbind(void) { return crane_unsupported("cuMulticastUnbind"); }
 
 CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t * dynamicSmemSize, void * func, int numBlocks, int blockSize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyAvailableDynamicSMemPerBlock_10020(dynamicSmemSize, func, numBlocks, blockSize);
     if (crane_trace_on) crane_trace("cuOccupancyAvailableDynamicSMemPerBlock", r, "dynamicSmemSize=%p func=%p numBlocks=%d blockSize=%d", (const void *)dynamicSmemSize, (const void *)func, (int)numBlocks, (int)blockSize);
     return r;
 }
 
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int * numBlocks, void * func, int blockSize, size_t dynamicSMemSize) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyMaxActiveBlocksPerMultiprocessor_6050(numBlocks, func, blockSize, dynamicSMemSize);
     if (crane_trace_on) crane_trace("cuOccupancyMaxActiveBlocksPerMultiprocessor", r, "numBlocks=%p func=%p blockSize=%d dynamicSMemSize=%zu", (const void *)numBlocks, (const void *)func, (int)blockSize, (size_t)dynamicSMemSize);
     return r;
 }
 
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int * numBlocks, void * func, int blockSize, size_t dynamicSMemSize, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_7000(numBlocks, func, blockSize, dynamicSMemSize, flags);
     if (crane_trace_on) crane_trace("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", r, "numBlocks=%p func=%p blockSize=%d dynamicSMemSize=%zu flags=%u", (const void *)numBlocks, (const void *)func, (int)blockSize, (size_t)dynamicSMemSize, (unsigned int)flags);
     return r;
 }
 
 CUresult cuOccupancyMaxActiveClusters(int * numClusters, void * func, void * config) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyMaxActiveClusters_11070(numClusters, func, config);
     if (crane_trace_on) crane_trace("cuOccupancyMaxActiveClusters", r, "numClusters=%p func=%p config=%p", (const void *)numClusters, (const void *)func, (const void *)config);
     return r;
 }
 
 CUresult cuOccupancyMaxPotentialBlockSize(int * minGridSize, int * blockSize, void * func, void * blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyMaxPotentialBlockSize_6050(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit);
     if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialBlockSize", r, "minGridSize=%p blockSize=%p func=%p blockSizeToDynamicSMemSize=%p dynamicSMemSize=%zu blockSizeLimit=%d", (const void *)minGridSize, (const void *)blockSize, (const void *)func, (const void *)blockSizeToDynamicSMemSize, (size_t)dynamicSMemSize, (int)blockSizeLimit);
     return r;
 }
 
 CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int * minGridSize, int * blockSize, void * func, void * blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyMaxPotentialBlockSizeWithFlags_7000(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit, flags);
     if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialBlockSizeWithFlags", r, "minGridSize=%p blockSize=%p func=%p blockSizeToDynamicSMemSize=%p dynamicSMemSize=%zu blockSizeLimit=%d flags=%u", (const void *)minGridSize, (const void *)blockSize, (const void *)func, (const void *)blockSizeToDynamicSMemSize, (size_t)dynamicSMemSize, (int)blockSizeLimit, (unsigned int)flags);
     return r;
 }
 
 CUresult cuOccupancyMaxPotentialClusterSize(int * clusterSize, void * func, void * config) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuOccupancyMaxPotentialClusterSize_11070(clusterSize, func, config);
     if (crane_trace_on) crane_trace("cuOccupancyMaxPotentialClusterSize", r, "clusterSize=%p func=%p config=%p", (const void *)clusterSize, (const void *)func, (const void *)config);
     return r;
@@ -2235,12 +2765,16 @@ CUresult cuParamSeti(void) { return crane_unsupported("cuParamSeti"); }
 CUresult cuParamSetv(void) { return crane_unsupported("cuParamSetv"); }
 
 CUresult cuPointerGetAttribute(void * data, int attribute, unsigned long long ptr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuPointerGetAttribute_4000(data, attribute, ptr);
     if (crane_trace_on) crane_trace("cuPointerGetAttribute", r, "data=%p attribute=%d ptr=%#llx", (const void *)data, (int)attribute, (unsigned long long)ptr);
     return r;
 }
 
 CUresult cuPointerGetAttributes(unsigned int numAttributes, int * attributes, void ** data, unsigned long long ptr) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuPointerGetAttributes_7000(numAttributes, attributes, data, ptr);
     if (crane_trace_on) crane_trace("cuPointerGetAttributes", r, "numAttributes=%u attributes=%p data=%p ptr=%#llx", (unsigned int)numAttributes, (const void *)attributes, (const void *)data, (unsigned long long)ptr);
     return r;
@@ -2251,12 +2785,16 @@ CUresult cuPointerSetAttribute(void) { return crane_unsupported("cuPointerSetAtt
 CUresult cuProfilerInitialize(void) { return crane_unsupported("cuProfilerInitialize"); }
 
 CUresult cuProfilerStart(void) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuProfilerStart_4000();
     if (crane_trace_on) crane_trace("cuProfilerStart", r, "%s", "");
     return r;
 }
 
 CUresult cuProfilerStop(void) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuProfilerStop_4000();
     if (crane_trace_on) crane_trace("cuProfilerStop", r, "%s", "");
     return r;
@@ -2267,24 +2805,32 @@ CUresult cuSignalExternalSemaphoresAsync(void) { return crane_unsupported("cuSig
 CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return crane_unsupported("cuSignalExternalSemaphoresAsync_ptsz"); }
 
 CUresult cuStreamAddCallback(void * hStream, void * callback, void * userData, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamAddCallback_5000(hStream, callback, userData, flags);
     if (crane_trace_on) crane_trace("cuStreamAddCallback", r, "hStream=%p callback=%p userData=%p flags=%u", (const void *)hStream, (const void *)callback, (const void *)userData, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamAddCallback_ptsz(void * hStream, void * callback, void * userData, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamAddCallback_5000((hStream ? hStream : CRANE_STREAM_PER_THREAD), callback, userData, flags);
     if (crane_trace_on) crane_trace("cuStreamAddCallback_ptsz", r, "hStream=%p callback=%p userData=%p flags=%u", (const void *)hStream, (const void *)callback, (const void *)userData, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamAttachMemAsync(void * hStream, unsigned long long dptr, size_t length, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamAttachMemAsync_6000(hStream, dptr, length, flags);
     if (crane_trace_on) crane_trace("cuStreamAttachMemAsync", r, "hStream=%p dptr=%#llx length=%zu flags=%u", (const void *)hStream, (unsigned long long)dptr, (size_t)length, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamAttachMemAsync_ptsz(void * hStream, unsigned long long dptr, size_t length, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamAttachMemAsync_6000((hStream ? hStream : CRANE_STREAM_PER_THREAD), dptr, length, flags);
     if (crane_trace_on) crane_trace("cuStreamAttachMemAsync_ptsz", r, "hStream=%p dptr=%#llx length=%zu flags=%u", (const void *)hStream, (unsigned long long)dptr, (size_t)length, (unsigned int)flags);
     return r;
@@ -2299,42 +2845,56 @@ CUresult cuStreamBatchMemOp_v2(void) { return crane_unsupported("cuStreamBatchMe
 CUresult cuStreamBatchMemOp_v2_ptsz(void) { return crane_unsupported("cuStreamBatchMemOp_v2_ptsz"); }
 
 CUresult cuStreamBeginCapture(void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamBeginCapture_10000(hStream);
     if (crane_trace_on) crane_trace("cuStreamBeginCapture", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamBeginCapture_ptsz(void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamBeginCapture_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuStreamBeginCapture_ptsz", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamBeginCapture_v2(void * hStream, int mode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamBeginCapture_10010(hStream, mode);
     if (crane_trace_on) crane_trace("cuStreamBeginCapture_v2", r, "hStream=%p mode=%d", (const void *)hStream, (int)mode);
     return r;
 }
 
 CUresult cuStreamBeginCapture_v2_ptsz(void * hStream, int mode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamBeginCapture_10010((hStream ? hStream : CRANE_STREAM_PER_THREAD), mode);
     if (crane_trace_on) crane_trace("cuStreamBeginCapture_v2_ptsz", r, "hStream=%p mode=%d", (const void *)hStream, (int)mode);
     return r;
 }
 
 CUresult cuStreamBeginCaptureToGraph(void * hStream, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, int mode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamBeginCaptureToGraph_12030(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     if (crane_trace_on) crane_trace("cuStreamBeginCaptureToGraph", r, "hStream=%p hGraph=%p dependencies=%p dependencyData=%p numDependencies=%zu mode=%d", (const void *)hStream, (const void *)hGraph, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (int)mode);
     return r;
 }
 
 CUresult cuStreamBeginCaptureToGraph_ptsz(void * hStream, void * hGraph, void ** dependencies, void * dependencyData, size_t numDependencies, int mode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamBeginCaptureToGraph_12030((hStream ? hStream : CRANE_STREAM_PER_THREAD), hGraph, dependencies, dependencyData, numDependencies, mode);
     if (crane_trace_on) crane_trace("cuStreamBeginCaptureToGraph_ptsz", r, "hStream=%p hGraph=%p dependencies=%p dependencyData=%p numDependencies=%zu mode=%d", (const void *)hStream, (const void *)hGraph, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (int)mode);
     return r;
 }
 
 CUresult cuStreamCopyAttributes(void * dstStream, void * srcStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamCopyAttributes_11000(dstStream, srcStream);
     if (crane_trace_on) crane_trace("cuStreamCopyAttributes", r, "dstStream=%p srcStream=%p", (const void *)dstStream, (const void *)srcStream);
     return r;
@@ -2343,12 +2903,16 @@ CUresult cuStreamCopyAttributes(void * dstStream, void * srcStream) {
 CUresult cuStreamCopyAttributes_ptsz(void) { return crane_unsupported("cuStreamCopyAttributes_ptsz"); }
 
 CUresult cuStreamCreate(void ** phStream, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamCreate_2000(phStream, Flags);
     if (crane_trace_on) crane_trace("cuStreamCreate", r, "phStream=%p Flags=%u", (const void *)phStream, (unsigned int)Flags);
     return r;
 }
 
 CUresult cuStreamCreateWithPriority(void ** phStream, unsigned int flags, int priority) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamCreateWithPriority_5050(phStream, flags, priority);
     if (crane_trace_on) crane_trace("cuStreamCreateWithPriority", r, "phStream=%p flags=%u priority=%d", (const void *)phStream, (unsigned int)flags, (int)priority);
     return r;
@@ -2357,24 +2921,32 @@ CUresult cuStreamCreateWithPriority(void ** phStream, unsigned int flags, int pr
 CUresult cuStreamDestroy(void) { return crane_unsupported("cuStreamDestroy"); }
 
 CUresult cuStreamDestroy_v2(void * hStream) {
+    int g = crane_py_gate(1);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamDestroy_4000(hStream);
     if (crane_trace_on) crane_trace("cuStreamDestroy_v2", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamEndCapture(void * hStream, void ** phGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamEndCapture_10000(hStream, phGraph);
     if (crane_trace_on) crane_trace("cuStreamEndCapture", r, "hStream=%p phGraph=%p", (const void *)hStream, (const void *)phGraph);
     return r;
 }
 
 CUresult cuStreamEndCapture_ptsz(void * hStream, void ** phGraph) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamEndCapture_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD), phGraph);
     if (crane_trace_on) crane_trace("cuStreamEndCapture_ptsz", r, "hStream=%p phGraph=%p", (const void *)hStream, (const void *)phGraph);
     return r;
 }
 
 CUresult cuStreamGetAttribute(void * hStream, int attr, void * value) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetAttribute_11000(hStream, attr, value);
     if (crane_trace_on) crane_trace("cuStreamGetAttribute", r, "hStream=%p attr=%d value=%p", (const void *)hStream, (int)attr, (const void *)value);
     return r;
@@ -2383,48 +2955,64 @@ CUresult cuStreamGetAttribute(void * hStream, int attr, void * value) {
 CUresult cuStreamGetAttribute_ptsz(void) { return crane_unsupported("cuStreamGetAttribute_ptsz"); }
 
 CUresult cuStreamGetCaptureInfo(void * hStream, int * captureStatus_out, unsigned long long * id_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCaptureInfo_10010(hStream, captureStatus_out, id_out);
     if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo", r, "hStream=%p captureStatus_out=%p id_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out);
     return r;
 }
 
 CUresult cuStreamGetCaptureInfo_ptsz(void * hStream, int * captureStatus_out, unsigned long long * id_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCaptureInfo_10010((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus_out, id_out);
     if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_ptsz", r, "hStream=%p captureStatus_out=%p id_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out);
     return r;
 }
 
 CUresult cuStreamGetCaptureInfo_v2(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, size_t * numDependencies_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCaptureInfo_11030(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out);
     if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v2", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)numDependencies_out);
     return r;
 }
 
 CUresult cuStreamGetCaptureInfo_v2_ptsz(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, size_t * numDependencies_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCaptureInfo_11030((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out);
     if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v2_ptsz", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)numDependencies_out);
     return r;
 }
 
 CUresult cuStreamGetCaptureInfo_v3(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, void ** edgeData_out, size_t * numDependencies_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCaptureInfo_12030(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out);
     if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v3", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p edgeData_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)edgeData_out, (const void *)numDependencies_out);
     return r;
 }
 
 CUresult cuStreamGetCaptureInfo_v3_ptsz(void * hStream, int * captureStatus_out, unsigned long long * id_out, void ** graph_out, void *** dependencies_out, void ** edgeData_out, size_t * numDependencies_out) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCaptureInfo_12030((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out);
     if (crane_trace_on) crane_trace("cuStreamGetCaptureInfo_v3_ptsz", r, "hStream=%p captureStatus_out=%p id_out=%p graph_out=%p dependencies_out=%p edgeData_out=%p numDependencies_out=%p", (const void *)hStream, (const void *)captureStatus_out, (const void *)id_out, (const void *)graph_out, (const void *)dependencies_out, (const void *)edgeData_out, (const void *)numDependencies_out);
     return r;
 }
 
 CUresult cuStreamGetCtx(void * hStream, void ** pctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCtx_9020(hStream, pctx);
     if (crane_trace_on) crane_trace("cuStreamGetCtx", r, "hStream=%p pctx=%p", (const void *)hStream, (const void *)pctx);
     return r;
 }
 
 CUresult cuStreamGetCtx_ptsz(void * hStream, void ** pctx) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetCtx_9020((hStream ? hStream : CRANE_STREAM_PER_THREAD), pctx);
     if (crane_trace_on) crane_trace("cuStreamGetCtx_ptsz", r, "hStream=%p pctx=%p", (const void *)hStream, (const void *)pctx);
     return r;
@@ -2439,12 +3027,16 @@ CUresult cuStreamGetDevice(void) { return crane_unsupported("cuStreamGetDevice")
 CUresult cuStreamGetDevice_ptsz(void) { return crane_unsupported("cuStreamGetDevice_ptsz"); }
 
 CUresult cuStreamGetFlags(void * hStream, unsigned int * flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetFlags_5050(hStream, flags);
     if (crane_trace_on) crane_trace("cuStreamGetFlags", r, "hStream=%p flags=%p", (const void *)hStream, (const void *)flags);
     return r;
 }
 
 CUresult cuStreamGetFlags_ptsz(void * hStream, unsigned int * flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetFlags_5050((hStream ? hStream : CRANE_STREAM_PER_THREAD), flags);
     if (crane_trace_on) crane_trace("cuStreamGetFlags_ptsz", r, "hStream=%p flags=%p", (const void *)hStream, (const void *)flags);
     return r;
@@ -2453,54 +3045,72 @@ CUresult cuStreamGetFlags_ptsz(void * hStream, unsigned int * flags) {
 CUresult cuStreamGetGreenCtx(void) { return crane_unsupported("cuStreamGetGreenCtx"); }
 
 CUresult cuStreamGetId(void * hStream, unsigned long long * streamId) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetId_12000(hStream, streamId);
     if (crane_trace_on) crane_trace("cuStreamGetId", r, "hStream=%p streamId=%p", (const void *)hStream, (const void *)streamId);
     return r;
 }
 
 CUresult cuStreamGetId_ptsz(void * hStream, unsigned long long * streamId) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetId_12000((hStream ? hStream : CRANE_STREAM_PER_THREAD), streamId);
     if (crane_trace_on) crane_trace("cuStreamGetId_ptsz", r, "hStream=%p streamId=%p", (const void *)hStream, (const void *)streamId);
     return r;
 }
 
 CUresult cuStreamGetPriority(void * hStream, int * priority) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetPriority_5050(hStream, priority);
     if (crane_trace_on) crane_trace("cuStreamGetPriority", r, "hStream=%p priority=%p", (const void *)hStream, (const void *)priority);
     return r;
 }
 
 CUresult cuStreamGetPriority_ptsz(void * hStream, int * priority) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamGetPriority_5050((hStream ? hStream : CRANE_STREAM_PER_THREAD), priority);
     if (crane_trace_on) crane_trace("cuStreamGetPriority_ptsz", r, "hStream=%p priority=%p", (const void *)hStream, (const void *)priority);
     return r;
 }
 
 CUresult cuStreamIsCapturing(void * hStream, int * captureStatus) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamIsCapturing_10000(hStream, captureStatus);
     if (crane_trace_on) crane_trace("cuStreamIsCapturing", r, "hStream=%p captureStatus=%p", (const void *)hStream, (const void *)captureStatus);
     return r;
 }
 
 CUresult cuStreamIsCapturing_ptsz(void * hStream, int * captureStatus) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamIsCapturing_10000((hStream ? hStream : CRANE_STREAM_PER_THREAD), captureStatus);
     if (crane_trace_on) crane_trace("cuStreamIsCapturing_ptsz", r, "hStream=%p captureStatus=%p", (const void *)hStream, (const void *)captureStatus);
     return r;
 }
 
 CUresult cuStreamQuery(void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamQuery_2000(hStream);
     if (crane_trace_on) crane_trace("cuStreamQuery", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamQuery_ptsz(void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamQuery_2000((hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuStreamQuery_ptsz", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamSetAttribute(void * hStream, int attr, void * param) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamSetAttribute_11000(hStream, attr, param);
     if (crane_trace_on) crane_trace("cuStreamSetAttribute", r, "hStream=%p attr=%d param=%p", (const void *)hStream, (int)attr, (const void *)param);
     return r;
@@ -2509,48 +3119,64 @@ CUresult cuStreamSetAttribute(void * hStream, int attr, void * param) {
 CUresult cuStreamSetAttribute_ptsz(void) { return crane_unsupported("cuStreamSetAttribute_ptsz"); }
 
 CUresult cuStreamSynchronize(void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamSynchronize_2000(hStream);
     if (crane_trace_on) crane_trace("cuStreamSynchronize", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamSynchronize_ptsz(void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamSynchronize_2000((hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuStreamSynchronize_ptsz", r, "hStream=%p", (const void *)hStream);
     return r;
 }
 
 CUresult cuStreamUpdateCaptureDependencies(void * hStream, void ** dependencies, size_t numDependencies, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamUpdateCaptureDependencies_11030(hStream, dependencies, numDependencies, flags);
     if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies", r, "hStream=%p dependencies=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (size_t)numDependencies, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamUpdateCaptureDependencies_ptsz(void * hStream, void ** dependencies, size_t numDependencies, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamUpdateCaptureDependencies_11030((hStream ? hStream : CRANE_STREAM_PER_THREAD), dependencies, numDependencies, flags);
     if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies_ptsz", r, "hStream=%p dependencies=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (size_t)numDependencies, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamUpdateCaptureDependencies_v2(void * hStream, void ** dependencies, void * dependencyData, size_t numDependencies, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamUpdateCaptureDependencies_12030(hStream, dependencies, dependencyData, numDependencies, flags);
     if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies_v2", r, "hStream=%p dependencies=%p dependencyData=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(void * hStream, void ** dependencies, void * dependencyData, size_t numDependencies, unsigned int flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamUpdateCaptureDependencies_12030((hStream ? hStream : CRANE_STREAM_PER_THREAD), dependencies, dependencyData, numDependencies, flags);
     if (crane_trace_on) crane_trace("cuStreamUpdateCaptureDependencies_v2_ptsz", r, "hStream=%p dependencies=%p dependencyData=%p numDependencies=%zu flags=%u", (const void *)hStream, (const void *)dependencies, (const void *)dependencyData, (size_t)numDependencies, (unsigned int)flags);
     return r;
 }
 
 CUresult cuStreamWaitEvent(void * hStream, void * hEvent, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamWaitEvent_3020(hStream, hEvent, Flags);
     if (crane_trace_on) crane_trace("cuStreamWaitEvent", r, "hStream=%p hEvent=%p Flags=%u", (const void *)hStream, (const void *)hEvent, (unsigned int)Flags);
     return r;
 }
 
 CUresult cuStreamWaitEvent_ptsz(void * hStream, void * hEvent, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuStreamWaitEvent_3020((hStream ? hStream : CRANE_STREAM_PER_THREAD), hEvent, Flags);
     if (crane_trace_on) crane_trace("cuStreamWaitEvent_ptsz", r, "hStream=%p hEvent=%p Flags=%u", (const void *)hStream, (const void *)hEvent, (unsigned int)Flags);
     return r;
@@ -2589,18 +3215,24 @@ CUresult cuStreamWriteValue64_v2(void) { return crane_unsupported("cuStreamWrite
 CUresult cuStreamWriteValue64_v2_ptsz(void) { return crane_unsupported("cuStreamWriteValue64_v2_ptsz"); }
 
 CUresult cuSurfObjectCreate(unsigned long long * pSurfObject, void * pResDesc) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuSurfObjectCreate_5000(pSurfObject, pResDesc);
     if (crane_trace_on) crane_trace("cuSurfObjectCreate", r, "pSurfObject=%p pResDesc=%p", (const void *)pSurfObject, (const void *)pResDesc);
     return r;
 }
 
 CUresult cuSurfObjectDestroy(unsigned long long surfObject) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuSurfObjectDestroy_5000(surfObject);
     if (crane_trace_on) crane_trace("cuSurfObjectDestroy", r, "surfObject=%#llx", (unsigned long long)surfObject);
     return r;
 }
 
 CUresult cuSurfObjectGetResourceDesc(void * pResDesc, unsigned long long surfObject) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuSurfObjectGetResourceDesc_5000(pResDesc, surfObject);
     if (crane_trace_on) crane_trace("cuSurfObjectGetResourceDesc", r, "pResDesc=%p surfObject=%#llx", (const void *)pResDesc, (unsigned long long)surfObject);
     return r;
@@ -2619,18 +3251,24 @@ CUresult cuTensorMapEncodeTiled(void) { return crane_unsupported("cuTensorMapEnc
 CUresult cuTensorMapReplaceAddress(void) { return crane_unsupported("cuTensorMapReplaceAddress"); }
 
 CUresult cuTexObjectCreate(unsigned long long * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuTexObjectCreate_5000(pTexObject, pResDesc, pTexDesc, pResViewDesc);
     if (crane_trace_on) crane_trace("cuTexObjectCreate", r, "pTexObject=%p pResDesc=%p pTexDesc=%p pResViewDesc=%p", (const void *)pTexObject, (const void *)pResDesc, (const void *)pTexDesc, (const void *)pResViewDesc);
     return r;
 }
 
 CUresult cuTexObjectDestroy(unsigned long long texObject) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuTexObjectDestroy_5000(texObject);
     if (crane_trace_on) crane_trace("cuTexObjectDestroy", r, "texObject=%#llx", (unsigned long long)texObject);
     return r;
 }
 
 CUresult cuTexObjectGetResourceDesc(void * pResDesc, unsigned long long texObject) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuTexObjectGetResourceDesc_5000(pResDesc, texObject);
     if (crane_trace_on) crane_trace("cuTexObjectGetResourceDesc", r, "pResDesc=%p texObject=%#llx", (const void *)pResDesc, (unsigned long long)texObject);
     return r;
@@ -2639,6 +3277,8 @@ CUresult cuTexObjectGetResourceDesc(void * pResDesc, unsigned long long texObjec
 CUresult cuTexObjectGetResourceViewDesc(void) { return crane_unsupported("cuTexObjectGetResourceViewDesc"); }
 
 CUresult cuTexObjectGetTextureDesc(void * pTexDesc, unsigned long long texObject) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuTexObjectGetTextureDesc_5000(pTexDesc, texObject);
     if (crane_trace_on) crane_trace("cuTexObjectGetTextureDesc", r, "pTexDesc=%p texObject=%#llx", (const void *)pTexDesc, (unsigned long long)texObject);
     return r;
@@ -2707,6 +3347,8 @@ CUresult cuTexRefSetMipmapLevelClamp(void) { return crane_unsupported("cuTexRefS
 CUresult cuTexRefSetMipmappedArray(void) { return crane_unsupported("cuTexRefSetMipmappedArray"); }
 
 CUresult cuThreadExchangeStreamCaptureMode(int * mode) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
     CUresult r = crane_py_cuThreadExchangeStreamCaptureMode_10010(mode);
     if (crane_trace_on) crane_trace("cuThreadExchangeStreamCaptureMode", r, "mode=%p", (const void *)mode);
     return r;

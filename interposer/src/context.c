@@ -125,7 +125,8 @@ int crane_c_cuDevicePrimaryCtxRetain_7000(void **pctx, int dev) {
  * the Python side replaces the remote context (all its memory, modules, streams go). */
 static int primary_reset(int dev) {
     crane_cls_destroy_ctx(crane_primary_ctx(dev));
-    return crane_py_primary_reset(dev);
+    int gate = crane_py_gate(1);  /* after the interpreter is gone: nothing remote to reset */
+    return gate >= 0 ? gate : crane_py_primary_reset(dev);
 }
 
 int crane_c_cuDevicePrimaryCtxRelease_7000(int dev) {

@@ -57,6 +57,7 @@ int crane_reserve_window(unsigned long long base, unsigned long long size);
 
 /* hostmem.c */
 /* python-callable begin: interposer/build_interposer.py declares these to cffi as written */
+void crane_py_mark_started(void);
 int crane_host_lookup(const void *p, void **base, size_t *size, unsigned *flags);
 int crane_host_add(void *p, size_t size, unsigned flags);
 int crane_host_remove(void *p);
@@ -66,6 +67,17 @@ int crane_c_cuMemHostRegister_6050(void *p, size_t bytesize, unsigned int Flags)
 int crane_c_cuMemHostUnregister_4000(void *p);
 /* python-callable end */
 const char *crane_self_path(void);
+
+/* pygate.c: run before every call into Python (see there). Returns -1 to go ahead, or the
+ * CUresult to answer without Python. */
+extern int crane_py_prepared;
+int crane_py_alive(void);
+int crane_py_gate_slow(int teardown);
+static inline int crane_py_gate(int teardown) {
+    if (__builtin_expect(crane_py_prepared, 1) && __builtin_expect(crane_py_alive(), 1))
+        return -1;
+    return crane_py_gate_slow(teardown);
+}
 
 /* cls.c: context-local storage */
 void crane_cls_destroy_ctx(CUcontext ctx);

@@ -69,3 +69,21 @@ def test_memory_is_charged_device_wide(daemon, session: GuestSession) -> None:  
         assert before - after >= 512 * MiB
     finally:
         other.close()
+
+
+def test_an_earlier_error_at_a_chunk_mapping_leaves_no_stale_chunk(session: GuestSession) -> None:
+    """An asynchronous failure reported by the call that maps a new chunk: the call fails with
+    it, and the next allocations still work (the mapped chunk used to stay mapped on the worker
+    while the guest reused its range: "overlaps a mapped chunk" for every later allocation)."""
+    from crane.api.ops import OPS_BY_NAME
+
+    # a memset the guest does not check (sent as raw wire op) that the worker refuses
+    op = OPS_BY_NAME["MEMSET"]
+    session._t.enqueue(op, op.pack(0x10, 0, 4, 4, 0), b"", expect=False)
+    with pytest.raises(CudaError):
+        session.mem_alloc(96 << 20)  # needs a new chunk: mapped, then the earlier error
+    for _ in range(3):
+        x = session.mem_alloc(96 << 20)
+        session.memset_d8(x, 1, 16)
+        assert session.memcpy_dtoh(x, 4) == b"\x01" * 4
+        session.mem_free(x)

@@ -196,6 +196,16 @@ class SimBackend(Backend):
     def module_load(
         self, image: ModuleImage, place_global: Callable[[int], int], *, data: bytes = b""
     ) -> LoadedModule:
+        if image.ptx is None:
+            # as a driver does: a module with no code this device can run is refused at load,
+            # not at its first launch (the simulated GPU runs PTX only)
+            cc = "{}{}".format(*self.profile.compute_capability)
+            raise CudaError(
+                CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU,
+                f"the module holds no PTX ({image.description}); the simulated GPU executes "
+                f"PTX: rebuild with -gencode arch=compute_{cc},code=compute_{cc} (or any "
+                "compute_XX <= the device's) to embed it",
+            )
         sim = _SimModule()
         globals_: dict[str, GlobalVar] = {}
         for name, g in image.globals.items():
@@ -224,13 +234,6 @@ class SimBackend(Backend):
                     continue
                 value = (target + r.addend) & ((1 << (8 * r.size)) - 1)
                 self.memory.write(sim.symbols[g.name] + r.offset, value.to_bytes(r.size, "little"))
-        if image.ptx is None:
-            cc = "{}{}".format(*self.profile.compute_capability)
-            sim.why_no_ptx = (
-                f"the module holds no PTX ({image.description}); the simulated GPU executes PTX: "
-                f"rebuild with -gencode arch=compute_{cc},code=compute_{cc} (or any compute_XX "
-                "<= the device's) to embed it"
-            )
         return LoadedModule(image=image, native=sim, globals=globals_)
 
     def module_unload(self, module: LoadedModule) -> None:
