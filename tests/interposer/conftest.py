@@ -40,12 +40,24 @@ def guest_lib() -> Path:
 
 
 @pytest.fixture(scope="module")
-def idaemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path_factory.mktemp("idaemon") / "run", ["sim:h100-80gb"])
+def daemon_of(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], DaemonProcess]]:
+    """``daemon_of(backend)``: a craned with that one device for the module's tests."""
+    made: list[DaemonProcess] = []
+
+    def make(backend: str) -> DaemonProcess:
+        made.append(DaemonProcess(tmp_path_factory.mktemp("idaemon") / "run", [backend]))
+        return made[-1]
+
     try:
-        yield d
+        yield make
     finally:
-        d.stop()
+        for d in made:
+            d.stop()
+
+
+@pytest.fixture(scope="module")
+def idaemon(daemon_of: Callable[[str], DaemonProcess]) -> DaemonProcess:
+    return daemon_of("sim:h100-80gb")
 
 
 @dataclass

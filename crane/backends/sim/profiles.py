@@ -414,9 +414,41 @@ _H200 = _profile(
     _pci_ids(0x2335, 0x18BF),
 )
 
+#: Not a product: a device of compute capability 13.0, newer than any architecture NVIDIA ships
+#: code for today, with an H100's resources. Its purpose is to make libraries that carry SASS for
+#: real GPUs and PTX only for their newest target (cuBLAS, cuBLASLt and CUB ship compute_120
+#: PTX, cuDNN compute_121) take their PTX paths, which the simulated GPU can run; on the
+#: real-model profiles those libraries pick SASS, which the simulator refuses at load.
+_SM_NEXT: dict[A, int] = _SM90 | {
+    A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 13,
+    A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+}
+
+_PTX_NEXT = _profile(
+    "ptx-next",
+    "Crane simulated GPU (compute 13.0, runs PTX only)",
+    85017755648,
+    "not a product: an H100 80GB's resources at an unreleased compute capability, so that "
+    "libraries choose their PTX (see _SM_NEXT)",
+    _COMMON_LIMITS,
+    _X86_LINUX_DGPU,
+    _SM_NEXT,
+    _board(
+        sm_count=132,
+        clock_khz=1980000,
+        mem_clock_khz=2619000,
+        bus_width=5120,
+        l2_bytes=52428800,
+        persisting_sixteenths=10,
+        async_engines=3,
+        pci_bus=0xC0,
+    ),
+    _pci_ids(0x0000, 0x0000),
+)
+
 #: All built-in profiles by key.
 PROFILES: Mapping[str, DeviceModel] = MappingProxyType(
-    {p.key: p for p in (_A100_40GB, _A100_80GB, _L4, _H100_80GB, _H200)}
+    {p.key: p for p in (_A100_40GB, _A100_80GB, _L4, _H100_80GB, _H200, _PTX_NEXT)}
 )
 
 

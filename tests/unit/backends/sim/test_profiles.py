@@ -28,6 +28,8 @@ EXPECTED = {
     "l4": ("NVIDIA L4", (8, 9), 58, 24),
     "h100-80gb": ("NVIDIA H100 80GB HBM3", (9, 0), 132, 80),
     "h200": ("NVIDIA H200", (9, 0), 132, 144),
+    # not a product: an unreleased compute capability so libraries take their PTX paths
+    "ptx-next": ("Crane simulated GPU (compute 13.0, runs PTX only)", (13, 0), 132, 80),
 }
 
 # The attributes cudart 13.0 queries: 1-143 minus these (facts file, section 2).
