@@ -5,6 +5,12 @@ folder first on LD_LIBRARY_PATH (so both a program linked against libcuda and cu
 ``dlopen("libcuda.so.1")`` find it), sets ``CRANE_DAEMON`` and replaces itself with the
 program (its exit status is the program's). ``crane guest-lib`` prints the library's path, for
 LD_PRELOAD or an ld.so configuration in a VM image.
+
+On a daemon whose devices are all simulated, ``crane run`` also sets what makes frameworks
+hand the device PTX, which the simulated GPU runs, instead of SASS, which it refuses (unless the
+user set them): CuPy's ``CUPY_COMPILE_WITH_PTX=1`` (NVRTC output as PTX) and an empty
+``CUPY_ACCELERATORS`` (its CUB and cuTENSOR routines are SASS in the wheel). Users of
+LD_PRELOAD directly set them themselves (README says so).
 """
 
 from __future__ import annotations
@@ -15,7 +21,13 @@ import sys
 
 from crane.interposer import library_path
 
-__all__ = ["cmd_guest_lib", "cmd_run", "guest_environment"]
+__all__ = [
+    "SIMULATED_DEVICE_DEFAULTS",
+    "cmd_guest_lib",
+    "cmd_run",
+    "guest_environment",
+    "simulated_defaults",
+]
 
 
 def guest_environment(daemon: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -29,6 +41,32 @@ def guest_environment(daemon: str | None, base: dict[str, str] | None = None) ->
     if daemon:
         env["CRANE_DAEMON"] = daemon
     return env
+
+
+#: Framework settings for a simulated device (see the module docstring).
+SIMULATED_DEVICE_DEFAULTS = {"CUPY_COMPILE_WITH_PTX": "1", "CUPY_ACCELERATORS": ""}
+
+
+def simulated_defaults(env: dict[str, str], backends: list[str]) -> dict[str, str]:
+    """``env`` with :data:`SIMULATED_DEVICE_DEFAULTS` added where unset, when every device the
+    daemon offers is simulated (``backends``: each device's backend, "sim" or "cuda")."""
+    if not backends or any(b != "sim" for b in backends):
+        return env
+    return {**SIMULATED_DEVICE_DEFAULTS, **env}
+
+
+def _daemon_backends(daemon: str | None) -> list[str]:
+    """The daemon's devices' backends; none when it cannot be asked (the program then reports
+    the daemon's absence itself)."""
+    import grpc
+
+    from crane.cli.control_client import ControlClient
+
+    try:
+        with ControlClient(daemon, timeout=3.0) as c:
+            return [d.backend for d in c.devices().devices]
+    except (grpc.RpcError, OSError, ValueError):
+        return []
 
 
 def _require_library() -> str | None:
@@ -50,7 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 1
-    env = guest_environment(getattr(args, "run_daemon", None) or args.daemon, None)
+    daemon = getattr(args, "run_daemon", None) or args.daemon
+    env = guest_environment(daemon, None)
+    env = simulated_defaults(env, _daemon_backends(env.get("CRANE_DAEMON")))
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as e:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from crane.cli.run import SIMULATED_DEVICE_DEFAULTS, simulated_defaults
 from crane.craned.launcher import DaemonProcess
 
 GENCODE = (
@@ -42,3 +43,21 @@ def test_real_model_profiles_refuse_the_sass(program, run_guest) -> None:
     r = run_guest(program("newest_ptx.cu", *GENCODE))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "cc=9.0 launch=cudaErrorNoKernelImageForDevice y[999]=1" in r.stdout, r.stdout
+
+
+def test_crane_run_asks_frameworks_for_ptx_on_a_simulated_daemon(run_guest) -> None:
+    """CuPy reads these at import: PTX from NVRTC and no SASS-only accelerators, unless the
+    user chose otherwise."""
+    show = "import os; print(repr(os.environ.get('CUPY_COMPILE_WITH_PTX')), "
+    show += "repr(os.environ.get('CUPY_ACCELERATORS')))"
+    r = run_guest(sys.executable, "-c", show)
+    assert r.stdout.strip() == "'1' ''", r.stdout + r.stderr
+    r = run_guest(sys.executable, "-c", show, env={"CUPY_ACCELERATORS": "cub"})
+    assert r.stdout.strip() == "'1' 'cub'", r.stdout + r.stderr
+
+
+def test_simulated_defaults_only_when_every_device_is_simulated() -> None:
+    env = {"PATH": "/bin"}
+    assert simulated_defaults(env, ["sim"]) == {**SIMULATED_DEVICE_DEFAULTS, **env}
+    assert simulated_defaults(env, ["sim", "cuda"]) == env
+    assert simulated_defaults(env, []) == env  # the daemon could not be asked
