@@ -4,8 +4,9 @@ Starts a craned on the simulated GPU in a temporary directory, then drives it as
 device identity, memory round trips, streams and events, a CUDA module compiled with nvcc and
 loaded (its kernels' parameter layouts come back from the daemon), a kernel launch, and
 ``crane ps`` while the session is open; then an unmodified nvcc-built CUDA program run
-through the interposer (``crane run``) against the same daemon. Everything it prints is
-computed, nothing is canned.
+through the interposer (``crane run``) against the same daemon, a Thrust program (CUB's radix
+sort and reduce, as nvcc ships them), and a live migration. Everything it prints is computed,
+nothing is canned.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def _run(address: str, tmpdir: Path) -> int:
 
         code = _demo_kernel(s, tmpdir, n, dx, dy, y)
     code = code or _demo_interposer(address, tmpdir)
+    code = code or _demo_thrust(address, tmpdir)
     nvcc = find_nvcc()
     if code == 0 and nvcc is not None:
         from crane.cli.demo_migrate import demo_migration
@@ -221,6 +223,51 @@ def _demo_interposer(address: str, tmpdir: Path) -> int:
     ok = p.returncode == 0 and f"= {want} " in p.stdout
     _say(f"guest program: {'correct' if ok else 'WRONG: ' + p.stderr[-500:]}")
     return 0 if ok else 1
+
+
+THRUST_PROGRAM = r"""
+#include <cstdio>
+#include <thrust/device_vector.h>
+#include <thrust/host_vector.h>
+#include <thrust/reduce.h>
+#include <thrust/sort.h>
+int main() {
+    const int n = 100000;
+    thrust::host_vector<unsigned> h(n);
+    unsigned s = 7;
+    for (int i = 0; i < n; i++) { s = s * 1664525u + 1013904223u; h[i] = s >> 8; }
+    thrust::device_vector<unsigned> d = h;
+    thrust::sort(d.begin(), d.end());
+    unsigned long long sum = thrust::reduce(d.begin(), d.end(), 0ull);
+    thrust::host_vector<unsigned> g = d;
+    bool sorted = true;
+    for (int i = 1; i < n; i++) sorted = sorted && g[i - 1] <= g[i];
+    unsigned long long want = 0;
+    for (int i = 0; i < n; i++) want += h[i];
+    printf("thrust::sort of %d keys: %s; thrust::reduce %s\n", n,
+           sorted ? "sorted" : "NOT SORTED", sum == want ? "matches the host" : "WRONG");
+    return sorted && sum == want ? 0 : 1;
+}
+"""
+
+
+def _demo_thrust(address: str, tmpdir: Path) -> int:
+    """Thrust as nvcc ships it (CUB's radix sort and reduce) in an unmodified program."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return 0
+    src, exe = tmpdir / "thrust_sort.cu", tmpdir / "thrust_sort"
+    src.write_text(THRUST_PROGRAM)
+    subprocess.run([nvcc, "-o", str(exe), str(src)], check=True, capture_output=True)
+    _say(f"running a Thrust program through the interposer: crane run -- {exe.name}")
+    p = subprocess.run(
+        [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _say(p.stdout.rstrip() or p.stderr[-500:])
+    return p.returncode
 
 
 if __name__ == "__main__":
