@@ -198,6 +198,12 @@ int main() {
 """
 
 
+def _crane_run(address: str, exe: Path) -> subprocess.CompletedProcess[str]:
+    """``crane run --daemon ADDRESS -- EXE``, its output captured."""
+    cmd = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def _demo_interposer(address: str, tmpdir: Path) -> int:
     """An unmodified program built by nvcc (default flags: static cudart) run with
     ``crane run``: its CUDA calls go through the guest libcuda.so.1 to the daemon."""
@@ -212,12 +218,7 @@ def _demo_interposer(address: str, tmpdir: Path) -> int:
     exe = tmpdir / "square"
     subprocess.run([nvcc, "-o", str(exe), str(src)], check=True, capture_output=True)
     _say(f"running an nvcc-built CUDA program through the interposer: crane run -- {exe.name}")
-    p = subprocess.run(
-        [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = _crane_run(address, exe)
     _say(p.stdout.rstrip())
     want = sum(i * i for i in range(4096))
     ok = p.returncode == 0 and f"= {want} " in p.stdout
@@ -260,12 +261,7 @@ def _demo_thrust(address: str, tmpdir: Path) -> int:
     src.write_text(THRUST_PROGRAM)
     subprocess.run([nvcc, "-o", str(exe), str(src)], check=True, capture_output=True)
     _say(f"running a Thrust program through the interposer: crane run -- {exe.name}")
-    p = subprocess.run(
-        [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = _crane_run(address, exe)
     _say(p.stdout.rstrip() or p.stderr[-500:])
     return p.returncode
 
