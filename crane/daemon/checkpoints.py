@@ -107,9 +107,12 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
     mgr.expire()
     with mgr.table.lock:
         conflicts = mgr.table.slot_refusals(sid, record.slot)
-        if conflicts:
+        if conflicts:  # name every reason, the device's too, not only the first found
             status = conflicts[0][0]
-            raise ProtocolError(status, f"{path}: " + "; ".join(why for _, why in conflicts))
+            device_why = code_refusals + refusals(dest, told=record.told, mem_needed=needed)
+            raise ProtocolError(
+                status, f"{path}: " + "; ".join([*(why for _, why in conflicts), *device_why])
+            )
         old = mgr.table.entries().get(sid)
         if mgr.table.full(sid):
             raise ProtocolError(
