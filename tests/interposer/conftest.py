@@ -91,6 +91,75 @@ def run_guest(guest_lib: Path, idaemon: DaemonProcess) -> Runner:
     return run
 
 
+@dataclass
+class Moved:
+    """A program run across a move: its first line (before), its exit, the rest of its output,
+    the session that moved and the daemon it ended on."""
+
+    first: str
+    returncode: int
+    stdout: str
+    stderr: str
+    session: str
+    destination: DaemonProcess
+
+
+@pytest.fixture
+def run_moved(guest_lib: Path, tmp_path: Path) -> Callable[[Path, str], Moved]:
+    """``run_moved(exe, how)``: run ``exe`` under ``crane run`` on an A100 daemon; after it
+    prints its first line and "ready" it is parked to a file and restored on an H100 daemon
+    (``how="park-restore"``) or migrated there live (``"migrate"``), then told to go on (a
+    line on its stdin). A100 -> H100: the H100 offers every limit the A100 told the guest."""
+    from crane.cli.control_client import ControlClient
+    from crane.cli.migrate import migrate
+
+    def run(exe: Path, how: str) -> Moved:
+        with (
+            DaemonProcess(tmp_path / "a", ["sim:a100-80gb"]) as a,
+            DaemonProcess(tmp_path / "b", ["sim:h100-80gb"]) as b,
+        ):
+            env = dict(os.environ, CRANE_DAEMON_ALTERNATES=b.address)
+            env.pop("CRANE_TRACE", None)
+            cmd = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", a.address, "--"]
+            prog = subprocess.Popen(
+                [*cmd, str(exe)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            try:
+                assert prog.stdout is not None and prog.stdin is not None
+                first = prog.stdout.readline()
+                ready = prog.stdout.readline().strip()
+                assert ready == "ready", (
+                    first + ready + (prog.stderr.read() if prog.poll() is not None else "")
+                )
+                with ControlClient(a.address, timeout=None) as c:
+                    (info,) = c.sessions().sessions
+                    if how == "park-restore":
+                        ckpt = tmp_path / "moved.ckpt"
+                        assert c.checkpoint(info.id, str(ckpt), release=True).state == "parked"
+                        prog.stdin.write("go\n")  # its next synchronizing call waits, parked
+                        prog.stdin.flush()
+                        with ControlClient(b.address, timeout=None) as cb:
+                            cb.restore(str(ckpt))
+                    else:
+                        last = migrate(a.address, info.id, b.address)[-1]
+                        assert last.phase == "done", last.error
+                        prog.stdin.write("go\n")
+                        prog.stdin.flush()
+                out, err = prog.communicate(timeout=180)
+            finally:
+                if prog.poll() is None:
+                    prog.kill()
+                    prog.wait()
+            return Moved(first.strip(), prog.returncode, out, err, info.id, b)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def link_flags(guest_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
     """nvcc flags to link a driver-API program against the interposer (there is no libcuda.so
