@@ -106,7 +106,7 @@ class Mirror:
 
 
 Write = Callable[[int, memoryview, int], None]  # (device address, bytes, stream)
-Read = Callable[[int, int], bytes]  # (device address, size) -> bytes, after earlier work
+Read = Callable[[int, int], bytes | bytearray]  # (device address, size) -> bytes, in order
 
 
 class HostMirrors:

@@ -399,11 +399,11 @@ class GuestSession:
             part = view[off : off + MAX_CHUNK]
             self._async(op, dst + off, stream, data=part.tobytes())
 
-    def _raw_dtoh(self, src: int, size: int) -> bytes:
+    def _raw_dtoh(self, src: int, size: int) -> bytearray:
         """Read device memory in stream order on the legacy default stream."""
         buf = bytearray(size)
         self._dtoh(src, size, 0, memoryview(buf))
-        return bytes(buf)
+        return buf
 
     def memcpy_dtoh(
         self,

@@ -958,18 +958,20 @@ def graph_exec_child_graph_node_set_params(exec_: Any, node: Any, child: Any) ->
 
 @handles("cuGraphNodeSetEnabled@11060")
 def graph_node_set_enabled(exec_: Any, node: Any, enabled: int) -> None:
-    n = G.graph_exec(_p(exec_)).find(_p(node))
-    if n.kind not in (G.KERNEL, G.MEMCPY, G.MEMSET):
-        raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "only kernel, memcpy and memset nodes")
-    n.enabled = bool(enabled)
+    _switchable(exec_, node).enabled = bool(enabled)
 
 
 @handles("cuGraphNodeGetEnabled@11060")
 def graph_node_get_enabled(exec_: Any, node: Any, out: Any) -> None:
+    RT.out(out, int(_switchable(exec_, node).enabled))
+
+
+def _switchable(exec_: Any, node: Any) -> G.ExecNode:
+    """An executable graph's node that may be disabled (CUDA: kernel, memcpy, memset)."""
     n = G.graph_exec(_p(exec_)).find(_p(node))
     if n.kind not in (G.KERNEL, G.MEMCPY, G.MEMSET):
         raise CudaError(_E.CUDA_ERROR_INVALID_VALUE, "only kernel, memcpy and memset nodes")
-    RT.out(out, int(n.enabled))
+    return n
 
 
 def _event_node(node: Any) -> G.Node:

@@ -23,7 +23,9 @@ from crane.interposer.runtime import RT
 
 _HOSTALLOC_PORTABLE, _HOSTALLOC_DEVICEMAP, _HOSTALLOC_WRITECOMBINED = 1, 2, 4
 _REGISTER_PORTABLE, _REGISTER_DEVICEMAP, _REGISTER_IOMEMORY, _REGISTER_READ_ONLY = 1, 2, 4, 8
-_REGISTER_FLAGS = 0xF  # PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
+_REGISTER_FLAGS = (
+    _REGISTER_PORTABLE | _REGISTER_DEVICEMAP | _REGISTER_IOMEMORY | _REGISTER_READ_ONLY
+)
 _ATTACH_GLOBAL, _ATTACH_HOST, _ATTACH_SINGLE = 1, 2, 4
 _DEVICE_CPU, _DEVICE_INVALID = -1, -2
 # CUmem_advise
@@ -36,10 +38,6 @@ _R_PREFERRED_TYPE, _R_PREFERRED_ID, _R_LAST_PREFETCH_TYPE, _R_LAST_PREFETCH_ID =
 _LOC_INVALID, _LOC_DEVICE, _LOC_HOST = 0, 1, 2
 
 
-def _error(code: CUresult, why: str) -> CudaError:
-    return CudaError(code, why)
-
-
 def _check_result(rc: int, what: str) -> None:
     if rc:
         raise CudaError(CUresult(rc), what)
@@ -49,9 +47,9 @@ def _check_result(rc: int, what: str) -> None:
 @handles("cuMemHostAlloc@2020")
 def mem_host_alloc(pp: Any, size: int, flags: int) -> None:
     if pp == RT.ffi.NULL or size == 0:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL pointer or zero size")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL pointer or zero size")
     if flags & ~(_HOSTALLOC_PORTABLE | _HOSTALLOC_DEVICEMAP | _HOSTALLOC_WRITECOMBINED):
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad cuMemHostAlloc flags {flags:#x}")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad cuMemHostAlloc flags {flags:#x}")
     if not flags & _HOSTALLOC_DEVICEMAP:
         _check_result(RT.lib.crane_c_cuMemHostAlloc_2020(pp, size, flags), "cuMemHostAlloc")
         return
@@ -61,7 +59,7 @@ def mem_host_alloc(pp: Any, size: int, flags: int) -> None:
         m = s.mirrors.by_dev(addr)
         assert m is not None
         s.mirror_release(m)
-        raise _error(CUresult.CUDA_ERROR_OUT_OF_MEMORY, "cannot record the host block")
+        raise CudaError(CUresult.CUDA_ERROR_OUT_OF_MEMORY, "cannot record the host block")
     pp[0] = RT.ffi.cast("void *", addr)
 
 
@@ -86,14 +84,12 @@ def mem_free_host(p: Any) -> None:
 
 @handles("cuMemHostRegister@6050")
 def mem_host_register(p: Any, size: int, flags: int) -> None:
-    if flags & ~(
-        _REGISTER_PORTABLE | _REGISTER_DEVICEMAP | _REGISTER_IOMEMORY | _REGISTER_READ_ONLY
-    ):
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad cuMemHostRegister flags {flags:#x}")
+    if flags & ~_REGISTER_FLAGS:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad host register flags {flags:#x}")
     if flags & _REGISTER_IOMEMORY:
-        raise _error(CUresult.CUDA_ERROR_NOT_SUPPORTED, "registering I/O memory (no local GPU)")
+        raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "registering I/O memory (no local GPU)")
     if flags & _REGISTER_READ_ONLY:
-        raise _error(CUresult.CUDA_ERROR_NOT_SUPPORTED, "read-only registration")
+        raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, "read-only registration")
     _check_result(RT.lib.crane_c_cuMemHostRegister_6050(p, size, flags), "cuMemHostRegister")
     if flags & _REGISTER_DEVICEMAP:
         try:
@@ -114,7 +110,7 @@ def mem_host_unregister(p: Any) -> None:
 @handles("cuMemHostGetDevicePointer@3020")
 def mem_host_get_device_pointer(out: Any, p: Any, flags: int) -> None:
     if out == RT.ffi.NULL or flags != 0:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL output or non-zero flags")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL output or non-zero flags")
     addr = RT.ptr(p)
     s = RT.session()
     m = s.mirrors.by_host(addr) if s.mirrors else None
@@ -122,22 +118,22 @@ def mem_host_get_device_pointer(out: Any, p: Any, flags: int) -> None:
         out[0] = m.dev + (addr - m.host)
         return
     if RT.lib.crane_host_lookup(p, RT.ffi.NULL, RT.ffi.NULL, RT.ffi.NULL):
-        raise _error(
+        raise CudaError(
             CUresult.CUDA_ERROR_NOT_SUPPORTED,
             f"{addr:#x} is pinned without DEVICEMAP: kernels reach host memory here only when "
             "it is allocated or registered with CU_MEMHOSTALLOC_DEVICEMAP / "
             "CU_MEMHOSTREGISTER_DEVICEMAP (cudaHostAllocMapped / cudaHostRegisterMapped)",
         )
-    raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"{addr:#x} is not page-locked host memory")
+    raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"{addr:#x} is not page-locked host memory")
 
 
 # ---- managed memory --------------------------------------------------------------------------
 @handles("cuMemAllocManaged@6000")
 def mem_alloc_managed(out: Any, size: int, flags: int) -> None:
     if out == RT.ffi.NULL or size == 0:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL pointer or zero size")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL pointer or zero size")
     if flags not in (_ATTACH_GLOBAL, _ATTACH_HOST):
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad cuMemAllocManaged flags {flags:#x}")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad managed flags {flags:#x}")
     graphs.check_unsafe("cuMemAllocManaged")
     out[0] = RT.session().mirror_shared(size, "managed", flags)
 
@@ -146,7 +142,7 @@ def _managed(ptr: int, count: int, what: str) -> Mirror:
     s = RT.session()
     m = s.mirrors.by_dev(ptr) if s.mirrors else None
     if m is None or m.kind != "managed" or ptr + count > m.dev + m.size:
-        raise _error(
+        raise CudaError(
             CUresult.CUDA_ERROR_INVALID_VALUE, f"{what}: {ptr:#x}+{count:#x} is not managed memory"
         )
     return m
@@ -154,7 +150,7 @@ def _managed(ptr: int, count: int, what: str) -> Mirror:
 
 def _device_or_cpu(dev: int, what: str) -> None:
     if dev not in (0, _DEVICE_CPU):
-        raise _error(CUresult.CUDA_ERROR_INVALID_DEVICE, f"{what}: no device {dev}")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_DEVICE, f"{what}: no device {dev}")
 
 
 @handles("cuMemPrefetchAsync@8000")
@@ -188,7 +184,7 @@ def mem_advise(ptr: int, count: int, advice: int, dev: int) -> None:
     elif advice == _UNSET_ACCESSED:
         m.advice.pop(_R_ACCESSED_BY, None)
     else:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown advice {advice}")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown advice {advice}")
 
 
 def _location(dev: int) -> tuple[int, int]:
@@ -204,12 +200,12 @@ def _range_attribute(m: Mirror, attr: int, size: int) -> bytes:
     preferred = m.advice.get(_R_PREFERRED, _DEVICE_INVALID)
     if attr == _R_ACCESSED_BY:
         if size % 4:
-            raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "ACCESSED_BY needs a multiple of 4")
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "ACCESSED_BY needs a multiple of 4")
         devs = [m.advice[_R_ACCESSED_BY]] if _R_ACCESSED_BY in m.advice else []
         devs += [_DEVICE_INVALID] * (size // 4 - len(devs))
         return struct.pack(f"<{size // 4}i", *devs[: size // 4])
     if size != 4:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"attribute {attr} takes 4 bytes")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"attribute {attr} takes 4 bytes")
     values = {
         _R_READ_MOSTLY: m.advice.get(_R_READ_MOSTLY, 0),
         _R_PREFERRED: preferred,
@@ -220,14 +216,14 @@ def _range_attribute(m: Mirror, attr: int, size: int) -> bytes:
         _R_LAST_PREFETCH_ID: _location(m.last_prefetch)[1],
     }
     if attr not in values:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown range attribute {attr}")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"unknown range attribute {attr}")
     return struct.pack("<i", values[attr])
 
 
 @handles("cuMemRangeGetAttribute@8000")
 def mem_range_get_attribute(data: Any, size: int, attr: int, ptr: int, count: int) -> None:
     if data == RT.ffi.NULL:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL data")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL data")
     raw = _range_attribute(_managed(ptr, count, "cuMemRangeGetAttribute"), attr, size)
     RT.ffi.memmove(RT.ffi.cast("char *", data), raw, len(raw))
 
@@ -237,7 +233,7 @@ def mem_range_get_attributes(
     data: Any, sizes: Any, attrs: Any, n: int, ptr: int, count: int
 ) -> None:
     if data == RT.ffi.NULL or sizes == RT.ffi.NULL or attrs == RT.ffi.NULL or n == 0:
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL arrays or no attributes")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL arrays or no attributes")
     m = _managed(ptr, count, "cuMemRangeGetAttributes")
     for i in range(n):
         raw = _range_attribute(m, attrs[i], sizes[i])
@@ -249,8 +245,8 @@ def stream_attach_mem_async(stream: Any, ptr: int, length: int, flags: int) -> N
     """Attaching managed memory to a stream narrows which kernels the host must wait for;
     coherence here happens at every synchronization, so it changes nothing but is checked."""
     if flags not in (_ATTACH_GLOBAL, _ATTACH_HOST, _ATTACH_SINGLE):
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad attach flags {flags:#x}")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad attach flags {flags:#x}")
     m = _managed(ptr, max(length, 1), "cuStreamAttachMemAsync")
     if length not in (0, m.size) and not (ptr == m.dev and length <= m.size):
-        raise _error(CUresult.CUDA_ERROR_INVALID_VALUE, "attach the whole allocation")
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "attach the whole allocation")
     RT.session().check_stream(RT.stream(stream))

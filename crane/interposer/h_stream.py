@@ -191,9 +191,9 @@ def stream_get_attribute(stream: Any, attr: int, out: Any) -> None:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL output pointer")
     if attr not in (_ACCESS_POLICY_WINDOW, _SYNC_POLICY, _PRIORITY, _SYNC_DOMAIN_MAP, _SYNC_DOMAIN):
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"stream attribute {attr} is not valid")
-    raw = _attrs.get(h, {}).get(attr) or _default_value(h, attr)
-    if attr == _PRIORITY:
-        raw = _default_value(h, attr)  # the stream's own record is the truth
+    # a priority is the stream's own record; the other attributes as set, else defaults
+    stored = None if attr == _PRIORITY else _attrs.get(h, {}).get(attr)
+    raw = stored or _default_value(h, attr)
     RT.ffi.memmove(RT.ffi.cast("char *", out), raw, _VALUE_SIZE)
 
 

@@ -79,24 +79,26 @@ def dec_barrier_cluster(ctx, m: Mods) -> None:
     raise ctx.error("barrier.cluster is .arrive or .wait")
 
 
-def _is_generic(ctx, m: Mods) -> bool:
+def _cluster_address_op(ctx, mods, nops: int):
+    """The common head of mapa and getctarank: ``{.shared::cluster}.{u32,u64}`` (no state
+    space: generic addresses), ``nops`` operands. Returns (generic, type)."""
+    m = Mods(ctx, mods)
     space = decode_space(ctx, m)
     if space not in ("generic", "shared"):
         raise ctx.error(f"{ctx.pins.opcode} takes a shared::cluster or generic address")
-    return space == "generic"
+    ty = m.one_type()
+    m.done()
+    if ty.name not in ("u32", "u64"):
+        raise ctx.error(f"{ctx.pins.opcode} is .u32 or .u64")
+    ctx.nops(nops)
+    return space == "generic", ty
 
 
 def dec_mapa(ctx, mods) -> None:
     """``mapa{.shared::cluster}.{u32,u64} d, a, rank``: the address of the variable at ``a``
     in the shared memory of the cluster's CTA ``rank`` (generic in, generic out without a
     state space). A rank outside the cluster yields an address whose accesses fault."""
-    m = Mods(ctx, mods)
-    generic = _is_generic(ctx, m)
-    ty = m.one_type()
-    m.done()
-    if ty.name not in ("u32", "u64"):
-        raise ctx.error("mapa is .u32 or .u64")
-    ctx.nops(3)
+    generic, ty = _cluster_address_op(ctx, mods, 3)
     ins = ctx.ins
     ins.d = ctx.dst(ctx.ops[0], ty)
     ins.a = ctx.src(ctx.ops[1], ty)
@@ -120,13 +122,7 @@ def dec_mapa(ctx, mods) -> None:
 def dec_getctarank(ctx, mods) -> None:
     """``getctarank{.shared::cluster}.{u32,u64} d, a``: the rank of the CTA whose shared memory
     ``a`` names (a generic address outside shared memory names the executing CTA)."""
-    m = Mods(ctx, mods)
-    generic = _is_generic(ctx, m)
-    ty = m.one_type()
-    m.done()
-    if ty.name not in ("u32", "u64"):
-        raise ctx.error("getctarank is .u32 or .u64")
-    ctx.nops(2)
+    generic, ty = _cluster_address_op(ctx, mods, 2)
     ins = ctx.ins
     ins.d = ctx.dst(ctx.ops[0], TYPES["u32"])
     ins.a = ctx.src(ctx.ops[1], ty)
