@@ -1,13 +1,18 @@
 # The two commands a newcomer runs (see README.md); each does its own set-up.
-.PHONY: setup demo test lint gpu-test gpu-prepare
+.PHONY: setup clients demo test lint gpu-test gpu-prepare
 
 setup:
 	@scripts/setup.sh
 
+# PyPI's CUDA libraries and frameworks (torch, CuPy, cuBLAS, cuFFT, cuDNN) in their own venv,
+# .clients/venv, for the tests that run them as guests.
+clients:
+	@scripts/client_libs.sh
+
 demo: setup
 	.venv/bin/crane demo
 
-test: setup
+test: setup clients
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
 lint: setup

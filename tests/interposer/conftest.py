@@ -198,3 +198,39 @@ def program_dir(nvcc: str, tmp_path_factory: pytest.TempPathFactory) -> Callable
         return cache[key]
 
     return build
+
+
+@dataclass(frozen=True)
+class Clients:
+    """The application environment scripts/client_libs.sh makes: PyPI's CUDA libraries and
+    frameworks in their own venv, on another Python than Crane's where the machine has one."""
+
+    venv: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def site(self) -> Path:
+        (site,) = (self.venv / "lib").glob("python3*/site-packages")
+        return site
+
+    @property
+    def cuda(self) -> Path:
+        """The nvidia-* wheels' CUDA 13 tree (include/, lib/: cudart, cuBLAS, cuFFT, NVRTC)."""
+        return self.site / "nvidia" / "cu13"
+
+    @property
+    def cudnn(self) -> Path:
+        return self.site / "nvidia" / "cudnn"
+
+
+@pytest.fixture(scope="session")
+def clients() -> Clients:
+    """The client libraries' venv (``CRANE_CLIENTS`` overrides ``.clients``); ``make test``
+    creates it, so in CI these tests always run."""
+    venv = Path(os.environ.get("CRANE_CLIENTS", ROOT / ".clients")) / "venv"
+    if not (venv / "bin" / "python").exists():
+        pytest.skip(f"no client libraries at {venv}: run scripts/client_libs.sh")
+    return Clients(venv)
