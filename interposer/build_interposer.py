@@ -27,9 +27,8 @@ import sys
 import sysconfig
 import tempfile
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -86,9 +85,9 @@ problem = enter(owner, app_paths, paths, {requirements!r})
 """
 
 
-@dataclass(frozen=True)
-class Interpreter:
-    """What a build for one Python interpreter needs to know about it."""
+class Interpreter(NamedTuple):
+    """What a build for one Python interpreter needs to know about it (a NamedTuple: setup.py
+    loads this file without registering it as a module, which a dataclass needs)."""
 
     executable: str
     version: str  # "3.12"
@@ -127,7 +126,8 @@ def probe(python: str | None = None) -> Interpreter:
 def guest_requirements() -> list[str]:
     """Crane's requirement for each guest dependency (pyproject.toml's ``dependencies``), for
     the conflict check (crane/interposer/guest_env.py) and the per-interpreter install."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from crane.interposer.guest_env import GUEST_DISTRIBUTIONS, parse_requirement
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -151,7 +151,8 @@ def _c_string(text: str) -> str:
 def _make_ffi() -> Any:
     import cffi
 
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from crane.codegen.gen_interposer import embedding_api
 
     ffi = cffi.FFI()
