@@ -46,7 +46,7 @@ GUEST_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 }
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*(;.*)?$")
-_CLAUSE = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)\s*([^\s,]+)\s*$")
+_CLAUSE = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)\s*([A-Za-z0-9][A-Za-z0-9.*+!_-]*)\s*$")
 _RELEASE = re.compile(r"^[vV]?(\d+(?:\.\d+)*)(.*)$")
 
 
