@@ -25,7 +25,6 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev);
 /* ---- CUDART_INTERFACE ---------------------------------------------------------------------- */
 DARK(cudart, 1) DARK(cudart, 3) DARK(cudart, 4) DARK(cudart, 5) DARK(cudart, 6)
 DARK(cudart, 7) DARK(cudart, 8) DARK(cudart, 9) DARK(cudart, 10) DARK(cudart, 11)
-DARK(cudart, 12)
 
 static CUresult cudart_primary_ctx(CUcontext *out, CUdevice dev) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
@@ -35,10 +34,21 @@ static CUresult cudart_primary_ctx(CUcontext *out, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* [12] CUresult (void), called by cudart >= 13.2 once at init, right after
+ * cuModuleGetLoadingMode, unless the environment holds CUDA_8b3537d1=dc6ffd77; any error fails
+ * every runtime call after it (the error mapped to a runtime one: NOT_SUPPORTED gave 801). No
+ * argument, no output. Public shims name it "load compilers": the driver readies its JIT
+ * compilers. Crane's guest compiles nothing (PTX is JIT-ed by the daemon's device when a
+ * module loads, and a failure is reported there), so there is nothing to ready. */
+static CUresult cudart_load_compilers(void) {
+    if (crane_trace_on) crane_log("export table cudart slot 12 (load compilers): nothing to load");
+    return CUDA_SUCCESS;
+}
+
 static void *cudart_interface[13] = {
     (void *)(13 * sizeof(void *)), dark_cudart_1, cudart_primary_ctx, dark_cudart_3,
     dark_cudart_4, dark_cudart_5, dark_cudart_6, dark_cudart_7, dark_cudart_8, dark_cudart_9,
-    dark_cudart_10, dark_cudart_11, dark_cudart_12,
+    dark_cudart_10, dark_cudart_11, cudart_load_compilers,
 };
 
 /* ---- TOOLS_RUNTIME_CALLBACK_HOOKS --------------------------------------------------------- */
