@@ -66,14 +66,15 @@ def test_wheel_cudart_13_2_initializes_and_runs_a_kernel(program, run_next, clie
     assert r.stdout.strip() == "sync=cudaSuccess sum=1498500.0 c[999]=2997.0"
 
 
-def test_export_table_slots_answer_as_the_public_calls(program, run_next, link_flags) -> None:
+def test_library_driver_calls(program, run_next, link_flags) -> None:
     """TOOLS_TLS[2], TOOLS_CONTEXT[4]/[51]/[39] and TOOLS_MODULE[7] against cuCtxGetCurrent,
-    cuCtxGetId, cuStreamGetId and cuModuleEnumerateFunctions (also checked themselves)."""
-    r = run_next(program("export_tables.cpp", *link_flags))
+    cuCtxGetId, cuStreamGetId and cuModuleEnumerateFunctions (also checked themselves); what
+    cublasCreate asks where it has SASS (CIG limit, cluster attributes and occupancy)."""
+    r = run_next(program("library_driver_calls.cpp", *link_flags))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].endswith("streams_distinct=1 module_functions=2 stored=1"), r.stdout
-    assert lines[-1] == "PASSED: 0 failures"
+    assert lines[1:] == ["cig=0 non_portable_clusters=1", "PASSED: 0 failures"], r.stdout
 
 
 @pytest.fixture
