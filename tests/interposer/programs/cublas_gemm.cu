@@ -115,6 +115,20 @@ int main() {
     CHECK(err < 1e-5, "sgemm T max relative error %g", err);
     printf("sgemm_t status=%d err_ok=%d\n", int(st), err < 1e-5);
 
+    // On a stream of its own (cuBLAS keeps state per stream, keyed through the driver)
+    cudaStream_t stream;
+    CHECK(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");
+    CHECK(cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS, "cublasSetStream");
+    CHECK(cudaMemset(dc, 0, c.size() * sizeof(float)) == cudaSuccess, "memset");
+    st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, da, m, db, k, &zero, dc, m);
+    CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSgemm on a stream: status %d", int(st));
+    CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "cudaStreamSynchronize");
+    err = max_rel_err(download(dc, c.size()), ab);
+    CHECK(err < 1e-5, "sgemm on a stream max relative error %g", err);
+    printf("sgemm_stream status=%d err_ok=%d\n", int(st), err < 1e-5);
+    cublasSetStream(h, 0);
+    cudaStreamDestroy(stream);
+
     cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dah); cudaFree(dbh); cudaFree(dat);
     st = cublasDestroy(h);
     CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasDestroy status %d", int(st));
