@@ -74,7 +74,7 @@ def test_library_driver_calls(program, run_next, link_flags) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].endswith("streams_distinct=1 module_functions=2 stored=1"), r.stdout
-    assert lines[1:] == ["cig=0 non_portable_clusters=1", "PASSED: 0 failures"], r.stdout
+    assert lines[1:] == ["cig=0 non_portable_clusters=1 regs_ok=1", "PASSED: 0 failures"], r.stdout
 
 
 @pytest.fixture
@@ -103,6 +103,7 @@ def test_cublas_sgemm_and_gemmex(run_library_program, cudart: str) -> None:
         "gemmex_f32 status=0 err_ok=1",
         "gemmex_f16 status=0 err_ok=1",
         "sgemm_t status=0 err_ok=1",
+        "dgemm status=0 exact=1 sdot status=0 exact=1",
         "sgemm_stream status=0 err_ok=1",
         "destroy status=0",
         "PASSED: 0 failures",

@@ -115,6 +115,31 @@ int main() {
     CHECK(err < 1e-5, "sgemm T max relative error %g", err);
     printf("sgemm_t status=%d err_ok=%d\n", int(st), err < 1e-5);
 
+    // DGEMM of the same product, and a dot product (its launch sizing divides by the registers
+    // a kernel reports: 0 there was a SIGFPE)
+    std::vector<double> a64(a.begin(), a.end()), b64(b.begin(), b.end());
+    double *da64 = upload(a64), *db64 = upload(b64), *dc64 = nullptr;
+    CHECK(cudaMalloc(&dc64, c.size() * sizeof(double)) == cudaSuccess, "cudaMalloc");
+    double done = 1, dzero = 0;
+    st = cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &done, da64, m, db64, k, &dzero, dc64, m);
+    CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasDgemm status %d", int(st));
+    cublasStatus_t dgemm_st = st;
+    std::vector<double> c64(c.size());
+    CHECK(cudaMemcpy(c64.data(), dc64, c64.size() * sizeof(double), cudaMemcpyDeviceToHost) ==
+              cudaSuccess,
+          "download");
+    int dgemm_exact = c64 == ab;
+    CHECK(dgemm_exact, "dgemm differs");
+    float dot = 0;
+    st = cublasSdot(h, int(a.size()), da, 1, da, 1, &dot);
+    double want = 0;
+    for (float v : a) want += double(v) * v;
+    CHECK(st == CUBLAS_STATUS_SUCCESS && dot == want, "sdot status %d: %g, want %g", int(st), dot,
+          want);
+    printf("dgemm status=%d exact=%d sdot status=%d exact=%d\n", int(dgemm_st), dgemm_exact,
+           int(st), dot == want);
+    cudaFree(da64); cudaFree(db64); cudaFree(dc64);
+
     // On a stream of its own (cuBLAS keeps state per stream, keyed through the driver)
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");

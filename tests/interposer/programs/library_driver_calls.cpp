@@ -140,6 +140,16 @@ int main() {
           "non-portable cluster size");
     CUfunction kfn;
     CHECK(cuKernelGetFunction(&kfn, kern) == CUDA_SUCCESS, "kernel function");
+    // occupancy formulas (cuBLAS's) divide by the registers a warp uses: never 0, and a share
+    // of the register file that agrees with the occupancy the driver reports
+    int regs = 0, regs_sm = 0, threads_sm = 0, blocks = 0;
+    CHECK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, kfn) == CUDA_SUCCESS, "regs");
+    cuDeviceGetAttribute(&regs_sm, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 0);
+    cuDeviceGetAttribute(&threads_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 0);
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kfn, 256, 0) == 0, "occupancy");
+    CHECK(regs > 0 && blocks * 256 * regs <= regs_sm && blocks * 256 == threads_sm,
+          "regs %d x %d blocks of 256 in %d registers, %d threads", regs, blocks, regs_sm,
+          threads_sm);
     CUlaunchAttribute cl;
     cl.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     cl.value.clusterDim.x = 16;
@@ -156,7 +166,7 @@ int main() {
           "clusters of 16: %d", clusters);
     CHECK(cuLaunchKernelEx(&cfg, kfn, params, nullptr) == CUDA_SUCCESS, "cluster launch");
     CHECK(cuMemcpyDtoH(&v, out, 4) == CUDA_SUCCESS && v == 11, "first wrote %u", v);
-    printf("cig=%zu non_portable_clusters=%d\n", cig, clusters > 0);
+    printf("cig=%zu non_portable_clusters=%d regs_ok=%d\n", cig, clusters > 0, regs > 0);
     CHECK(cuLibraryUnload(lib) == CUDA_SUCCESS, "unload");
 
     // a reset makes a new primary context behind the same handle: a new id
