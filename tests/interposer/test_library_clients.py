@@ -104,6 +104,7 @@ def test_cublas_sgemm_and_gemmex(run_library_program, cudart: str) -> None:
         "gemmex_f16 status=0 err_ok=1",
         "sgemm_t status=0 err_ok=1",
         "dgemm status=0 exact=1 sdot status=0 exact=1",
+        "strsm status=0 err_ok=1",
         "sgemm_stream status=0 err_ok=1",
         "destroy status=0",
         "PASSED: 0 failures",

@@ -140,6 +140,27 @@ int main() {
            int(st), dot == want);
     cudaFree(da64); cudaFree(db64); cudaFree(dc64);
 
+    // Triangular solve L x = b (unit lower, 40 rows: cuBLAS runs it as blocks that wait for
+    // the block before them), checked against forward substitution
+    const int t = 40;
+    std::vector<float> l(size_t(t) * t, 0.0f), rhs = quarters(t, 5);
+    for (int i = 0; i < t; i++)
+        for (int j = 0; j < i; j++) l[i + size_t(j) * t] = float((i + j) % 5 - 2) / 16;
+    std::vector<double> sol(t);
+    for (int i = 0; i < t; i++) {
+        double v = rhs[i];
+        for (int j = 0; j < i; j++) v -= l[i + size_t(j) * t] * sol[j];
+        sol[i] = v;
+    }
+    float *dl = upload(l), *dxs = upload(rhs);
+    st = cublasStrsm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT, t,
+                     1, &one, dl, t, dxs, t);
+    CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasStrsm status %d", int(st));
+    err = max_rel_err(download(dxs, t), sol);
+    CHECK(err < 1e-4, "strsm max relative error %g", err);
+    printf("strsm status=%d err_ok=%d\n", int(st), err < 1e-4);
+    cudaFree(dl); cudaFree(dxs);
+
     // On a stream of its own (cuBLAS keeps state per stream, keyed through the driver)
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");
