@@ -131,6 +131,27 @@ def library_get_kernel(out: Any, handle: Any, name: Any) -> None:
     out[0] = RT.ffi.cast("void *", fn.handle)
 
 
+@handles("cuModuleGetFunctionCount@12040", "cuLibraryGetKernelCount@12040")
+def module_get_function_count(out: Any, handle: Any) -> None:
+    RT.out(out, len(RT.module(handle).kernels))
+
+
+@handles("cuModuleEnumerateFunctions@12040", "cuLibraryEnumerateKernels@12040")
+def module_enumerate_functions(out: Any, n: int, handle: Any) -> None:
+    """The module's first ``n`` functions, in the order its image lists them (a module's
+    kernels are bound lazily, so this binds them)."""
+    mod = RT.module(handle)
+    if out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL function array")
+    if n > len(mod.kernels):
+        have = len(mod.kernels)
+        raise CudaError(
+            CUresult.CUDA_ERROR_INVALID_VALUE, f"{n} functions asked, module has {have}"
+        )
+    for i, name in enumerate(list(mod.kernels)[:n]):
+        out[i] = RT.ffi.cast("void *", RT.kernel(mod, name).handle)
+
+
 @handles("cuLibraryGetModule@12000")
 def library_get_module(out: Any, handle: Any) -> None:
     RT.out(out, RT.ffi.cast("void *", RT.module(handle).handle))
@@ -166,6 +187,16 @@ _NON_PORTABLE_CLUSTER, _CLUSTER_POLICY = 14, 15
 _SETTABLE = {_MAX_DYN, _CARVEOUT, *_REQ_CLUSTER, _NON_PORTABLE_CLUSTER, _CLUSTER_POLICY}
 
 
+def registers_per_thread(attributes: dict[int, int]) -> int:
+    """NUM_REGS. The simulated device has no register file limit, so a kernel is said to use
+    what a thread may use without lowering occupancy (registers per SM / threads per SM: 32 on
+    an H100), which keeps occupancy formulas (cuda_occupancy.h, built into cuBLAS and CUB) in
+    agreement with cuOccupancyMaxActiveBlocksPerMultiprocessor. Reporting 0 made cuBLAS's
+    formula divide by zero (SIGFPE in cublasSdot)."""
+    per_sm = attributes[DA.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR]
+    return max(1, per_sm // attributes[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR])
+
+
 def function_attribute(fn: Function, attrib: int) -> int:
     s = RT.session()
     a = s.attributes
@@ -176,7 +207,7 @@ def function_attribute(fn: Function, attrib: int) -> int:
         1: lay.static_shared,
         2: 0,  # constant bytes: module constants are globals here
         3: 0,  # local bytes: not reported by the daemon's layout
-        4: 0,  # registers: the simulated device has no register file limit
+        4: registers_per_thread(a),
         5: lay.ptx_version,  # PTX_VERSION: the compute_XY the code was compiled from
         6: lay.binary_version,  # BINARY_VERSION: the code that runs (JIT-ed: the device's)
         7: 0,
