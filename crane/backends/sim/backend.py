@@ -361,12 +361,15 @@ DEVICE_PENDING_LAUNCHES = 2048
 
 
 def _load_program(ptx: str) -> Any:
-    """Decode a module's PTX once (unsupported instructions are refused here, at load)."""
+    """Decode a module's PTX once (unsupported instructions are refused here, at load), or,
+    for a large module, check its declarations now and decode each kernel on its first launch
+    (``ptx/lazy.py``: CUDA's lazy loading)."""
     try:
-        from crane.backends.sim.ptx import PtxError, load_ptx
+        from crane.backends.sim.ptx import PtxError
+        from crane.backends.sim.ptx.lazy import load_program
     except ImportError:  # the interpreter is not part of this build
         return None
     try:
-        return load_ptx(ptx)
+        return load_program(ptx)
     except PtxError as e:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_PTX, str(e)) from None
