@@ -131,6 +131,27 @@ def library_get_kernel(out: Any, handle: Any, name: Any) -> None:
     out[0] = RT.ffi.cast("void *", fn.handle)
 
 
+@handles("cuModuleGetFunctionCount@12040", "cuLibraryGetKernelCount@12040")
+def module_get_function_count(out: Any, handle: Any) -> None:
+    RT.out(out, len(RT.module(handle).kernels))
+
+
+@handles("cuModuleEnumerateFunctions@12040", "cuLibraryEnumerateKernels@12040")
+def module_enumerate_functions(out: Any, n: int, handle: Any) -> None:
+    """The module's first ``n`` functions, in the order its image lists them (a module's
+    kernels are bound lazily, so this binds them)."""
+    mod = RT.module(handle)
+    if out == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "NULL function array")
+    if n > len(mod.kernels):
+        have = len(mod.kernels)
+        raise CudaError(
+            CUresult.CUDA_ERROR_INVALID_VALUE, f"{n} functions asked, module has {have}"
+        )
+    for i, name in enumerate(list(mod.kernels)[:n]):
+        out[i] = RT.ffi.cast("void *", RT.kernel(mod, name).handle)
+
+
 @handles("cuLibraryGetModule@12000")
 def library_get_module(out: Any, handle: Any) -> None:
     RT.out(out, RT.ffi.cast("void *", RT.module(handle).handle))

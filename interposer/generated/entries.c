@@ -166,7 +166,11 @@ CUresult cuCtxGetFlags(unsigned int * flags) {
     return r;
 }
 
-CUresult cuCtxGetId(void) { return crane_unsupported("cuCtxGetId"); }
+CUresult cuCtxGetId(void * ctx, unsigned long long * ctxId) {
+    CUresult r = crane_c_cuCtxGetId_12000(ctx, ctxId);
+    if (crane_trace_on) crane_trace("cuCtxGetId", r, "ctx=%p ctxId=%p", (const void *)ctx, (const void *)ctxId);
+    return r;
+}
 
 CUresult cuCtxGetLimit(size_t * pvalue, int limit) {
     int g = crane_py_gate(0);
@@ -1510,7 +1514,13 @@ CUresult cuLaunchKernelEx_ptsz(void * config, void * f, void ** kernelParams, vo
     return r;
 }
 
-CUresult cuLibraryEnumerateKernels(void) { return crane_unsupported("cuLibraryEnumerateKernels"); }
+CUresult cuLibraryEnumerateKernels(void ** kernels, unsigned int numKernels, void * lib) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuLibraryEnumerateKernels_12040(kernels, numKernels, lib);
+    if (crane_trace_on) crane_trace("cuLibraryEnumerateKernels", r, "kernels=%p numKernels=%u lib=%p", (const void *)kernels, (unsigned int)numKernels, (const void *)lib);
+    return r;
+}
 
 CUresult cuLibraryGetGlobal(unsigned long long * dptr, size_t * bytes, void * library, const char * name) {
     int g = crane_py_gate(0);
@@ -1528,7 +1538,13 @@ CUresult cuLibraryGetKernel(void ** pKernel, void * library, const char * name) 
     return r;
 }
 
-CUresult cuLibraryGetKernelCount(void) { return crane_unsupported("cuLibraryGetKernelCount"); }
+CUresult cuLibraryGetKernelCount(unsigned int * count, void * lib) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuLibraryGetKernelCount_12040(count, lib);
+    if (crane_trace_on) crane_trace("cuLibraryGetKernelCount", r, "count=%p lib=%p", (const void *)count, (const void *)lib);
+    return r;
+}
 
 CUresult cuLibraryGetManaged(void) { return crane_unsupported("cuLibraryGetManaged"); }
 
@@ -2612,7 +2628,13 @@ CUresult cuMipmappedArrayGetMemoryRequirements(void * memoryRequirements, void *
 
 CUresult cuMipmappedArrayGetSparseProperties(void) { return crane_unsupported("cuMipmappedArrayGetSparseProperties"); }
 
-CUresult cuModuleEnumerateFunctions(void) { return crane_unsupported("cuModuleEnumerateFunctions"); }
+CUresult cuModuleEnumerateFunctions(void ** functions, unsigned int numFunctions, void * mod) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuModuleEnumerateFunctions_12040(functions, numFunctions, mod);
+    if (crane_trace_on) crane_trace("cuModuleEnumerateFunctions", r, "functions=%p numFunctions=%u mod=%p", (const void *)functions, (unsigned int)numFunctions, (const void *)mod);
+    return r;
+}
 
 CUresult cuModuleGetFunction(void ** hfunc, void * hmod, const char * name) {
     int g = crane_py_gate(0);
@@ -2622,7 +2644,13 @@ CUresult cuModuleGetFunction(void ** hfunc, void * hmod, const char * name) {
     return r;
 }
 
-CUresult cuModuleGetFunctionCount(void) { return crane_unsupported("cuModuleGetFunctionCount"); }
+CUresult cuModuleGetFunctionCount(unsigned int * count, void * hmod) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuModuleGetFunctionCount_12040(count, hmod);
+    if (crane_trace_on) crane_trace("cuModuleGetFunctionCount", r, "count=%p hmod=%p", (const void *)count, (const void *)hmod);
+    return r;
+}
 
 CUresult cuModuleGetGlobal(void) { return crane_unsupported("cuModuleGetGlobal"); }
 

@@ -107,6 +107,30 @@ int crane_c_cuCtxGetFlags_7000(unsigned int *flags) {
     return CUDA_SUCCESS;
 }
 
+/* cuCtxGetId: an id unique for the process's life, never reused. A created context's handle is
+ * a guest-chosen id that is never reused (crane/guest/handles.py; its kind byte keeps it apart
+ * from the small numbers below), so it is its own id. A primary context gets a fresh number the
+ * first time it is asked after each reset (the reset destroys the context behind the handle).
+ * Local: cuBLASLt asks it (through an export table) on every GEMM. */
+static unsigned long long primary_ids[CRANE_MAX_DEVICES];
+static unsigned long long next_primary_id;
+
+int crane_c_cuCtxGetId_12000(void *ctx, unsigned long long *id) {
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx) ctx = crane_ctx_current();
+    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    int d = crane_primary_dev(ctx);
+    if (d < 0) {
+        *id = (unsigned long long)(uintptr_t)ctx;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&prim_lock);
+    if (!primary_ids[d]) primary_ids[d] = ++next_primary_id;
+    *id = primary_ids[d];
+    pthread_mutex_unlock(&prim_lock);
+    return CUDA_SUCCESS;
+}
+
 static int check_dev(int dev) {
     return dev >= 0 && dev < CRANE_MAX_DEVICES ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
@@ -125,6 +149,9 @@ int crane_c_cuDevicePrimaryCtxRetain_7000(void **pctx, int dev) {
  * the Python side replaces the remote context (all its memory, modules, streams go). */
 static int primary_reset(int dev) {
     crane_cls_destroy_ctx(crane_primary_ctx(dev));
+    pthread_mutex_lock(&prim_lock);
+    primary_ids[dev] = 0;  /* the next context behind this handle is a new one */
+    pthread_mutex_unlock(&prim_lock);
     int gate = crane_py_gate(1);  /* after the interpreter is gone: nothing remote to reset */
     return gate >= 0 ? gate : crane_py_primary_reset(dev);
 }

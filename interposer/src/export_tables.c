@@ -3,6 +3,7 @@
  * covers these tables' own addresses, the pid and the calling thread. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,17 +16,22 @@ CUresult cuDeviceGetCount(int *n);
 CUresult cuDeviceGetUuid(void *uuid, int dev);
 CUresult cuDeviceGetAttribute(int *v, int attr, int dev);
 
-/* A slot nobody has been seen calling: log which one if somebody does. */
-#define DARK(tbl, n)                                                          \
-    static CUresult dark_##tbl##_##n(void) {                                  \
-        crane_log("export table %s slot %d called: not supported", #tbl, n); \
-        return CUDA_ERROR_NOT_SUPPORTED;                                      \
+CUresult crane_c_cuCtxGetId_12000(void *ctx, unsigned long long *id);
+
+/* A slot whose contract is not established: it refuses, and logs the call with the first six
+ * argument registers (what a caller passed is the first clue to what it wants). */
+typedef uintptr_t reg_t;
+#define DARK(tbl, n)                                                                          \
+    static CUresult dark_##tbl##_##n(reg_t a, reg_t b, reg_t c, reg_t d, reg_t e, reg_t f) { \
+        crane_log("export table %s slot %d called (%#lx %#lx %#lx %#lx %#lx %#lx): "         \
+                  "not supported", #tbl, n, (unsigned long)a, (unsigned long)b,             \
+                  (unsigned long)c, (unsigned long)d, (unsigned long)e, (unsigned long)f);  \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                    \
     }
 
 /* ---- CUDART_INTERFACE ---------------------------------------------------------------------- */
 DARK(cudart, 1) DARK(cudart, 3) DARK(cudart, 4) DARK(cudart, 5) DARK(cudart, 6)
 DARK(cudart, 7) DARK(cudart, 8) DARK(cudart, 9) DARK(cudart, 10) DARK(cudart, 11)
-DARK(cudart, 12)
 
 static CUresult cudart_primary_ctx(CUcontext *out, CUdevice dev) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
@@ -35,10 +41,21 @@ static CUresult cudart_primary_ctx(CUcontext *out, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* [12] CUresult (void), called by cudart >= 13.2 once at init, right after
+ * cuModuleGetLoadingMode, unless the environment holds CUDA_8b3537d1=dc6ffd77; any error fails
+ * every runtime call after it (the error mapped to a runtime one: NOT_SUPPORTED gave 801). No
+ * argument, no output. Public shims name it "load compilers": the driver readies its JIT
+ * compilers. Crane's guest compiles nothing (PTX is JIT-ed by the daemon's device when a
+ * module loads, and a failure is reported there), so there is nothing to ready. */
+static CUresult cudart_load_compilers(void) {
+    if (crane_trace_on) crane_log("export table cudart slot 12 (load compilers): nothing to load");
+    return CUDA_SUCCESS;
+}
+
 static void *cudart_interface[13] = {
     (void *)(13 * sizeof(void *)), dark_cudart_1, cudart_primary_ctx, dark_cudart_3,
     dark_cudart_4, dark_cudart_5, dark_cudart_6, dark_cudart_7, dark_cudart_8, dark_cudart_9,
-    dark_cudart_10, dark_cudart_11, dark_cudart_12,
+    dark_cudart_10, dark_cudart_11, cudart_load_compilers,
 };
 
 /* ---- TOOLS_RUNTIME_CALLBACK_HOOKS --------------------------------------------------------- */
@@ -55,8 +72,95 @@ static void *tools_hooks[7] = {
 };
 
 /* ---- TOOLS_TLS ---------------------------------------------------------------------------- */
-DARK(tls, 1) DARK(tls, 2) DARK(tls, 3)
-static void *tools_tls[4] = {(void *)(4 * sizeof(void *)), dark_tls_1, dark_tls_2, dark_tls_3};
+/* [2] CUresult (CUcontext *out): the calling thread's current context (NULL if none), as
+ * cuCtxGetCurrent. cuBLASLt calls it before each GEMM (and at handle creation) and passes the
+ * context to TOOLS_CONTEXT[4] (21318c60); an error made cuBLAS answer CUBLAS_STATUS_NOT_SUPPORTED. */
+DARK(tls, 1) DARK(tls, 3)
+static CUresult tls_current_ctx(CUcontext *out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    *out = crane_ctx_current();
+    return CUDA_SUCCESS;
+}
+static void *tools_tls[4] = {(void *)(4 * sizeof(void *)), dark_tls_1, tls_current_ctx, dark_tls_3};
+
+/* ---- TOOLS_CONTEXT (21318c60) ------------------------------------------------------------ */
+/* cuFFT asks for it with TOOLS_MODULE and takes neither if either is missing (every plan then
+ * failed with CUFFT_INTERNAL_ERROR); cudart 13.5 fails its initialization without it (500 from
+ * every call) but calls no slot; cuBLAS and cuBLASLt call [4], [39] and [51]. The driver's table
+ * is longer: the size word says these 52 words, so a caller that checks it for a later slot
+ * sees that slot absent. */
+CUresult cuStreamGetId(void *stream, unsigned long long *id);
+
+/* [51] CUresult (CUcontext ctx, CUstream stream, void **out): cuBLAS, before each call that
+ * launches, with the handle's stream (0 for the default one; it tests for 2, the per-thread
+ * stream, itself). The output is opaque to it: it only passes it to [39]. Here it is the
+ * stream handle itself. */
+static CUresult tools_ctx_stream(CUcontext ctx, void *stream, void **out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx && !crane_ctx_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    *out = stream;
+    return CUDA_SUCCESS;
+}
+
+/* [39] CUresult (CUcontext ctx, void *stream_from_51, unsigned long long *out): the key under
+ * which cuBLAS caches per-stream state (it compares it with the keys it holds), so it must
+ * tell streams apart and stay the same for one stream: the stream's unique id
+ * (cuStreamGetId, which also refuses an unknown handle). */
+static CUresult tools_ctx_stream_id(CUcontext ctx, void *stream, unsigned long long *out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx && !crane_ctx_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return cuStreamGetId(stream, out);
+}
+
+DARK(ctx, 1) DARK(ctx, 2) DARK(ctx, 3) DARK(ctx, 5) DARK(ctx, 6) DARK(ctx, 7) DARK(ctx, 8)
+DARK(ctx, 9) DARK(ctx, 10) DARK(ctx, 11) DARK(ctx, 12) DARK(ctx, 13) DARK(ctx, 14) DARK(ctx, 15)
+DARK(ctx, 16) DARK(ctx, 17) DARK(ctx, 18) DARK(ctx, 19) DARK(ctx, 20) DARK(ctx, 21) DARK(ctx, 22)
+DARK(ctx, 23) DARK(ctx, 24) DARK(ctx, 25) DARK(ctx, 26) DARK(ctx, 27) DARK(ctx, 28) DARK(ctx, 29)
+DARK(ctx, 30) DARK(ctx, 31) DARK(ctx, 32) DARK(ctx, 33) DARK(ctx, 34) DARK(ctx, 35) DARK(ctx, 36)
+DARK(ctx, 37) DARK(ctx, 38) DARK(ctx, 40) DARK(ctx, 41) DARK(ctx, 42) DARK(ctx, 43) DARK(ctx, 44)
+DARK(ctx, 45) DARK(ctx, 46) DARK(ctx, 47) DARK(ctx, 48) DARK(ctx, 49) DARK(ctx, 50)
+/* [4] CUresult (CUcontext ctx, unsigned long long *id) is cuCtxGetId: cuBLASLt passes it
+ * TOOLS_TLS[2]'s context and keys its kernel registry by the id; cuFFT calls it too. */
+static void *tools_context[52] = {
+    (void *)(52 * sizeof(void *)), dark_ctx_1, dark_ctx_2, dark_ctx_3, crane_c_cuCtxGetId_12000,
+    dark_ctx_5, dark_ctx_6, dark_ctx_7, dark_ctx_8, dark_ctx_9, dark_ctx_10, dark_ctx_11,
+    dark_ctx_12, dark_ctx_13, dark_ctx_14, dark_ctx_15, dark_ctx_16, dark_ctx_17, dark_ctx_18,
+    dark_ctx_19, dark_ctx_20, dark_ctx_21, dark_ctx_22, dark_ctx_23, dark_ctx_24, dark_ctx_25,
+    dark_ctx_26, dark_ctx_27, dark_ctx_28, dark_ctx_29, dark_ctx_30, dark_ctx_31, dark_ctx_32,
+    dark_ctx_33, dark_ctx_34, dark_ctx_35, dark_ctx_36, dark_ctx_37, dark_ctx_38,
+    tools_ctx_stream_id, dark_ctx_40, dark_ctx_41, dark_ctx_42, dark_ctx_43, dark_ctx_44,
+    dark_ctx_45, dark_ctx_46, dark_ctx_47, dark_ctx_48, dark_ctx_49, dark_ctx_50,
+    tools_ctx_stream,
+};
+
+/* ---- TOOLS_MODULE (6e163fbe) -------------------------------------------------------------- */
+/* [7] int (CUcontext ctx, CUmodule mod, void (*visit)(void *user, CUfunction f), void *user):
+ * calls visit once per function of the module and returns how many it visited. cuFFT loads
+ * each of its kernels as a module of one function and finds the function this way (its
+ * visitor stores f at user), accepting only the answer 1; whether the driver answers a count
+ * or a found-flag for modules of several functions is not established. Words 1-6 are DARK;
+ * cuFFT checks that the size word covers [7] before calling it. */
+CUresult cuModuleGetFunctionCount(unsigned *count, void *mod);
+CUresult cuModuleEnumerateFunctions(void **functions, unsigned n, void *mod);
+
+static int tools_module_visit(CUcontext ctx, void *mod, void (*visit)(void *, void *), void *user) {
+    unsigned n = 0;
+    if (!visit || (!ctx && !crane_ctx_current()) || cuModuleGetFunctionCount(&n, mod) || !n)
+        return 0;
+    void **fns = calloc(n, sizeof *fns);
+    if (!fns) return 0;
+    int visited = 0;
+    if (!cuModuleEnumerateFunctions(fns, n, mod))
+        for (unsigned i = 0; i < n; i++, visited++) visit(user, fns[i]);
+    free(fns);
+    return visited;
+}
+
+DARK(module, 1) DARK(module, 2) DARK(module, 3) DARK(module, 4) DARK(module, 5) DARK(module, 6)
+static void *tools_module[8] = {
+    (void *)(8 * sizeof(void *)), dark_module_1, dark_module_2, dark_module_3, dark_module_4,
+    dark_module_5, dark_module_6, tools_module_visit,
+};
 
 /* ---- CONTEXT_LOCAL_STORAGE_INTERFACE_V0301 (no size word) -------------------------------- */
 CUresult crane_cls_put(CUcontext, void *, void *, void (*)(CUcontext, void *, void *));
@@ -144,6 +248,10 @@ static const struct table tables[] = {
      context_checks, "CONTEXT_CHECKS"},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
      integrity_table, "INTEGRITY_CHECK"},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+     tools_context, "TOOLS_CONTEXT"},
+    {{0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
+     tools_module, "TOOLS_MODULE"},
 };
 
 int crane_c_cuGetExportTable_3000(const void **ppExportTable, void *pExportTableId) {
