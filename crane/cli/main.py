@@ -4,7 +4,8 @@
     crane ps [--json]           sessions: id, peer, device, memory, calls, state
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
-    crane guest-lib [--dir]     path of the interposer libcuda.so.1 (for LD_PRELOAD / ld.so)
+    crane guest-lib [--dir] [--python PY]  path of the interposer libcuda.so.1 (for LD_PRELOAD /
+                                ld.so; --python: the one for that interpreter)
     crane checkpoint --session ID -o FILE [--release]   write a session to a file (and park it)
     crane restore FILE [--daemon ADDR] [--device N]      recreate a checkpointed session
     crane migrate --session ID --to ADDR [--no-precopy]  move a running session, live
@@ -42,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=run.cmd_run)
     g = sub.add_parser("guest-lib", help="print the interposer library's path")
     g.add_argument("--dir", action="store_true", help="print its folder instead")
+    g.add_argument(
+        "--python",
+        help="the library for this Python interpreter (an application's own; prepared and "
+        "cached on first use)",
+    )
     g.set_defaults(func=run.cmd_guest_lib)
     c = sub.add_parser("checkpoint", help="write a session's state to a file on the daemon host")
     c.add_argument("--session", required=True, help="session id (see crane ps)")

@@ -6,6 +6,11 @@ folder first on LD_LIBRARY_PATH (so both a program linked against libcuda and cu
 program (its exit status is the program's). ``crane guest-lib`` prints the library's path, for
 LD_PRELOAD or an ld.so configuration in a VM image.
 
+When the program is a Python interpreter other than Crane's own (``python app.py``, ``python -m
+mod``, a script whose shebang names one, as torch's or CuPy's users run them from their own
+venv), the library runs inside that interpreter: both commands then use the one built for it
+(crane/cli/guest_runtime.py prepares it on first use and caches it).
+
 On a daemon whose devices are all simulated, ``crane run`` also sets what makes frameworks
 hand the device PTX, which the simulated GPU runs, instead of SASS, which it refuses (unless the
 user set them): CuPy's ``CUPY_COMPILE_WITH_PTX=1`` (NVRTC output as PTX) and an empty
@@ -18,7 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
+from crane.cli import guest_runtime
 from crane.interposer import library_path
 
 __all__ = [
@@ -26,14 +33,18 @@ __all__ = [
     "cmd_guest_lib",
     "cmd_run",
     "guest_environment",
+    "library_for",
     "simulated_defaults",
 ]
 
 
-def guest_environment(daemon: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a program needs to run through the interposer."""
+def guest_environment(
+    daemon: str | None, base: dict[str, str] | None = None, lib: Path | None = None
+) -> dict[str, str]:
+    """The environment a program needs to run through the interposer (``lib``: the guest
+    library to use, Crane's own by default)."""
     env = dict(os.environ if base is None else base)
-    lib = library_path()
+    lib = lib or library_path()
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != str(lib)]
     env["LD_PRELOAD"] = ":".join([str(lib), *preload])
     paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and p != str(lib.parent)]
@@ -79,6 +90,21 @@ def _require_library() -> str | None:
     return None
 
 
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def library_for(python: str | None) -> Path:
+    """The guest library for a program running in ``python`` (None: not a Python program):
+    Crane's own, or one built for that interpreter (see crane/cli/guest_runtime.py)."""
+    if python is None:
+        return library_path()
+    interp = guest_runtime.describe(python)
+    if guest_runtime.is_own(interp):
+        return library_path()
+    return guest_runtime.prepare(python, log=_log)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cmd = [c for c in args.cmd if c != "--"] if args.cmd[:1] == ["--"] else list(args.cmd)
     if not cmd:
@@ -88,8 +114,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 1
+    try:
+        lib = library_for(guest_runtime.python_of(cmd, os.environ.get("PATH")))
+    except guest_runtime.GuestRuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     daemon = getattr(args, "run_daemon", None) or args.daemon
-    env = guest_environment(daemon, None)
+    env = guest_environment(daemon, None, lib)
     env = simulated_defaults(env, _daemon_backends(env.get("CRANE_DAEMON")))
     try:
         os.execvpe(cmd[0], cmd, env)
@@ -100,9 +131,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_guest_lib(args: argparse.Namespace) -> int:
-    problem = _require_library()
+    python = getattr(args, "python", None)
+    problem = None if python else _require_library()
     if problem:
         print(problem, file=sys.stderr)
         return 1
-    print(library_path().parent if args.dir else library_path())
+    try:
+        lib = library_for(python)
+    except guest_runtime.GuestRuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(lib.parent if args.dir else lib)
     return 0
