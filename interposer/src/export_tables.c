@@ -234,6 +234,14 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
 }
 
 /* ---- look-up ------------------------------------------------------------------------------ */
+/* Tables deliberately not provided (CUDA_ERROR_NOT_FOUND, as a driver without them answers),
+ * because no caller was seen needing them and no contract could be established:
+ *   f8cff951-2146-8b4e-b9e2-fb469e7c0dd9: asked first by every cudart (13.0, 13.2, 13.5, static
+ *     or shared, and the ones inside cuBLAS/cuFFT); a 37-word table of logging slots was served
+ *     in an experiment and none of its slots was called, and refusing it costs nothing.
+ *   da9151d3-3ae6-cc41-a5c0-4f26d533e328: asked by NVRTC 13.2; served, its [1] was called with
+ *     (pointer, 2, pointer, 0x7bc, ...) and NVRTC compiled the same after NOT_SUPPORTED there,
+ *     as it does when the table is missing. */
 struct table { unsigned char uuid[16]; void **words; const char *name; };
 static const struct table tables[] = {
     {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9},
@@ -263,7 +271,9 @@ int crane_c_cuGetExportTable_3000(const void **ppExportTable, void *pExportTable
         }
     if (crane_trace_on) {
         const unsigned char *u = pExportTableId;
-        crane_log("export table %02x%02x%02x%02x-... not provided", u[0], u[1], u[2], u[3]);
+        crane_log("export table %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
+                  "not provided", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+                  u[11], u[12], u[13], u[14], u[15]);
     }
     return CUDA_ERROR_NOT_FOUND;
 }

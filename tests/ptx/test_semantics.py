@@ -642,6 +642,34 @@ def test_cp_async_global_to_shared(dev, rng):
     run_case(dev, body, ref, rng)
 
 
+def test_cp_async_register_src_size_and_ignore_src(dev, rng):
+    """cuBLAS's tile loads: the bytes read come from a register (0, 4, 8 or 12 here, the rest
+    zero-filled) and a lane reading none may hold an address nothing maps (here 0); the
+    ignore-src predicate form reads nothing where it is true."""
+    body = """
+    mov.u32 %r20, sh;
+    mul.lo.u32 %r21, %r1, 16;
+    add.u32 %r22, %r20, %r21;
+    and.b32 %r23, %r1, 3;
+    shl.b32 %r24, %r23, 2;
+    setp.eq.u32 %p1, %r23, 0;
+    selp.b64 %rd20, 0, %rd4, %p1;
+    cp.async.cg.shared.global.L2::128B [%r22], [%rd20], 16, %r24;
+    cp.async.wait_all;
+    ld.shared.v4.u32 {%r10, %r11, %r12, %r13}, [%r22];
+    setp.eq.u32 %p2, %r23, 1;
+    cp.async.ca.shared.global [%r22], [%rd4], 16, %p2;
+    ld.shared.v4.u32 {%r14, %r15, %r16, %r17}, [%r22];
+    """
+
+    def ref(a, b, c, d, t):
+        k = t & 3
+        read = [a, b, c, d][:k] + [0] * (4 - k)
+        return read + ([0, 0, 0, 0] if k == 1 else [a, b, c, d])
+
+    run_case(dev, body, ref, rng)
+
+
 def test_kernel_parameter_addresses(dev, rng):
     # CUB's pattern: the .param-space address of a kernel parameter (mov of its name), loads
     # through it, and its generic form (cvta.param) read by a plain ld

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..memory import MemoryFault
 from .atomics import apply_atomic
 from .memspace import from_generic, in_own_cta, is_space, resolve, to_generic
 from .ops_common import Mods, h_nop
@@ -300,7 +301,10 @@ def dec_prefetch(ctx, mods) -> None:
 
 def _h_cp_async(st, ins, idx) -> None:
     """cp.async, performed at once: ``size`` bytes global → shared, zero-filled past src_size."""
-    size, src_size = ins.x
+    size, src_size, _ = ins.x
+    if ins.b is not None:
+        _cp_async_per_lane(st, ins, idx)
+        return
     dst = lane_addresses(st, ins.d, idx)
     ((_, dbuf, doff),) = resolve(st, "shared", dst, size, idx)
     if src_size:
@@ -308,6 +312,52 @@ def _h_cp_async(st, ins, idx) -> None:
         ((_, sbuf, soff),) = resolve(st, "global", src, size, idx)
     for k in range(size):
         dbuf[doff + k] = sbuf[soff + k] if k < src_size else 0
+
+
+def _cp_async_per_lane(st, ins, idx) -> None:
+    """cp.async whose source byte count is a register (``src-size``, capped at the copy size;
+    cuBLAS zero-fills a tile's out-of-range rows with 0) or an ``ignore-src`` predicate (true:
+    read nothing). Only the bytes a lane reads are checked, so a lane reading 0 bytes may hold
+    any address."""
+    size, _, ignore_when = ins.x
+    n_lanes = st.n if idx is None else idx.size
+    if ignore_when is not None:  # ignore-src predicate
+        p = np.broadcast_to(np.asarray(ins.b.get(st, idx), bool), (n_lanes,))
+        want = np.where(p == ignore_when, 0, size).astype(np.int64)
+    else:
+        want = np.asarray(ins.b.get(st, idx)).astype(np.int64)
+        want = np.minimum(np.broadcast_to(want, (n_lanes,)), size)
+    dst = lane_addresses(st, ins.d, idx)
+    ((_, dbuf, doff),) = resolve(st, "shared", dst, size, idx)
+    doff = np.broadcast_to(np.asarray(doff, np.int64), (n_lanes,))
+    src = np.broadcast_to(np.asarray(lane_addresses(st, ins.a, idx), np.uint64), (n_lanes,))
+    for k in range(size):
+        dbuf[doff + k] = 0
+    for n in np.unique(want[want > 0]):
+        sel = np.nonzero(want == n)[0]
+        lanes = sel if idx is None else idx[sel]
+        # the source is aligned to the copy size and its first and last byte are mapped (an
+        # aligned run of at most 16 bytes lies in one chunk of device memory)
+        ((_, sbuf, soff),) = (
+            resolve(st, "global", src[sel], size, lanes)
+            if n == size
+            else (_read_run(st, src[sel], int(n), size, lanes))
+        )
+        soff = np.broadcast_to(np.asarray(soff, np.int64), (sel.size,))
+        for k in range(int(n)):
+            dbuf[doff[sel] + k] = sbuf[soff + k]
+
+
+def _read_run(st, src, n: int, align: int, lanes) -> list[tuple]:
+    """resolve() for ``n`` bytes at ``src`` that must be ``align``-aligned (n need not be a
+    power of two, which resolve's own alignment check assumes)."""
+    bad = src % np.uint64(align) != 0
+    if bad.any():
+        first = int(src[np.argmax(bad)])
+        msg = f"misaligned {align}-byte cp.async source {first:#x}"
+        raise MemoryFault(msg, first, "misaligned")
+    resolve(st, "global", src + np.uint64(n - 1), 1, lanes)
+    return resolve(st, "global", src, 1, lanes)
 
 
 def dec_cp(ctx, mods) -> None:
@@ -333,11 +383,18 @@ def dec_cp(ctx, mods) -> None:
         raise ctx.unsupported("cp.async with a non-immediate size")
     size = ctx.ops[2][1]
     src_size = None
+    ins.b, ignore_when = None, None
     if len(ctx.ops) == 4:
-        if ctx.ops[3][0] != "int":
-            raise ctx.unsupported("cp.async with a register src-size")
-        src_size = ctx.ops[3][1]
-    ins.x = (size, src_size if src_size is not None else size)
+        last = ctx.ops[3]
+        decl = ctx.regdecl(last[1]) if last[0] in ("reg", "name") else None
+        if last[0] == "not" or (decl is not None and decl.type.kind == "pred"):
+            ins.b, negated = ctx.pred(last)  # ignore-src: read nothing where true
+            ignore_when = not negated
+        elif last[0] == "int":
+            src_size = last[1]
+        else:
+            ins.b = ctx.src(last, TYPES["u32"])
+    ins.x = (size, src_size if src_size is not None else size, ignore_when)
     ins.fn = _h_cp_async
 
 
