@@ -26,13 +26,12 @@ import re
 from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
-from crane.modules import ptx_info
 
 from .calls import function_address
 from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .errors import KernelFault, PtxError
 from .parser import parse_module
-from .program import PtxProgram, load_ptx, module_variables
+from .program import PtxProgram, load_ptx, module_variables, scan_module
 
 __all__ = ["LAZY_BYTES", "LazyPtxProgram", "load_program"]
 
@@ -43,12 +42,13 @@ LAZY_BYTES = 4 << 20
 _INDIRECT_CALL = re.compile(r"\bcall(?:\.uni)?\s+(?:\([^()]*\)\s*,\s*)?%")
 
 
-def load_program(text: str) -> Any:
+def load_program(text: str, info: Any = None) -> Any:
     """A module's program: decoded now (:func:`.load_ptx`, refusing unsupported instructions
-    here) or, above :data:`LAZY_BYTES`, a :class:`LazyPtxProgram`."""
+    here) or, above :data:`LAZY_BYTES`, a :class:`LazyPtxProgram`. ``info``: the module's
+    declaration scan when the caller has it (the module image's)."""
     if len(text) <= LAZY_BYTES:
-        return load_ptx(text)
-    return LazyPtxProgram(text)
+        return load_ptx(text, info)
+    return LazyPtxProgram(text, info)
 
 
 class LazyPtxProgram:
@@ -56,11 +56,8 @@ class LazyPtxProgram:
     what the backend uses of :class:`.PtxProgram`: ``launch``, ``function_addresses``,
     ``uses_heap``, ``variables``."""
 
-    def __init__(self, text: str) -> None:
-        try:
-            self._info = ptx_info.scan_ptx(text)
-        except ptx_info.PtxImageError as e:
-            raise PtxError(str(e)) from None
+    def __init__(self, text: str, info: Any = None) -> None:
+        self._info = scan_module(text) if info is None else info
         self._text = text
         self.variables = module_variables(self._info)
         self._bodies = {

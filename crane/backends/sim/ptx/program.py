@@ -500,14 +500,12 @@ def _check_launch(k: PtxKernel, grid, block, dynamic_shared: int, profile, max_d
 # ---- loading ----------------------------------------------------------------------------------
 
 
-def load_ptx(text: str) -> PtxProgram:
-    """Parse and decode a PTX module; every unsupported instruction is refused here."""
-    from crane.modules import ptx_info
-
-    try:
-        info = ptx_info.scan_ptx(text)
-    except ptx_info.PtxImageError as e:
-        raise PtxError(str(e)) from None
+def load_ptx(text: str, info=None) -> PtxProgram:
+    """Parse and decode a PTX module; every unsupported instruction is refused here. ``info``:
+    the module's declaration scan (:func:`crane.modules.ptx_info.scan_ptx` of ``text``) when
+    the caller has it already."""
+    if info is None:
+        info = scan_module(text)
     mod = parse_module(text)
     if mod.version > SUPPORTED_VERSION:
         # newer ISA versions are accepted; any instruction we do not know is refused below
@@ -530,6 +528,17 @@ def load_ptx(text: str) -> PtxProgram:
             k.max_cluster_rank = (d.get(".maxclusterrank") or (None,))[0]
         k.cluster_barrier = cluster_barrier
     return PtxProgram(dec, info, kernels, module_variables(info))
+
+
+def scan_module(text: str):
+    """The declaration scan of a module (:func:`crane.modules.ptx_info.scan_ptx`), its errors
+    as :class:`PtxError`."""
+    from crane.modules import ptx_info
+
+    try:
+        return ptx_info.scan_ptx(text)
+    except ptx_info.PtxImageError as e:
+        raise PtxError(str(e)) from None
 
 
 def module_variables(info) -> list[ModuleVariable]:
