@@ -1,8 +1,9 @@
 """PyTorch from the client venv (PyPI's torch 2.15.0+cu132, unmodified) as a guest on
-``sim:ptx-next``: ``hosts/torch_guest.py`` checks device queries, allocation, copies both ways
-and torch.mm through cuBLAS against the CPU; torch's own kernels are SASS only, so an
-elementwise op must fail with cudaErrorNoKernelImageForDevice as a RuntimeError (not hang or
-crash), and the process exit 0. Also: import time through Crane against a plain import."""
+``sim:ptx-next``: ``hosts/torch_guest.py`` checks device queries, allocation, copies both ways,
+matrix products through cuBLAS/cuBLASLt and a convolution through cuDNN against the CPU;
+torch's own kernels are SASS only, so an elementwise op must fail with
+cudaErrorNoKernelImageForDevice as a RuntimeError (not hang or crash), and the process exit 0.
+Also: import time through Crane against a plain import."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ CHECKS = [
     "allocation",
     "copies_round_trip",
     "mm_cublas",
+    "bmm_cublas",
+    "linear_bias_cublaslt",
+    "mm_fp16_cublas",
+    "conv2d_cudnn",
     "sass_only_kernel_fails_clearly",
 ]
 

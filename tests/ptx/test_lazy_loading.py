@@ -142,6 +142,24 @@ def test_each_kernel_is_decoded_on_its_first_launch(dev) -> None:
     assert prog.function_addresses() == whole.function_addresses()
 
 
+def test_an_unknown_instruction_is_still_refused_at_load() -> None:
+    """Libraries fall back to another kernel when a module's load fails; a call's arguments on
+    lines of their own are no instructions."""
+    unknown = GOOD.replace("    ret;", "    frobnicate.b32 %r3;\n    ret;")
+    call_lines = "call.uni (r),\n    twice,\n    (\n    a\n    );"
+    text = (
+        HEAD
+        + TWICE
+        + GOOD.replace("call.uni (r), twice, (a);", call_lines)
+        + unknown.replace("good", "odd")
+    )
+    line = text.splitlines().index("    frobnicate.b32 %r3;") + 1
+    for load in (load_ptx, LazyPtxProgram):
+        with pytest.raises(PtxUnsupported, match=f"PTX line {line}: instruction `frobnicate.b32`"):
+            load(text)
+    LazyPtxProgram(HEAD + TWICE + GOOD.replace("call.uni (r), twice, (a);", call_lines))
+
+
 def test_a_call_through_a_pointer_gets_every_function(dev) -> None:
     prog = LazyPtxProgram(HEAD + INDIRECT)
     table = dev.symbols(prog)["table"]

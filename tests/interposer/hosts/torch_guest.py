@@ -1,6 +1,7 @@
 """PyTorch (the PyPI wheel, unmodified) as a guest on a simulated GPU. Run under ``crane run``
-on ``sim:ptx-next``. What runs: device queries, allocation, copies both ways, and matrix
-products (cuBLAS, which takes its PTX path on that device), each checked against the CPU.
+on ``sim:ptx-next``. What runs: device queries, allocation, copies both ways, matrix products
+(cuBLAS/cuBLASLt) and a convolution (cuDNN), which take their PTX paths on that device, each
+checked against the CPU.
 What cannot: torch's own kernels are machine code for real GPUs only (libtorch_cuda.so holds
 no PTX), so an elementwise op must fail with a clear CUDA error, and the process go on."""
 
@@ -70,6 +71,38 @@ def _() -> None:
     c = torch.randn(32, 40, generator=gen)
     close((b.cuda().t() @ a.cuda().t()).cpu().numpy(), (b.t() @ a.t()).numpy(), 1e-4, 1e-4)
     close(torch.mm(b.cuda(), c.cuda()).cpu().numpy(), (b @ c).numpy(), 1e-4, 1e-4)
+
+
+@check("bmm_cublas")
+def _() -> None:
+    a = torch.randn(6, 16, 32, generator=gen)
+    b = torch.randn(6, 32, 24, generator=gen)
+    close(torch.bmm(a.cuda(), b.cuda()).cpu().numpy(), torch.bmm(a, b).numpy(), 1e-4, 1e-4)
+
+
+@check("linear_bias_cublaslt")
+def _() -> None:
+    """addmm with a bias: cuBLASLt's GEMM with a bias epilogue."""
+    x, w, bias = (torch.randn(*s, generator=gen) for s in ((10, 32), (20, 32), (20,)))
+    got = torch.nn.functional.linear(x.cuda(), w.cuda(), bias.cuda()).cpu()
+    close(got.numpy(), torch.nn.functional.linear(x, w, bias).numpy(), 1e-4, 1e-4)
+
+
+@check("mm_fp16_cublas")
+def _() -> None:
+    a = torch.randn(32, 64, generator=gen).half()
+    b = torch.randn(64, 16, generator=gen).half()
+    got = (a.cuda() @ b.cuda()).cpu().float()
+    close(got.numpy(), (a.float() @ b.float()).numpy(), 1e-2, 2e-2)
+
+
+@check("conv2d_cudnn")
+def _() -> None:
+    """cuDNN's engines ship PTX for compute_121, which a compute 13.0 device runs."""
+    img = torch.randn(2, 3, 10, 10, generator=gen)
+    k = torch.randn(4, 3, 3, 3, generator=gen)
+    got = torch.nn.functional.conv2d(img.cuda(), k.cuda(), padding=1).cpu()
+    close(got.numpy(), torch.nn.functional.conv2d(img, k, padding=1).numpy(), 1e-4, 1e-4)
 
 
 @check("sass_only_kernel_fails_clearly")

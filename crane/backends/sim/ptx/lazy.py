@@ -10,7 +10,10 @@ than :data:`LAZY_BYTES`; smaller ones (every hand-built program) are still decod
 load, so their unsupported instructions are refused by the load.
 
 How: the declaration scan (:func:`crane.modules.ptx_info.scan_ptx`, which locates every
-function body) runs at load. A kernel's first launch takes its *closure* (the kernel, every
+function body) runs at load, and so does a quick pass over every body that refuses, as an
+eager load does, an instruction the simulator does not know at all (naming it and its line):
+libraries load a module and fall back to another kernel when the load fails, which they could
+not do if the refusal came at launch. A kernel's first launch takes its *closure* (the kernel, every
 function and kernel its body names, transitively, and the functions named by the
 initializers of variables it names; every function of the module if the closure calls
 through a pointer) and decodes the module's text with every other body replaced by ``;``
@@ -29,7 +32,9 @@ from crane.api.generated.cuda_enums import CUresult
 
 from .calls import function_address
 from .device_launch import BUILTINS as DEVICE_RUNTIME
-from .errors import KernelFault, PtxError
+from .errors import KernelFault, PtxError, PtxUnsupported
+from .lexer import split_statements
+from .opcodes import OPCODES
 from .parser import parse_module
 from .program import PtxProgram, load_ptx, module_variables, scan_module
 
@@ -38,6 +43,11 @@ __all__ = ["LAZY_BYTES", "LazyPtxProgram", "load_program"]
 #: Modules with more PTX text than this are decoded per kernel, on first launch.
 LAZY_BYTES = 4 << 20
 
+#: An instruction's mnemonic at the start of a line, after a guard: the quick pass over a body
+#: (a body where it finds a word that is no opcode gets a real look: it may be a call's
+#: argument on a line of its own).
+_MNEMONIC = re.compile(r"^[ \t]*(?:@!?%?[\w$]+[ \t]+)?([a-z]\w*)", re.M)
+_GUARD = re.compile(r"^@!?\s*%?[\w$]+\s+")
 #: ``call`` through a register: ``call{.uni} {(ret),} %rd, ...`` (any function may be reached).
 _INDIRECT_CALL = re.compile(r"\bcall(?:\.uni)?\s+(?:\([^()]*\)\s*,\s*)?%")
 
@@ -59,13 +69,9 @@ class LazyPtxProgram:
     def __init__(self, text: str, info: Any = None) -> None:
         self._info = scan_module(text) if info is None else info
         self._text = text
+        self._bodies = self._bodies_of(self._info)
+        _refuse_unknown_instructions(text, self._bodies)
         self.variables = module_variables(self._info)
-        self._bodies = {
-            name: fn
-            for table in (self._info.functions, self._info.entries)
-            for name, fn in table.items()
-            if fn.body_span is not None
-        }
         # the module with no body at all: checks the declarations now and numbers the
         # functions exactly as every closure's program will
         skeleton = parse_module(self._strip(frozenset()))
@@ -76,6 +82,16 @@ class LazyPtxProgram:
         self.uses_heap = bool(declared_only & ({"malloc", "free"} | set(DEVICE_RUNTIME)))
         self._programs: dict[frozenset[str], PtxProgram | PtxError] = {}
         self._closures: dict[str, frozenset[str]] = {}
+
+    @staticmethod
+    def _bodies_of(info: Any) -> dict[str, Any]:
+        """Every function and kernel with a body, by name."""
+        return {
+            name: fn
+            for table in (info.functions, info.entries)
+            for name, fn in table.items()
+            if fn.body_span is not None
+        }
 
     def function_addresses(self) -> dict[str, int]:
         return dict(self._addresses)
@@ -135,3 +151,19 @@ class LazyPtxProgram:
             pos = end
         parts.append(self._text[pos:])
         return "".join(parts)
+
+
+def _refuse_unknown_instructions(text: str, bodies: dict[str, Any]) -> None:
+    """Raise :class:`.PtxUnsupported` for the first instruction whose mnemonic the simulator
+    does not know, as decoding the module would (modifiers it refuses are found when the kernel
+    is decoded)."""
+    for fn in bodies.values():
+        start, end = fn.body_span
+        if all(m.group(1) in OPCODES for m in _MNEMONIC.finditer(text, start, end)):
+            continue
+        for st in split_statements(text[start:end], fn.body_lines[0]):
+            if st.kind != "stmt" or st.text.startswith("."):
+                continue
+            opcode = _GUARD.sub("", st.text).split(None, 1)[0]
+            if opcode.split(".", 1)[0] not in OPCODES:
+                raise PtxUnsupported(f"instruction `{opcode}` is not supported", st.line)
