@@ -177,6 +177,12 @@ def build(
     runtime.py) gets ``private_paths`` instead: a directory holding only Crane's guest
     dependencies for that interpreter and the ``crane`` package."""
     interp = probe(python)
+    if interp.libpython is None and private_paths is None:
+        # Crane's own library serves C programs, which need it to bring its interpreter
+        raise RuntimeError(
+            f"no shared libpython{interp.version} found for {interp.executable}: install it "
+            "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared; Debian: libpython3.X-dev)"
+        )
     if private_paths is not None:
         paths, add_root = list(private_paths), False
     else:

@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.crane-setup
 inputs=$(cat pyproject.toml setup.py proto/crane/v1/*.proto | sha256sum | cut -d' ' -f1)
-lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* | sha256sum | cut -d' ' -f1)
+lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/guest_pb2.py ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     extras="test"

@@ -202,10 +202,10 @@ def _pip_install(interp: Interpreter, target: Path, requirements: list[str]) -> 
     )
 
 
-def prepare(python: str, log: Callable[[str], None] | None = None) -> Path:
-    """The guest library for ``python``: built (with its dependencies) on first use, cached
-    after. ``log`` hears one line when a build happens."""
-    interp = describe(python)
+def prepare(python: str | Interpreter, log: Callable[[str], None] | None = None) -> Path:
+    """The guest library for ``python`` (a path, or what :func:`describe` said of it): built
+    (with its dependencies) on first use, cached after. ``log`` hears when a build happens."""
+    interp = describe(python) if isinstance(python, str) else python
     if interp.version < _MIN:
         raise GuestRuntimeError(
             f"crane: {interp.label} is older than Python 3.11, which Crane's guest side needs"
@@ -230,6 +230,11 @@ def prepare(python: str, log: Callable[[str], None] | None = None) -> Path:
         site = home / "site"
         _pip_install(interp, site, requirements)
         (site / "crane").symlink_to(PACKAGE, target_is_directory=True)
+        if builder.probe(interp.executable).libpython is None and log:
+            log(
+                f"crane: {interp.label} has no shared libpython: its guest library works "
+                "inside Python processes only, not in programs they start"
+            )
         try:
             builder.build(home / "lib", python=interp.executable, private_paths=[str(site)])
         except (RuntimeError, OSError, subprocess.CalledProcessError) as e:

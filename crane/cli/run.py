@@ -102,7 +102,7 @@ def library_for(python: str | None) -> Path:
     interp = guest_runtime.describe(python)
     if guest_runtime.is_own(interp):
         return library_path()
-    return guest_runtime.prepare(python, log=_log)
+    return guest_runtime.prepare(interp, log=_log)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

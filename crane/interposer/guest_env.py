@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -140,12 +141,15 @@ class Found:
     imported: bool
 
 
-def find_version(dist: str, paths: list[str]) -> Found | None:
-    """``dist`` as this process would use it: the module already imported (its
-    ``__version__``), else the first installation on ``paths`` (its metadata); None if
-    neither."""
+def find_version(
+    dist: str, paths: list[str], modules: Mapping[str, object] | None = None
+) -> Found | None:
+    """``dist`` as this process would use it: the module already imported (in ``modules``,
+    default ``sys.modules``; its ``__version__``), else the first installation on ``paths``
+    (its metadata); None if neither."""
+    modules = sys.modules if modules is None else modules
     for name in GUEST_DISTRIBUTIONS.get(dist, ()):
-        mod = sys.modules.get(name)
+        mod = modules.get(name)
         version = getattr(mod, "__version__", None)
         if mod is not None and isinstance(version, str):
             return Found(version, str(getattr(mod, "__file__", None) or name), True)
@@ -187,14 +191,18 @@ class Conflict:
 
 
 def conflicts(
-    requirements: list[str], app_paths: list[str], crane_paths: list[str]
+    requirements: list[str],
+    app_paths: list[str],
+    crane_paths: list[str],
+    modules: Mapping[str, object] | None = None,
 ) -> list[Conflict]:
     """Each requirement the application's copy (already imported, or first on ``app_paths``)
-    does not satisfy; ``crane_paths``: where Crane's own copies are, to name their version."""
+    does not satisfy; ``crane_paths``: where Crane's own copies are, to name their version;
+    ``modules``: what is imported (``sys.modules`` by default)."""
     found = []
     for text in requirements:
         req = parse_requirement(text)
-        app = find_version(req.name, app_paths)
+        app = find_version(req.name, app_paths, modules)
         if app is None:
             continue
         try:

@@ -21,8 +21,14 @@ CUDA_LIB64 = Path("/usr/local/cuda/lib64")
 
 
 def _sources() -> list[Path]:
+    """What the library is built from (pyproject.toml: the guest requirements it bakes in)."""
     inter = ROOT / "interposer"
-    return [*inter.glob("src/*"), *inter.glob("generated/*"), inter / "build_interposer.py"]
+    return [
+        *inter.glob("src/*"),
+        *inter.glob("generated/*"),
+        inter / "build_interposer.py",
+        ROOT / "pyproject.toml",
+    ]
 
 
 @pytest.fixture(scope="session")

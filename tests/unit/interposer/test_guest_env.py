@@ -80,7 +80,7 @@ def test_conflict_names_both_versions_and_the_fix(tmp_path: Path) -> None:
     _install(app, "lz4", "3.1.0")
     _install(ours, "lz4", "4.4.5")
     _install(app, "zstandard", "0.25.0")  # fits: no conflict for it
-    (found,) = conflicts(["lz4>=4.3", "zstandard>=0.22"], [str(app)], [str(ours)])
+    (found,) = conflicts(["lz4>=4.3", "zstandard>=0.22"], [str(app)], [str(ours)], modules={})
     line = found.report("/venv/bin/python")
     assert "application's lz4 3.1.0 (installed at" in line
     assert "lz4>=4.3 (Crane ships 4.4.5)" in line
@@ -93,9 +93,20 @@ def test_first_installation_on_the_path_is_the_one_checked(tmp_path: Path) -> No
     first, second = tmp_path / "a", tmp_path / "b"
     _install(first, "lz4", "4.4.0")
     _install(second, "lz4", "1.0")
-    assert conflicts(["lz4>=4.3"], [str(first), str(second)], []) == []
-    assert len(conflicts(["lz4>=4.3"], [str(second), str(first)], [])) == 1
+    assert conflicts(["lz4>=4.3"], [str(first), str(second)], [], modules={}) == []
+    assert len(conflicts(["lz4>=4.3"], [str(second), str(first)], [], modules={})) == 1
 
 
 def test_absent_dependency_is_no_conflict(tmp_path: Path) -> None:
-    assert conflicts(["lz4>=4.3"], [str(tmp_path)], []) == []
+    assert conflicts(["lz4>=4.3"], [str(tmp_path)], [], modules={}) == []
+
+
+def test_an_imported_module_decides_over_installations(tmp_path: Path) -> None:
+    """What the process already holds is what Crane would share, whatever is installed."""
+    import numpy
+
+    _install(tmp_path, "numpy", "1.0")
+    held = {"numpy": numpy}
+    assert conflicts([f"numpy=={numpy.__version__}"], [str(tmp_path)], [], modules=held) == []
+    (found,) = conflicts(["numpy<1.1"], [str(tmp_path)], [], modules=held)
+    assert found.app.imported and found.app.version == numpy.__version__
