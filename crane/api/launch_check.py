@@ -109,7 +109,8 @@ def max_active_blocks_per_sm(
     """Blocks of ``block_threads`` threads using ``shared_bytes`` of shared memory (static +
     dynamic) that one SM holds at once: the occupancy calculator's answer, limited by blocks,
     warps (threads rounded up to whole warps) and shared memory per SM. Registers do not limit
-    it: the simulated device has no register file limit (function attribute NUM_REGS is 0).
+    it: the simulated device has no register file limit (function attribute NUM_REGS is the
+    share of the register file that never limits occupancy).
     One function for cuOccupancyMaxActiveBlocksPerMultiprocessor and the cooperative-launch
     check, so the two can never disagree."""
     if block_threads <= 0:

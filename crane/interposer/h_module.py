@@ -187,6 +187,16 @@ _NON_PORTABLE_CLUSTER, _CLUSTER_POLICY = 14, 15
 _SETTABLE = {_MAX_DYN, _CARVEOUT, *_REQ_CLUSTER, _NON_PORTABLE_CLUSTER, _CLUSTER_POLICY}
 
 
+def registers_per_thread(attributes: dict[int, int]) -> int:
+    """NUM_REGS. The simulated device has no register file limit, so a kernel is said to use
+    what a thread may use without lowering occupancy (registers per SM / threads per SM: 32 on
+    an H100), which keeps occupancy formulas (cuda_occupancy.h, built into cuBLAS and CUB) in
+    agreement with cuOccupancyMaxActiveBlocksPerMultiprocessor. Reporting 0 made cuBLAS's
+    formula divide by zero (SIGFPE in cublasSdot)."""
+    per_sm = attributes[DA.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR]
+    return max(1, per_sm // attributes[DA.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR])
+
+
 def function_attribute(fn: Function, attrib: int) -> int:
     s = RT.session()
     a = s.attributes
@@ -197,7 +207,7 @@ def function_attribute(fn: Function, attrib: int) -> int:
         1: lay.static_shared,
         2: 0,  # constant bytes: module constants are globals here
         3: 0,  # local bytes: not reported by the daemon's layout
-        4: 0,  # registers: the simulated device has no register file limit
+        4: registers_per_thread(a),
         5: lay.ptx_version,  # PTX_VERSION: the compute_XY the code was compiled from
         6: lay.binary_version,  # BINARY_VERSION: the code that runs (JIT-ed: the device's)
         7: 0,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ptxdev import i32
+from ptxdev import Ptr, i32
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as A
 from crane.api.generated.cuda_enums import CUresult
-from crane.backends.sim.ptx import KernelFault
+from crane.backends.sim.ptx import KernelFault, load_ptx
 from crane.backends.sim.ptx import program as ptx_program
 
 
@@ -126,3 +126,55 @@ def test_grid_larger_than_the_interpreter_runs_at_once_is_refused(program, dev, 
         _coop(dev, prog, "two_phase", most + 1, t, [a, out, i32(n)])
     assert ei.value.code == CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
     assert "one batch" in ei.value.message
+
+
+_CHAIN = """
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry chain(.param .u64 pflag, .param .u64 pout)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [pflag];
+    ld.param.u64 %rd2, [pout];
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra $Ldone;
+    mov.u32 %r2, %ctaid.x;
+$Lspin:
+    ld.acquire.gpu.global.u32 %r3, [%rd1];
+    setp.ne.u32 %p2, %r3, %r2;
+    @%p2 bra $Lspin;
+    mov.u32 %r4, 0;
+    setp.eq.u32 %p3, %r2, 0;
+    @%p3 bra $Lfirst;
+    mul.wide.u32 %rd3, %r2, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.global.u32 %r4, [%rd4+-4];
+$Lfirst:
+    mul.wide.u32 %rd3, %r2, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    add.u32 %r5, %r4, %r2;
+    add.u32 %r5, %r5, 1;
+    st.global.u32 [%rd4], %r5;
+    add.u32 %r6, %r2, 1;
+    st.release.gpu.global.u32 [%rd1], %r6;
+$Ldone:
+    ret;
+}
+"""
+
+
+def test_blocks_of_an_ordinary_launch_waiting_on_each_other(dev):
+    """cuBLAS's triangular solve: block b spins until block b-1 published its result. Nothing
+    in an ordinary launch promises it, but blocks that run at once let it finish; the spinning
+    group at the lowest PC starved block 0 forever until a batch whose groups keep looping back
+    let its blocks take turns."""
+    prog = load_ptx(_CHAIN)
+    blocks = 5
+    flag, out = dev.zeros(1, np.uint32), dev.zeros(blocks, np.uint32)
+    dev.launch(prog, "chain", blocks, 32, [Ptr(flag), Ptr(out)])
+    assert dev.download(out, blocks, np.uint32).tolist() == [1, 3, 6, 10, 15]
+    assert dev.download(flag, 1, np.uint32).tolist() == [blocks]

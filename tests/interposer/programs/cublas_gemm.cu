@@ -115,6 +115,66 @@ int main() {
     CHECK(err < 1e-5, "sgemm T max relative error %g", err);
     printf("sgemm_t status=%d err_ok=%d\n", int(st), err < 1e-5);
 
+    // DGEMM of the same product, and a dot product (its launch sizing divides by the registers
+    // a kernel reports: 0 there was a SIGFPE)
+    std::vector<double> a64(a.begin(), a.end()), b64(b.begin(), b.end());
+    double *da64 = upload(a64), *db64 = upload(b64), *dc64 = nullptr;
+    CHECK(cudaMalloc(&dc64, c.size() * sizeof(double)) == cudaSuccess, "cudaMalloc");
+    double done = 1, dzero = 0;
+    st = cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &done, da64, m, db64, k, &dzero, dc64, m);
+    CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasDgemm status %d", int(st));
+    cublasStatus_t dgemm_st = st;
+    std::vector<double> c64(c.size());
+    CHECK(cudaMemcpy(c64.data(), dc64, c64.size() * sizeof(double), cudaMemcpyDeviceToHost) ==
+              cudaSuccess,
+          "download");
+    int dgemm_exact = c64 == ab;
+    CHECK(dgemm_exact, "dgemm differs");
+    float dot = 0;
+    st = cublasSdot(h, int(a.size()), da, 1, da, 1, &dot);
+    double want = 0;
+    for (float v : a) want += double(v) * v;
+    CHECK(st == CUBLAS_STATUS_SUCCESS && dot == want, "sdot status %d: %g, want %g", int(st), dot,
+          want);
+    printf("dgemm status=%d exact=%d sdot status=%d exact=%d\n", int(dgemm_st), dgemm_exact,
+           int(st), dot == want);
+    cudaFree(da64); cudaFree(db64); cudaFree(dc64);
+
+    // Triangular solve L x = b (unit lower, 40 rows: cuBLAS runs it as blocks that wait for
+    // the block before them), checked against forward substitution
+    const int t = 40;
+    std::vector<float> l(size_t(t) * t, 0.0f), rhs = quarters(t, 5);
+    for (int i = 0; i < t; i++)
+        for (int j = 0; j < i; j++) l[i + size_t(j) * t] = float((i + j) % 5 - 2) / 16;
+    std::vector<double> sol(t);
+    for (int i = 0; i < t; i++) {
+        double v = rhs[i];
+        for (int j = 0; j < i; j++) v -= l[i + size_t(j) * t] * sol[j];
+        sol[i] = v;
+    }
+    float *dl = upload(l), *dxs = upload(rhs);
+    st = cublasStrsm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT, t,
+                     1, &one, dl, t, dxs, t);
+    CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasStrsm status %d", int(st));
+    err = max_rel_err(download(dxs, t), sol);
+    CHECK(err < 1e-4, "strsm max relative error %g", err);
+    printf("strsm status=%d err_ok=%d\n", int(st), err < 1e-4);
+    cudaFree(dl); cudaFree(dxs);
+
+    // On a stream of its own (cuBLAS keeps state per stream, keyed through the driver)
+    cudaStream_t stream;
+    CHECK(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");
+    CHECK(cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS, "cublasSetStream");
+    CHECK(cudaMemset(dc, 0, c.size() * sizeof(float)) == cudaSuccess, "memset");
+    st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, da, m, db, k, &zero, dc, m);
+    CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSgemm on a stream: status %d", int(st));
+    CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "cudaStreamSynchronize");
+    err = max_rel_err(download(dc, c.size()), ab);
+    CHECK(err < 1e-5, "sgemm on a stream max relative error %g", err);
+    printf("sgemm_stream status=%d err_ok=%d\n", int(st), err < 1e-5);
+    cublasSetStream(h, 0);
+    cudaStreamDestroy(stream);
+
     cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dah); cudaFree(dbh); cudaFree(dat);
     st = cublasDestroy(h);
     CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasDestroy status %d", int(st));

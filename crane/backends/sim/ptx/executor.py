@@ -29,6 +29,11 @@ Cooperative launches (grid-wide sync) break that independence: a block spins in 
 (``ld.acquire`` until every block has arrived) and blocks that have not arrived must still run.
 Min-PC alone does not guarantee it: the spinning group can be the lowest key forever while a
 lagging block sits at a ``bar.sync`` (released only when nothing else runs) or at a higher PC.
+An ordinary launch promises nothing about blocks waiting on each other, but libraries do it
+(cuBLAS's triangular solve: a block spins until the block before it published its rows). So a
+batch of several blocks whose groups keep looping back (:data:`SPIN_BRANCHES` backward branches)
+is run as a cooperative one from then on: that only changes the order between blocks.
+
 So in a cooperative batch (``st.cooperative``) a group that takes a backward branch *yields to
 other blocks*: it is set aside with every lane of its blocks (the *held* lanes, so lanes of one
 block still reconverge by min-PC), the other blocks run until they exit, park or yield in turn,
@@ -48,13 +53,17 @@ from .errors import KernelFault, fault_code
 from .frames import Frames
 from .instr import BAR, BRA, CALL, CLUSTER_WAIT, EXIT, MWAIT, PLAIN, RET, TRAP, WBAR
 
-__all__ = ["MAX_STALLS", "merge", "run_batch"]
+__all__ = ["MAX_STALLS", "SPIN_BRANCHES", "merge", "run_batch"]
 
 _NONE = object()
 #: rounds in a row in which only mbarrier waits were left, none could complete and no mbarrier
 #: changed, before the launch is failed as a deadlock (each round answers every wait false,
 #: so a program that polls and gives up still ends)
 MAX_STALLS = 20000
+#: backward branches taken in a batch of several blocks before its blocks take turns at
+#: backward branches as in a cooperative launch (a block may be spinning on another's store);
+#: far more than the loops of ordinary kernels take in one batch
+SPIN_BRANCHES = 1 << 14
 
 
 def merge(a, b, n: int):
@@ -101,7 +110,8 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     wparked: dict[tuple, object] = {}  # lanes at a bar.warp.sync
     coop = st.cooperative
     held: dict[tuple, object] = {}  # cooperative only: lanes of blocks that yielded
-    held_blk = np.zeros(st.nblocks, np.bool_) if coop else None
+    held_blk = np.zeros(st.nblocks, np.bool_)
+    spin_left = SPIN_BRANCHES if st.nblocks > 1 and not coop else -1
     mparked: dict[tuple, object] = {}  # lanes at an mbarrier wait whose phase is not complete
     stalls, stall_epoch = 0, -1
     frames = Frames()  # saved activations of recursive functions
@@ -185,6 +195,9 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                 if kind == BRA:
                     back = ins.x <= pc
                     pc = ins.x
+                    if back and spin_left > 0:
+                        spin_left -= 1
+                        coop = spin_left == 0  # blocks may be waiting on each other
                     if groups and _rejoin(groups, (*stack, pc), idx, n, True):
                         break
                     if (

@@ -1,6 +1,8 @@
-// The export-table slots NVIDIA's libraries call (cuBLAS, cuBLASLt, cuFFT, cudart 13.2+) and
-// the public calls they stand for: each slot's answer is checked against the public call's.
-// Driver API, linked with -lcuda; a module of two kernels is loaded from PTX text.
+// The driver calls NVIDIA's libraries make beyond the runtime's: the export-table slots cuBLAS,
+// cuBLASLt, cuFFT and cudart 13.2+ call, each checked against the public call it stands for,
+// and what cublasCreate asks of a device it has SASS for (the CIG limit, kernel attributes for
+// large dynamic shared memory and non-portable cluster sizes, cluster occupancy). Driver API,
+// linked with -lcuda; a library of two kernels is loaded from PTX text.
 #include <cstdio>
 #include <cstring>
 #include <cuda.h>
@@ -121,6 +123,51 @@ int main() {
     CHECK(cuMemcpyDtoH(&v, out, 4) == CUDA_SUCCESS && v == 22, "second wrote %u", v);
     printf("ctx_id=%llu streams_distinct=%d module_functions=%d stored=%d\n", id,
            k0 != k1 && k1 != k2, n, last == (void *)fns[1]);
+
+    // cublasCreate at compute capability 9.0 / 12.0: the limit must be answered (0: not a CIG
+    // context), and the cluster attributes and occupancy served
+    size_t cig = 7;
+    CHECK(cuCtxGetLimit(&cig, CU_LIMIT_CIG_ENABLED) == CUDA_SUCCESS && cig == 0, "CIG %zu", cig);
+    CUlibrary lib;
+    CUkernel kern;
+    CHECK(cuLibraryLoadData(&lib, PTX, nullptr, nullptr, 0, nullptr, nullptr, 0) == 0, "lib");
+    CHECK(cuLibraryGetKernel(&kern, lib, "first") == CUDA_SUCCESS, "kernel");
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 200 * 1024, kern,
+                               0) == CUDA_SUCCESS,
+          "dynamic shared size");
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kern, 0) ==
+              CUDA_SUCCESS,
+          "non-portable cluster size");
+    CUfunction kfn;
+    CHECK(cuKernelGetFunction(&kfn, kern) == CUDA_SUCCESS, "kernel function");
+    // occupancy formulas (cuBLAS's) divide by the registers a warp uses: never 0, and a share
+    // of the register file that agrees with the occupancy the driver reports
+    int regs = 0, regs_sm = 0, threads_sm = 0, blocks = 0;
+    CHECK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, kfn) == CUDA_SUCCESS, "regs");
+    cuDeviceGetAttribute(&regs_sm, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 0);
+    cuDeviceGetAttribute(&threads_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 0);
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kfn, 256, 0) == 0, "occupancy");
+    CHECK(regs > 0 && blocks * 256 * regs <= regs_sm && blocks * 256 == threads_sm,
+          "regs %d x %d blocks of 256 in %d registers, %d threads", regs, blocks, regs_sm,
+          threads_sm);
+    CUlaunchAttribute cl;
+    cl.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cl.value.clusterDim.x = 16;
+    cl.value.clusterDim.y = cl.value.clusterDim.z = 1;
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = 32;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 128;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.attrs = &cl;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    CHECK(cuOccupancyMaxActiveClusters(&clusters, kfn, &cfg) == CUDA_SUCCESS && clusters > 0,
+          "clusters of 16: %d", clusters);
+    CHECK(cuLaunchKernelEx(&cfg, kfn, params, nullptr) == CUDA_SUCCESS, "cluster launch");
+    CHECK(cuMemcpyDtoH(&v, out, 4) == CUDA_SUCCESS && v == 11, "first wrote %u", v);
+    printf("cig=%zu non_portable_clusters=%d regs_ok=%d\n", cig, clusters > 0, regs > 0);
+    CHECK(cuLibraryUnload(lib) == CUDA_SUCCESS, "unload");
 
     // a reset makes a new primary context behind the same handle: a new id
     CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS, "reset");
