@@ -116,7 +116,7 @@ class LazyPtxProgram:
         prog = self._programs.get(closure)
         if prog is None:
             try:
-                prog = load_ptx(self._strip(closure))
+                prog = load_ptx(self._strip(closure), self._info)  # the same declarations
             except PtxError as e:
                 prog = e
             self._programs[closure] = prog
