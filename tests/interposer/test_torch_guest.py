@@ -71,3 +71,19 @@ def test_import_torch_through_crane_costs_little(
     record_property("import_crane_s", round(crane, 2))
     print(f"\nimport torch: {crane:.2f} s through Crane, {native:.2f} s without")
     assert crane < 2 * native + 2.0, (crane, native)
+
+
+def test_on_a_real_model_profile_library_calls_fail_cleanly(
+    clients: Clients, guest_lib: Path, daemon_of: Callable[[str], DaemonProcess]
+) -> None:
+    """sim:h100-80gb picks cuBLAS's and cuDNN's SASS and refuses it at load: their calls fail
+    with the libraries' own errors, everything else runs, and the process ends (exit 1: some of
+    its checks failed) instead of hanging or crashing."""
+    run = run_script(clients, daemon_of("sim:h100-80gb").address, "torch_guest.py")
+    assert run.returncode == 1, run.describe()
+    for name in ("is_available", "mem_get_info", "allocation", "copies_round_trip"):
+        assert run.outcome(name) == "ok", run.outcome(name)
+    assert run.outcome("sass_only_kernel_fails_clearly") == "ok"
+    for name in ("mm_cublas", "bmm_cublas", "linear_bias_cublaslt", "mm_fp16_cublas"):
+        assert "CUBLAS_STATUS_NOT_INITIALIZED" in run.outcome(name), run.outcome(name)
+    assert "unable to find an engine" in run.outcome("conv2d_cudnn"), run.outcome("conv2d_cudnn")
