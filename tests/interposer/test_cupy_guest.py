@@ -1,7 +1,7 @@
 """CuPy from the client venv (PyPI's cupy-cuda13x, unmodified) as a guest on ``sim:ptx-next``:
 ``hosts/cupy_guest.py`` checks arange, elementwise ops, reductions, ElementwiseKernel,
-RawKernel (NVRTC's PTX), cp.dot (cuBLAS), cp.fft (cuFFT) and cp.sort (the wheel's prebuilt
-Thrust module, PTX for compute_120) against NumPy, and exits 0."""
+RawKernel (NVRTC's PTX), cp.dot (cuBLAS), cp.fft (cuFFT), cp.linalg.solve/inv (cuSOLVER) and
+cp.sort (the wheel's prebuilt Thrust module, PTX for compute_120) against NumPy, and exits 0."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ CHECKS = [
     "raw_kernel",
     "dot_cublas",
     "fft_cufft",
+    "linalg_cusolver",
     "sort_thrust",
 ]
 

@@ -1,7 +1,8 @@
 """CuPy (the PyPI wheel, unmodified) as a guest on a simulated GPU, each result checked against
 NumPy. Run under ``crane run`` on ``sim:ptx-next``: crane run sets CUPY_COMPILE_WITH_PTX=1 and
 an empty CUPY_ACCELERATORS, so NVRTC hands the device PTX and reductions use CuPy's own
-kernels; cuBLAS, cuFFT and the prebuilt Thrust module take their PTX paths on that device."""
+kernels; cuBLAS, cuFFT, cuSOLVER and the prebuilt Thrust module take their PTX paths on that
+device."""
 
 from __future__ import annotations
 
@@ -89,6 +90,17 @@ def _() -> None:
     s = x[:256] + 1j * x[256:512]
     close(cp.fft.fft(cp.asarray(s.astype(np.complex64))).get(), np.fft.fft(s), 1e-3, 1e-3)
     close(cp.fft.rfft(cp.asarray(x[:128])).get(), np.fft.rfft(x[:128]), 1e-3, 1e-3)
+
+
+@check("linalg_cusolver")
+def _() -> None:
+    """cuSOLVER's LU (getrf/getrs): double-precision warp MMA, blocks waiting on each other."""
+    m = rng.standard_normal((16, 16))
+    rhs = rng.standard_normal((16, 3))
+    close(
+        cp.linalg.solve(cp.asarray(m), cp.asarray(rhs)).get(), np.linalg.solve(m, rhs), 1e-9, 1e-9
+    )
+    close(cp.linalg.inv(cp.asarray(m)).get(), np.linalg.inv(m), 1e-9, 1e-9)
 
 
 @check("sort_thrust")
