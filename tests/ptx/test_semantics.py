@@ -368,6 +368,75 @@ def test_float_compare_select(dev, rng):
     run_case(dev, body, ref, rng, inputs=inputs)
 
 
+def _f16(h: int) -> float:
+    return float(np.uint16(h & 0xFFFF).view(np.float16))
+
+
+def _bf16(h: int) -> float:
+    return u2f((h & 0xFFFF) << 16)
+
+
+def test_half_precision_set_and_setp(dev, rng):
+    """The PTX ISA's half precision comparisons: packed halves compare low with low and high
+    with high (p|q, or one result per half of d), 1.0 in a half destination, 0xffff per half
+    in .u32 from packed halves, all ones in .u16; .ftz flushes f16 subnormals first (CUB's
+    radix sort of halves uses ``set.nan.f16.f16``)."""
+    body = """
+    set.lt.f16x2.f16x2 %r10, %r2, %r3;
+    set.nan.u32.f16x2 %r11, %r2, %r3;
+    mov.b32 {%h1, %h2}, %r2;
+    mov.b32 {%h3, %h4}, %r3;
+    set.nan.f16.f16 %h5, %h1, %h3;
+    set.gtu.u16.f16 %h6, %h2, %h4;
+    mov.b32 %r12, {%h5, %h6};
+    setp.ge.f16x2 %p1|%p2, %r2, %r3;
+    selp.u32 %r13, 1, 0, %p1;
+    selp.u32 %r14, 2, 0, %p2;
+    or.b32 %r13, %r13, %r14;
+    set.le.and.bf16x2.bf16x2 %r14, %r2, %r3, %p1;
+    set.eq.ftz.s32.f16x2 %r15, %r2, %r3;
+    set.ne.bf16.bf16 %h7, %h1, %h3;
+    setp.equ.bf16x2 %p3|%p4, %r2, %r3;
+    selp.u32 %r16, 1, 0, %p3;
+    selp.u32 %r17, 2, 0, %p4;
+    or.b32 %r16, %r16, %r17;
+    cvt.u32.u16 %r17, %h7;
+    """
+    halves = [0x0000, 0x8000, 0x0001, 0x3C00, 0xBC00, 0x7C00, 0x7E00, 0x3F80, 0xFF80, 0x7FC0]
+    words = [lo | (hi << 16) for lo in halves for hi in halves[::3]]
+    inputs = rng.integers(0, 2**32, (len(words) * 4, 4), dtype=np.uint64).astype(np.uint32)
+    for i in range(len(inputs)):
+        inputs[i, 0] = words[i % len(words)]
+        inputs[i, 1] = words[(i * 7 + i // len(words)) % len(words)]
+
+    def parts(w: int, conv, ftz: bool = False) -> list[float]:
+        out = [conv(w), conv(w >> 16)]
+        return [0.0 if ftz and abs(v) < 2**-14 else v for v in out]
+
+    def pack(t0: bool, t1: bool, one: int) -> int:
+        return (one if t0 else 0) | ((one if t1 else 0) << 16)
+
+    def ref(a, b, c, d, t):
+        fa, fb = parts(a, _f16), parts(b, _f16)
+        ba, bb = parts(a, _bf16), parts(b, _bf16)
+        za, zb = parts(a, _f16, True), parts(b, _f16, True)
+        nan = [math.isnan(x) or math.isnan(y) for x, y in zip(fa, fb, strict=True)]
+        bnan = [math.isnan(x) or math.isnan(y) for x, y in zip(ba, bb, strict=True)]
+        ge = [x >= y for x, y in zip(fa, fb, strict=True)]
+        return [
+            pack(fa[0] < fb[0], fa[1] < fb[1], 0x3C00),
+            pack(nan[0], nan[1], 0xFFFF),
+            (0x3C00 if nan[0] else 0) | ((0xFFFF if nan[1] or fa[1] > fb[1] else 0) << 16),
+            int(ge[0]) | (2 * int(ge[1])),
+            pack(ba[0] <= bb[0] and ge[0], ba[1] <= bb[1] and ge[0], 0x3F80),
+            pack(za[0] == zb[0], za[1] == zb[1], 0xFFFF),
+            int(bnan[0] or ba[0] == bb[0]) | (2 * int(bnan[1] or ba[1] == bb[1])),
+            0x3F80 if (not bnan[0] and ba[0] != bb[0]) else 0,
+        ]
+
+    run_case(dev, body, ref, rng, inputs=inputs)
+
+
 def test_int_saturating_cvt(dev, rng):
     body = """
     cvt.sat.s8.s32 %h1, %r2;

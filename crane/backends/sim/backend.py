@@ -215,7 +215,7 @@ class SimBackend(Backend):
             globals_[name] = GlobalVar(name, addr, g.size)
             sim.symbols[name] = addr
         if image.ptx is not None:
-            sim.program = _load_program(image.ptx)
+            sim.program = _load_program(image.ptx, image.ptx_info)
             if sim.program is None:
                 sim.why_no_ptx = "this build of Crane has no PTX interpreter"
         code = sim.program.function_addresses() if sim.program is not None else {}
@@ -360,13 +360,16 @@ DEVICE_HEAP_BYTES = 8 << 20
 DEVICE_PENDING_LAUNCHES = 2048
 
 
-def _load_program(ptx: str) -> Any:
-    """Decode a module's PTX once (unsupported instructions are refused here, at load)."""
+def _load_program(ptx: str, info: Any) -> Any:
+    """Decode a module's PTX once (unsupported instructions are refused here, at load), or,
+    for a large module, check its declarations now and decode each kernel on its first launch
+    (``ptx/lazy.py``: CUDA's lazy loading)."""
     try:
-        from crane.backends.sim.ptx import PtxError, load_ptx
+        from crane.backends.sim.ptx import PtxError
+        from crane.backends.sim.ptx.lazy import load_program
     except ImportError:  # the interpreter is not part of this build
         return None
     try:
-        return load_ptx(ptx)
+        return load_program(ptx, info)
     except PtxError as e:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_PTX, str(e)) from None

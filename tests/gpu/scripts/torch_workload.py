@@ -1,8 +1,9 @@
 """A PyTorch workload for the GPU suite, run unmodified natively and through ``crane run``.
 
-cuBLAS matrix products (fp32 with TF32 off, fp16, bf16, batched, addmm) and a few training steps
-of a small MLP with Adam. Every input and the model's initial weights come from seeded CPU
-generators, so both runs start from identical bytes; deterministic algorithms are enforced.
+cuBLAS matrix products (fp32 with TF32 off, fp16, bf16, batched, addmm), a cuDNN convolution
+and a few training steps of a small MLP with Adam. Every input and the model's initial weights
+come from seeded CPU generators, so both runs start from identical bytes; deterministic
+algorithms are enforced.
 Writes ``results.json`` (device identity, losses, optional step timings) and the results as
 ``.npy`` arrays into ``--out``; the test compares two such folders.
 
@@ -45,7 +46,9 @@ def matmuls(dev: torch.device) -> dict[str, np.ndarray]:
     bias = torch.randn(512, generator=g)
     x = torch.randn(8, 128, 256, generator=g)
     y = torch.randn(8, 256, 64, generator=g)
-    da, db, dbias, dx, dy = (t.to(dev) for t in (a, b, bias, x, y))
+    img = torch.randn(4, 16, 32, 32, generator=g)
+    kern = torch.randn(32, 16, 3, 3, generator=g)
+    da, db, dbias, dx, dy, dimg, dkern = (t.to(dev) for t in (a, b, bias, x, y, img, kern))
     out = {
         "fp32": da @ db,
         "fp32_tn": da.t().contiguous().t() @ db,  # a transposed operand: another cuBLAS path
@@ -54,6 +57,7 @@ def matmuls(dev: torch.device) -> dict[str, np.ndarray]:
         "bmm": torch.bmm(dx, dy),
         "addmm": torch.addmm(dbias, da, db),
         "chain": torch.tanh(da @ db) @ db.t(),  # product, elementwise kernel, product
+        "conv2d": F.conv2d(dimg, dkern, padding=1),  # cuDNN (runs on sim:ptx-next too)
     }
     return {k: v.cpu().numpy() for k, v in out.items()}
 

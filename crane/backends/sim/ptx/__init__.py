@@ -7,6 +7,9 @@ Interface (what the sim backend calls)::
     prog = load_ptx(ptx_text)      # parse + decode every function once. Raises PtxUnsupported
                                    # (a PtxError; message names the instruction and PTX line)
                                    # or PtxError for malformed PTX -- at load, never at run time.
+                                   # (the backend loads modules over 4 MiB with lazy.py's
+                                   # load_program instead: each kernel decoded at its first
+                                   # launch, which then fails with INVALID_PTX if it must)
     prog.kernels: dict[str, PtxKernel]   # .params ((offset, size), ...), .param_bytes,
                                          # .static_shared_bytes, .local_bytes, .maxntid, .reqntid
     prog.variables: list[ModuleVariable] # module .global/.const data: name, space, size, align,

@@ -24,6 +24,7 @@ from . import ops_float as flt
 from . import ops_int as alu
 from . import ops_mbarrier as mbar
 from . import ops_mem as mem
+from . import ops_mma as mma
 from . import ops_move as mov
 from . import ops_sfu as sfu
 from . import ops_surf as surf
@@ -184,6 +185,7 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("redux", "warp", warp.dec_redux),
     ("match", "warp", warp.dec_match),
     ("elect", "warp", warp.dec_elect),
+    ("mma", "warp", mma.dec_mma),
     # ---- texture / surface (texture objects; descriptors in device memory) ----
     ("tex", "texture", tex.dec_tex),
     ("tld4", "texture", tex.dec_tld4),

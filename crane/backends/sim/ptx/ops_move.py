@@ -297,81 +297,63 @@ def _half_fn(ctx, dt: PtxType, st: PtxType, rnd, ftz, sat, relu, satfinite: bool
 # ---- comparisons --------------------------------------------------------------------------
 
 
-def _cmp(op: str, ty: PtxType, ctx):
-    isf = ty.kind in ("f", "h", "bh")
-    if ty.kind in ("h2", "bh2"):
-        raise ctx.unsupported(f"comparison of .{ty.name}")
-    if not isf:
+#: Float comparisons on unpacked values; the "u" forms are also true when either is NaN.
+_FLOAT_CMP = {
+    "eq": np.equal,
+    "ne": lambda a, b: np.less(a, b) | np.greater(a, b),
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "equ": lambda a, b: ~(np.less(a, b) | np.greater(a, b)),
+    "neu": np.not_equal,
+    "ltu": lambda a, b: ~np.greater_equal(a, b),
+    "leu": lambda a, b: ~np.greater(a, b),
+    "gtu": lambda a, b: ~np.less_equal(a, b),
+    "geu": lambda a, b: ~np.less(a, b),
+    "num": lambda a, b: ~(np.isnan(a) | np.isnan(b)),
+    "nan": lambda a, b: np.isnan(a) | np.isnan(b),
+}
+_INT_CMP = {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+}
+#: Smallest normal f16: ``.ftz`` flushes smaller magnitudes to (signed) zero before comparing.
+_F16_MIN_NORMAL = 2.0**-14
+
+
+def _halves(x, kind: str, ftz: bool) -> list[np.ndarray]:
+    """A half or packed-half operand as float64 lanes (low half first), flushed for .ftz."""
+    parts = half_unpack(x, kind)
+    if ftz and kind in ("h", "h2"):
+        parts = [np.where(np.abs(v) < _F16_MIN_NORMAL, 0.0, v) for v in parts]
+    return parts
+
+
+def _cmp(op: str, ty: PtxType, ctx, ftz: bool = False):
+    """The comparison of ``setp``/``set`` on two raw operands of type ``ty``. A packed-half
+    type compares each half and returns the pair (low half, high half)."""
+    if ty.kind not in ("f", *HALF_KINDS):
         unsigned_ops = {"lo": "lt", "ls": "le", "hi": "gt", "hs": "ge"}
-        if op in unsigned_ops:
-            op = unsigned_ops[op]  # the operands are read through the unsigned view already
-        table = {
-            "eq": np.equal,
-            "ne": np.not_equal,
-            "lt": np.less,
-            "le": np.less_equal,
-            "gt": np.greater,
-            "ge": np.greater_equal,
-        }
-        if op not in table:
+        op = unsigned_ops.get(op, op)  # the operands are read through the unsigned view already
+        if op not in _INT_CMP:
             raise ctx.unsupported(f"comparison .{op} on integers")
-        return table[op]
-
-    def conv(a):
-        if ty.kind in ("h", "bh"):
-            return half_unpack(a, ty.kind)[0]
-        return a
-
-    def f(a, b):
-        a, b = conv(a), conv(b)
-        if op == "eq":
-            return np.equal(a, b)
-        if op == "ne":
-            return np.less(a, b) | np.greater(a, b)
-        if op == "lt":
-            return np.less(a, b)
-        if op == "le":
-            return np.less_equal(a, b)
-        if op == "gt":
-            return np.greater(a, b)
-        if op == "ge":
-            return np.greater_equal(a, b)
-        if op == "equ":
-            return ~(np.less(a, b) | np.greater(a, b))
-        if op == "neu":
-            return np.not_equal(a, b)
-        if op == "ltu":
-            return ~np.greater_equal(a, b)
-        if op == "leu":
-            return ~np.greater(a, b)
-        if op == "gtu":
-            return ~np.less_equal(a, b)
-        if op == "geu":
-            return ~np.less(a, b)
-        if op == "num":
-            return ~(np.isnan(a) | np.isnan(b))
-        if op == "nan":
-            return np.isnan(a) | np.isnan(b)
-        raise AssertionError(op)
-
-    if op not in (
-        "eq",
-        "ne",
-        "lt",
-        "le",
-        "gt",
-        "ge",
-        "equ",
-        "neu",
-        "ltu",
-        "leu",
-        "gtu",
-        "geu",
-        "num",
-        "nan",
-    ):
+        return _INT_CMP[op]
+    g = _FLOAT_CMP.get(op)
+    if g is None:
         raise ctx.unsupported(f"comparison .{op} on floats")
-    return f
+    kind = ty.kind
+    if kind == "f":
+        return g
+    if kind in ("h", "bh"):
+        return lambda a, b: g(_halves(a, kind, ftz)[0], _halves(b, kind, ftz)[0])
+    return lambda a, b: tuple(
+        g(x, y) for x, y in zip(_halves(a, kind, ftz), _halves(b, kind, ftz), strict=True)
+    )
 
 
 _CMP_OPS = (
@@ -419,6 +401,17 @@ def _h_setp(st, ins, idx) -> None:
         ins.d2.put(st, idx, r2)
 
 
+def _h_setp_x2(st, ins, idx) -> None:
+    """Packed halves: ``p`` gets the low halves' result, ``q`` the high halves'."""
+    t0, t1 = ins.x(ins.a.get(st, idx), ins.b.get(st, idx))
+    boolop, c = ins.e
+    if boolop is not None:
+        cv = c.get(st, idx)
+        t0, t1 = boolop(t0, cv), boolop(t1, cv)
+    ins.d.put(st, idx, t0)
+    ins.d2.put(st, idx, t1)
+
+
 class _NotPred:
     __slots__ = ("neg", "r")
 
@@ -434,7 +427,7 @@ def dec_setp(ctx, mods) -> None:
     m = Mods(ctx, mods)
     op = m.take(*_CMP_OPS)
     boolop = m.take("and", "or", "xor")
-    m.has("ftz")  # flushing does not change the outcome of a comparison except for subnormals
+    ftz = m.has("ftz")  # f32: flushing changes only comparisons of subnormals (not modelled)
     ty = m.one_type()
     m.done()
     if op is None:
@@ -443,15 +436,18 @@ def dec_setp(ctx, mods) -> None:
     ctx.nops(3, 4)
     d = ctx.ops[0]
     pred = TYPES["pred"]
+    packed = ty.kind in ("h2", "bh2")
     if d[0] == "pair":
         ins.d = ctx.dst(d[1], pred)
         ins.d2 = ctx.dst(d[2], pred)
+    elif packed:
+        raise ctx.error(f"setp.{ty.name} writes two predicates (p|q)")
     else:
         ins.d = ctx.dst(d, pred)
     cty = _cmp_type(ty, op)
     ins.a = ctx.src(ctx.ops[1], cty)
     ins.b = ctx.src(ctx.ops[2], cty)
-    ins.x = _cmp(op, ty, ctx)
+    ins.x = _cmp(op, ty, ctx, ftz)
     if boolop is not None:
         if len(ctx.ops) != 4:
             raise ctx.error("setp with a boolean operation needs a predicate operand")
@@ -460,7 +456,20 @@ def dec_setp(ctx, mods) -> None:
         if len(ctx.ops) == 4:
             raise ctx.error("setp without a boolean operation takes 3 operands")
         ins.e = (None, None)
-    ins.fn = _h_setp
+    ins.fn = _h_setp_x2 if packed else _h_setp
+
+
+#: What ``set`` writes for true into a half-typed destination (each half of a packed one).
+_HALF_ONE = {"h": 0x3C00, "bh": 0x3F80, "h2": 0x3C00, "bh2": 0x3F80}
+
+
+def _set_value(dt: PtxType, r):
+    """``set``'s result for the outcomes ``r``: 1.0 in a float type, all ones in an integer."""
+    if dt.kind == "f":
+        return np.where(r, dt.dtype.type(1.0), dt.dtype.type(0.0))
+    if dt.kind in ("h", "bh"):
+        return np.where(r, np.uint16(_HALF_ONE[dt.kind]), np.uint16(0))
+    return np.where(r, dt.dtype.type(-1) if dt.kind == "s" else ~dt.dtype.type(0), dt.dtype.type(0))
 
 
 def _h_set(st, ins, idx) -> None:
@@ -468,38 +477,58 @@ def _h_set(st, ins, idx) -> None:
     boolop, c = ins.e
     if boolop is not None:
         r = boolop(r, c.get(st, idx))
-    dt = ins.t
-    if dt.kind == "f":
-        out = np.where(r, dt.dtype.type(1.0), dt.dtype.type(0.0))
-    else:
-        out = np.where(
-            r, dt.dtype.type(-1) if dt.kind == "s" else ~dt.dtype.type(0), dt.dtype.type(0)
-        )
-    ins.d.put(st, idx, out)
+    ins.d.put(st, idx, _set_value(ins.t, r))
+
+
+def _h_set_x2(st, ins, idx) -> None:
+    """Packed halves: each half of ``d`` gets its own result (1.0 in the packed float type,
+    0xffff in a .u32/.s32 destination)."""
+    t0, t1 = ins.x(ins.a.get(st, idx), ins.b.get(st, idx))
+    boolop, c = ins.e
+    if boolop is not None:
+        cv = c.get(st, idx)
+        t0, t1 = boolop(t0, cv), boolop(t1, cv)
+    one = np.uint32(_HALF_ONE.get(ins.t.kind, 0xFFFF))
+    lo = np.where(t0, one, np.uint32(0))
+    hi = np.where(t1, one, np.uint32(0)) << np.uint32(16)
+    ins.d.put(st, idx, np.asarray(lo | hi, np.uint32).view(ins.t.dtype))
 
 
 def dec_set(ctx, mods) -> None:
+    """``set.CmpOp{.BoolOp}{.ftz}.dtype.stype``: destinations .u32/.s32/.f32 for any source;
+    .u16/.s16/.f16/.bf16 for a half source or destination; .f16x2/.bf16x2/.u32/.s32 for a
+    packed-half source (the PTX ISA's half precision ``set``)."""
     m = Mods(ctx, mods)
     op = m.take(*_CMP_OPS)
     boolop = m.take("and", "or", "xor")
-    m.has("ftz")
+    ftz = m.has("ftz")
     ts = m.types()
     m.done()
     if op is None or len(ts) != 2:
         raise ctx.error("set needs a comparison and two types")
     dt, sty = ts
-    if dt.kind not in ("u", "s", "f") or dt.bits != 32:
-        raise ctx.unsupported(f"set.{dt.name}")
+    packed = sty.kind in ("h2", "bh2")
+    half = sty.kind in ("h", "bh") or dt.kind in ("h", "bh")
+    if packed:
+        ok = dt.kind == sty.kind or (dt.kind in ("u", "s") and dt.bits == 32)
+    elif dt.kind in ("h", "bh"):
+        ok = True
+    else:
+        ok = dt.kind in ("u", "s", "f") and (
+            dt.bits == 32 or (half and dt.kind != "f" and dt.bits == 16)
+        )
+    if not ok:
+        raise ctx.unsupported(f"set.{dt.name}.{sty.name}")
     ins = ctx.ins
     ctx.nops(3, 4)
     ins.d = ctx.dst(ctx.ops[0], dt)
     cty = _cmp_type(sty, op)
     ins.a = ctx.src(ctx.ops[1], cty)
     ins.b = ctx.src(ctx.ops[2], cty)
-    ins.x = _cmp(op, sty, ctx)
+    ins.x = _cmp(op, sty, ctx, ftz)
     ins.e = (_BOOL_OPS[boolop], _NotPred(*ctx.pred(ctx.ops[3]))) if boolop else (None, None)
     ins.t = dt
-    ins.fn = _h_set
+    ins.fn = _h_set_x2 if packed else _h_set
 
 
 def _h_selp(st, ins, idx) -> None:

@@ -500,14 +500,12 @@ def _check_launch(k: PtxKernel, grid, block, dynamic_shared: int, profile, max_d
 # ---- loading ----------------------------------------------------------------------------------
 
 
-def load_ptx(text: str) -> PtxProgram:
-    """Parse and decode a PTX module; every unsupported instruction is refused here."""
-    from crane.modules import ptx_info
-
-    try:
-        info = ptx_info.scan_ptx(text)
-    except ptx_info.PtxError as e:
-        raise PtxError(str(e)) from None
+def load_ptx(text: str, info=None) -> PtxProgram:
+    """Parse and decode a PTX module; every unsupported instruction is refused here. ``info``:
+    the module's declaration scan (:func:`crane.modules.ptx_info.scan_ptx` of ``text``) when
+    the caller has it already."""
+    if info is None:
+        info = scan_module(text)
     mod = parse_module(text)
     if mod.version > SUPPORTED_VERSION:
         # newer ISA versions are accepted; any instruction we do not know is refused below
@@ -519,7 +517,7 @@ def load_ptx(text: str) -> PtxProgram:
     cluster_barrier = uses_cluster_barrier(dec.code)
     kernels: dict[str, PtxKernel] = {}
     for name, fi in dec.funcs.items():
-        if not fi.fn.is_entry:
+        if not fi.fn.is_entry or fi.fn.body is None:  # a prototype (see lazy.py) is no kernel
             continue
         einfo = info.entries.get(name)
         kernels[name] = k = _kernel_layout(dec, fi, einfo)
@@ -529,6 +527,23 @@ def load_ptx(text: str) -> PtxProgram:
             k.explicit_cluster = ".explicitcluster" in d or k.cluster_dims is not None
             k.max_cluster_rank = (d.get(".maxclusterrank") or (None,))[0]
         k.cluster_barrier = cluster_barrier
+    return PtxProgram(dec, info, kernels, module_variables(info))
+
+
+def scan_module(text: str):
+    """The declaration scan of a module (:func:`crane.modules.ptx_info.scan_ptx`), its errors
+    as :class:`PtxError`."""
+    from crane.modules import ptx_info
+
+    try:
+        return ptx_info.scan_ptx(text)
+    except ptx_info.PtxImageError as e:
+        raise PtxError(str(e)) from None
+
+
+def module_variables(info) -> list[ModuleVariable]:
+    """The module's own ``.global``/``.const`` variables (``info``: its declaration scan), which
+    the backend places and whose addresses it passes to launches as ``symbols``."""
     variables = []
     for v in info.variables.values():
         space = v.space.lstrip(".")
@@ -544,7 +559,7 @@ def load_ptx(text: str) -> PtxProgram:
                 relocs=tuple((r.offset, r.size, r.symbol, r.addend) for r in v.relocs),
             )
         )
-    return PtxProgram(dec, info, kernels, variables)
+    return variables
 
 
 def _reachable(dec: Decoded, fid: int) -> list[int]:
