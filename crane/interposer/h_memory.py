@@ -4,11 +4,19 @@ Device pointers are guest-chosen addresses inside the session's VA window, so "i
 pointer" (for ``cuMemcpy`` and copies with unified addressing) is a local range check. Host
 memory, pinned or not, is plain guest memory: copies read or fill it through the session. A
 device-to-host copy waits for its data (it must land before the call, or before the stream's
-next synchronization, returns: waiting early is never wrong)."""
+next synchronization, returns: waiting early is never wrong).
+
+With unified addressing (which sessions are told), page-locked host memory is addressable by
+the copy engine at its host address whatever its flags: a device-to-device copy or a memset
+may name it (XLA's autotuner memsets pinned buffers so). Such an operation waits for the
+stream's earlier work and is done here, on the guest's own pages; kernels still reach host
+memory only through DEVICEMAP blocks (crane.guest.mirror)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
@@ -36,23 +44,53 @@ def copy(dst: int, src: int, n: int, stream: int) -> None:
         return
     s = RT.session()
     d_dev, s_dev = is_device(s, dst), is_device(s, src)
-    if d_dev and s_dev:
-        s.memcpy_dtod(dst, src, n, stream)
-    elif d_dev:
-        s.memcpy_htod(dst, host_view(src, n), stream)
-    elif s_dev:
-        s.memcpy_dtoh(src, n, stream, out=host_view(dst, n))
+    if d_dev or s_dev:
+        _device_copy(s, dst, src, n, stream, d_dev, s_dev)
     else:
         RT.ffi.memmove(RT.ffi.cast("char *", dst), RT.ffi.cast("char *", src), n)
 
 
+def _device_copy(
+    s: GuestSession, dst: int, src: int, n: int, stream: int, d_dev: bool, s_dev: bool
+) -> None:
+    """A copy with at least one endpoint in device memory, through the session."""
+    if d_dev and s_dev:
+        s.memcpy_dtod(dst, src, n, stream)
+    elif d_dev:
+        s.memcpy_htod(dst, host_view(src, n), stream)
+    else:
+        s.memcpy_dtoh(src, n, stream, out=host_view(dst, n))
+
+
+def pinned_host(addr: int, n: int) -> bool:
+    """Whether ``[addr, addr + n)`` lies in one page-locked block of guest memory (not a
+    mirrored one: those are inside the device window)."""
+    base, size = RT.ffi.new("void **"), RT.ffi.new("size_t *")
+    if not RT.lib.crane_host_lookup(RT.ffi.cast("void *", addr), base, size, RT.ffi.NULL):
+        return False
+    return addr + n <= int(RT.ffi.cast("uintptr_t", base[0])) + size[0]
+
+
+def _host_side(stream: int, what: str) -> None:
+    """Before touching pinned host memory for a stream-ordered operation: refused in a
+    capture (the graph would name guest memory the worker cannot reach), else the stream's
+    earlier work is waited for."""
+    if graphs.capture_of(stream) is not None:
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED, f"{what} of page-locked host memory in a capture"
+        )
+    RT.session().stream_synchronize(stream)
+
+
 def sync_call(what: str) -> int:
     """A synchronous call on the default stream: refused during capture where CUDA refuses
-    it (a potentially unsafe call, or an implicit wait on a capturing stream). Returns the
-    default stream."""
+    it (an implicit wait on a capturing stream, or a potentially unsafe call). Returns the
+    default stream. The implicit wait is checked first: a synchronous copy on the legacy stream
+    while a blocking stream captures in global mode fails with
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT on an H100 (driver 580), not _UNSUPPORTED."""
     stream = RT.stream(RT.ffi.NULL)
-    graphs.check_unsafe(what)
     graphs.check_sync(stream, what)
+    graphs.check_unsafe(what)
     return stream
 
 
@@ -127,7 +165,7 @@ def memcpy_async(dst: int, src: int, n: int, stream: Any) -> None:
 def memcpy_htod(dst: int, src: Any, n: int) -> None:
     stream = sync_call("cuMemcpyHtoD")
     if n:
-        RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), stream)
+        engine_copy(dst, RT.ptr(src), n, stream, "cuMemcpyHtoD", device=(True, False))
 
 
 @handles("cuMemcpyHtoDAsync@3020")
@@ -135,14 +173,16 @@ def memcpy_htod_async(dst: int, src: Any, n: int, stream: Any) -> None:
     if captured_copy(dst, RT.ptr(src), n, RT.stream(stream)):
         return
     if n:
-        RT.session().memcpy_htod(dst, RT.ffi.buffer(src, n), RT.stream(stream))
+        engine_copy(
+            dst, RT.ptr(src), n, RT.stream(stream), "cuMemcpyHtoDAsync", device=(True, False)
+        )
 
 
 @handles("cuMemcpyDtoH@3020")
 def memcpy_dtoh(dst: Any, src: int, n: int) -> None:
     stream = sync_call("cuMemcpyDtoH")
     if n:
-        RT.session().memcpy_dtoh(src, n, stream, out=RT.ffi.buffer(dst, n))
+        engine_copy(RT.ptr(dst), src, n, stream, "cuMemcpyDtoH", device=(False, True))
 
 
 @handles("cuMemcpyDtoHAsync@3020")
@@ -150,14 +190,33 @@ def memcpy_dtoh_async(dst: Any, src: int, n: int, stream: Any) -> None:
     if captured_copy(RT.ptr(dst), src, n, RT.stream(stream)):
         return
     if n:
-        RT.session().memcpy_dtoh(src, n, RT.stream(stream), out=RT.ffi.buffer(dst, n))
+        engine_copy(
+            RT.ptr(dst), src, n, RT.stream(stream), "cuMemcpyDtoHAsync", device=(False, True)
+        )
+
+
+def engine_copy(
+    dst: int, src: int, n: int, stream: int, what: str, device: tuple[bool, bool]
+) -> None:
+    """A copy whose endpoints marked in ``device`` (dst, src) the call names as device memory.
+    Under unified addressing such an endpoint may be page-locked host memory: it is then read
+    or written here, and when neither endpoint is device memory the copy is done here, after
+    the stream's earlier work. Anything else goes to the device, which judges it."""
+    s = RT.session()
+    dst_dev = device[0] and not (not is_device(s, dst) and pinned_host(dst, n))
+    src_dev = device[1] and not (not is_device(s, src) and pinned_host(src, n))
+    if dst_dev or src_dev:
+        _device_copy(s, dst, src, n, stream, dst_dev, src_dev)
+    else:
+        _host_side(stream, what)
+        RT.ffi.memmove(RT.ffi.cast("char *", dst), RT.ffi.cast("char *", src), n)
 
 
 @handles("cuMemcpyDtoD@3020")
 def memcpy_dtod(dst: int, src: int, n: int) -> None:
     stream = sync_call("cuMemcpyDtoD")
     if n:
-        RT.session().memcpy_dtod(dst, src, n, stream)
+        engine_copy(dst, src, n, stream, "cuMemcpyDtoD", device=(True, True))
 
 
 @handles("cuMemcpyDtoDAsync@3020")
@@ -165,50 +224,53 @@ def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
     if captured_copy(dst, src, n, RT.stream(stream)):
         return
     if n:
-        RT.session().memcpy_dtod(dst, src, n, RT.stream(stream))
+        engine_copy(dst, src, n, RT.stream(stream), "cuMemcpyDtoDAsync", device=(True, True))
 
 
 # ---- 2D and 3D copies (arrays among their endpoints): crane.interposer.h_copy --------------
 
 
 # ---- memsets ---------------------------------------------------------------------------------
+_ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def memset(dst: int, value: int, elem: int, n: int, stream: int, what: str) -> None:
+    """A memset of ``n`` elements of ``elem`` bytes: captured, done by the device, or (pinned
+    host memory under unified addressing) done here after the stream's earlier work."""
+    if n and not is_device(RT.session(), dst) and pinned_host(dst, elem * n):
+        _host_side(stream, what)
+        buf = RT.ffi.buffer(RT.ffi.cast("char *", dst), elem * n)
+        np.frombuffer(buf, dtype=_ELEMENT[elem])[:] = value & ((1 << (8 * elem)) - 1)
+        return
+    if not captured_memset(dst, value, elem, n, stream):
+        getattr(RT.session(), f"memset_d{8 * elem}")(dst, value, n, stream)
+
+
 @handles("cuMemsetD8@3020")
 def memset_d8(dst: int, value: int, n: int) -> None:
-    stream = RT.stream(RT.ffi.NULL)
-    if not captured_memset(dst, value, 1, n, stream):
-        RT.session().memset_d8(dst, value, n, stream)
+    memset(dst, value, 1, n, RT.stream(RT.ffi.NULL), "cuMemsetD8")
 
 
 @handles("cuMemsetD16@3020")
 def memset_d16(dst: int, value: int, n: int) -> None:
-    stream = RT.stream(RT.ffi.NULL)
-    if not captured_memset(dst, value, 2, n, stream):
-        RT.session().memset_d16(dst, value, n, stream)
+    memset(dst, value, 2, n, RT.stream(RT.ffi.NULL), "cuMemsetD16")
 
 
 @handles("cuMemsetD32@3020")
 def memset_d32(dst: int, value: int, n: int) -> None:
-    stream = RT.stream(RT.ffi.NULL)
-    if not captured_memset(dst, value, 4, n, stream):
-        RT.session().memset_d32(dst, value, n, stream)
+    memset(dst, value, 4, n, RT.stream(RT.ffi.NULL), "cuMemsetD32")
 
 
 @handles("cuMemsetD8Async@3020")
 def memset_d8_async(dst: int, value: int, n: int, stream: Any) -> None:
-    s = RT.stream(stream)
-    if not captured_memset(dst, value, 1, n, s):
-        RT.session().memset_d8(dst, value, n, s)
+    memset(dst, value, 1, n, RT.stream(stream), "cuMemsetD8Async")
 
 
 @handles("cuMemsetD16Async@3020")
 def memset_d16_async(dst: int, value: int, n: int, stream: Any) -> None:
-    s = RT.stream(stream)
-    if not captured_memset(dst, value, 2, n, s):
-        RT.session().memset_d16(dst, value, n, s)
+    memset(dst, value, 2, n, RT.stream(stream), "cuMemsetD16Async")
 
 
 @handles("cuMemsetD32Async@3020")
 def memset_d32_async(dst: int, value: int, n: int, stream: Any) -> None:
-    s = RT.stream(stream)
-    if not captured_memset(dst, value, 4, n, s):
-        RT.session().memset_d32(dst, value, n, s)
+    memset(dst, value, 4, n, RT.stream(stream), "cuMemsetD32Async")

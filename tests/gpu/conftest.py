@@ -113,7 +113,10 @@ class Builder:
                 src = d / f"{stem}{ext}"
                 src.write_text(text)
                 out = d / f"{stem}{suffix}"
-                argv = [self.nvcc, *(self.arch if with_arch else []), *flags, "-o", str(out)]
+                # the source is compiled from a copy: its own folder's headers (check.h) stay
+                # reachable
+                inc = [f"-I{source.parent}"] if isinstance(source, Path) else []
+                argv = [self.nvcc, *(self.arch if with_arch else []), *inc, *flags, "-o", str(out)]
                 self._jobs[key] = self._pool.submit(self._compile, [*argv, str(src)], out)
             return self._jobs[key]
 

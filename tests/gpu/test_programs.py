@@ -53,6 +53,7 @@ CASES = [
     Case("graph-explicit", P / "graph_explicit.cu"),
     Case("graph-errors", P / "graph_errors.cu"),
     Case("cooperative", P / "cooperative.cu"),
+    Case("uva-pinned", P / "uva_pinned.cu", link_cuda=True),
     Case("driver-api-ptx", P / "driver_api.cpp", args=("ptx",), link_cuda=True, image="ptx"),
     Case(
         "driver-api-fatbin-data",

@@ -134,3 +134,11 @@ def test_thread_block_clusters(run_guest, program):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED: 0 failures" in r.stdout, r.stdout + r.stderr
     assert "ring ok" in r.stdout
+
+
+def test_pinned_host_memory_is_copy_engine_addressable(program, run_guest, link_flags) -> None:
+    """Unified addressing: memsets and device-to-device copies may name page-locked host memory
+    (XLA memsets pinned buffers so), in stream order; pageable memory stays refused."""
+    r = run_guest(program("uva_pinned.cu", *link_flags))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED" in r.stdout
