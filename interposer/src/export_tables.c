@@ -233,6 +233,40 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
     return CUDA_SUCCESS;
 }
 
+/* ---- tables served with every slot refusing -----------------------------------------------
+ * Some callers take a table for granted: they dereference what cuGetExportTable wrote without
+ * checking its result, so refusing the table crashes them, while they do check what its slots
+ * answer. Such a table is served as 63 DARK slots (word 0: the size), each refusing with
+ * NOT_SUPPORTED and logging its call.
+ * - 1734dc26-800d-4745-8726-c0f1e7dd8bca: cuBLASLt 13.x asks for it before its first Hopper
+ *   half-precision GEMM on an H100 (torch 2.11, `a.half() @ b.half()`): refused, the process
+ *   died of SIGSEGV; served so, it called slot 4 (two stack pointers, the context, 0, 6, 0)
+ *   once, took the refusal and computed the right product (observed on the H100, driver 580).
+ * - With CRANE_PROBE_EXPORT_TABLES=1 (a diagnostic), every unknown table is served so, to see
+ *   which slots a caller uses and with what; by default an unknown table is refused, as a
+ *   driver without it refuses. */
+DARK(any, 1) DARK(any, 2) DARK(any, 3) DARK(any, 4) DARK(any, 5) DARK(any, 6) DARK(any, 7)
+DARK(any, 8) DARK(any, 9) DARK(any, 10) DARK(any, 11) DARK(any, 12) DARK(any, 13) DARK(any, 14)
+DARK(any, 15) DARK(any, 16) DARK(any, 17) DARK(any, 18) DARK(any, 19) DARK(any, 20) DARK(any, 21)
+DARK(any, 22) DARK(any, 23) DARK(any, 24) DARK(any, 25) DARK(any, 26) DARK(any, 27) DARK(any, 28)
+DARK(any, 29) DARK(any, 30) DARK(any, 31) DARK(any, 32) DARK(any, 33) DARK(any, 34) DARK(any, 35)
+DARK(any, 36) DARK(any, 37) DARK(any, 38) DARK(any, 39) DARK(any, 40) DARK(any, 41) DARK(any, 42)
+DARK(any, 43) DARK(any, 44) DARK(any, 45) DARK(any, 46) DARK(any, 47) DARK(any, 48) DARK(any, 49)
+DARK(any, 50) DARK(any, 51) DARK(any, 52) DARK(any, 53) DARK(any, 54) DARK(any, 55) DARK(any, 56)
+DARK(any, 57) DARK(any, 58) DARK(any, 59) DARK(any, 60) DARK(any, 61) DARK(any, 62) DARK(any, 63)
+static void *refusing_table[64] = {
+    (void *)(64 * sizeof(void *)),
+    dark_any_1, dark_any_2, dark_any_3, dark_any_4, dark_any_5, dark_any_6, dark_any_7, dark_any_8,
+    dark_any_9, dark_any_10, dark_any_11, dark_any_12, dark_any_13, dark_any_14, dark_any_15,
+    dark_any_16, dark_any_17, dark_any_18, dark_any_19, dark_any_20, dark_any_21, dark_any_22,
+    dark_any_23, dark_any_24, dark_any_25, dark_any_26, dark_any_27, dark_any_28, dark_any_29,
+    dark_any_30, dark_any_31, dark_any_32, dark_any_33, dark_any_34, dark_any_35, dark_any_36,
+    dark_any_37, dark_any_38, dark_any_39, dark_any_40, dark_any_41, dark_any_42, dark_any_43,
+    dark_any_44, dark_any_45, dark_any_46, dark_any_47, dark_any_48, dark_any_49, dark_any_50,
+    dark_any_51, dark_any_52, dark_any_53, dark_any_54, dark_any_55, dark_any_56, dark_any_57,
+    dark_any_58, dark_any_59, dark_any_60, dark_any_61, dark_any_62, dark_any_63
+};
+
 /* ---- look-up ------------------------------------------------------------------------------ */
 /* Tables deliberately not provided (CUDA_ERROR_NOT_FOUND, as a driver without them answers),
  * because no caller was seen needing them and no contract could be established:
@@ -260,6 +294,8 @@ static const struct table tables[] = {
      tools_context, "TOOLS_CONTEXT"},
     {{0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
      tools_module, "TOOLS_MODULE"},
+    {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
+     refusing_table, "1734dc26 (cuBLASLt, every slot refusing)"},
 };
 
 int crane_c_cuGetExportTable_3000(const void **ppExportTable, void *pExportTableId) {
@@ -274,6 +310,13 @@ int crane_c_cuGetExportTable_3000(const void **ppExportTable, void *pExportTable
         crane_log("export table %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
                   "not provided", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
                   u[11], u[12], u[13], u[14], u[15]);
+    }
+    const char *probe = getenv("CRANE_PROBE_EXPORT_TABLES");
+    if (probe && *probe == '1') {
+        const unsigned char *u = pExportTableId;
+        crane_log("export table %02x%02x%02x%02x-...: probing (63 logging slots)", u[0], u[1], u[2], u[3]);
+        *ppExportTable = refusing_table;
+        return CUDA_SUCCESS;
     }
     return CUDA_ERROR_NOT_FOUND;
 }

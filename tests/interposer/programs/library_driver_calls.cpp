@@ -51,6 +51,11 @@ static const unsigned char TOOLS_CONTEXT[16] = {0x21, 0x31, 0x8c, 0x60, 0x97, 0x
                                                 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2};
 static const unsigned char TOOLS_MODULE[16] = {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d,
                                                0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e};
+// cuBLASLt dereferences it unchecked before its Hopper half-precision GEMMs, then takes a
+// refusal from its slot 4 (observed on an H100): served with every slot refusing
+static const unsigned char CUBLASLT_1734[16] = {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45,
+                                                0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca};
+typedef CUresult (*slot6_t)(void *, void *, void *, void *, void *, void *);
 
 static int visits;
 static void remember(void *user, void *fn) {
@@ -67,6 +72,12 @@ int main() {
     CHECK((size_t)tls[0] >= 3 * sizeof(void *), "TOOLS_TLS size %zu", (size_t)tls[0]);
     CHECK((size_t)tc[0] >= 52 * sizeof(void *), "TOOLS_CONTEXT size %zu", (size_t)tc[0]);
     CHECK((size_t)tm[0] >= 8 * sizeof(void *), "TOOLS_MODULE size %zu", (size_t)tm[0]);
+    void **lt = table(CUBLASLT_1734);
+    CHECK((size_t)lt[0] >= 5 * sizeof(void *), "1734dc26 size %zu", (size_t)lt[0]);
+    int stack[4];
+    CHECK(((slot6_t)lt[4])(&stack[0], &stack[2], nullptr, nullptr, (void *)6, nullptr) ==
+              CUDA_ERROR_NOT_SUPPORTED,
+          "1734dc26 slot 4 refuses");
     CUcontext cur = (CUcontext)1;
     CHECK(((tls_ctx_t)tls[2])(&cur) == CUDA_SUCCESS && cur == nullptr, "TLS[2] without a context");
 
