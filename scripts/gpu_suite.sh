@@ -198,7 +198,7 @@ say "pytest -m 'gpu or conformance' (at most ${T_TESTS} s)"
 timeout --kill-after=10 "$T_TESTS" "$PY" -m pytest -m "gpu or conformance" -p no:cacheprovider \
     --basetemp="$BT" -rfEsx --durations=15 --junitxml="$OUTDIR/junit.xml" \
     ${GPU_SUITE_PYTEST_ARGS:-} tests/conformance/test_backends.py \
-    tests/gpu/test_programs.py tests/gpu/test_migrate_gpu.py tests/gpu/test_torch.py \
+    tests/gpu/test_programs.py tests/gpu/test_migrate_gpu.py tests/gpu/test_torch.py tests/gpu/test_frameworks.py \
     2>&1 | tee "$OUTDIR/pytest.log" >>"$LOG"
 TESTS_RC=${PIPESTATUS[0]}
 say "pytest exit $TESTS_RC after $(($(date +%s) - START)) s"
