@@ -1,0 +1,60 @@
+"""A module load that fails leaves nothing behind: no device memory charged to the session (or
+other sessions would see out-of-memory for the rest of its life) and no image in the daemon's
+module cache (a guest could fill the run directory's disk with refused bytes)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from crane.api.generated.cuda_enums import CUresult
+from crane.api.results import CudaError
+from crane.craned.launcher import DaemonProcess
+from crane.guest.session import GuestSession
+
+HEADER = ".version 7.8\n.target sm_80\n.address_size 64\n"
+
+#: A small variable placed first, then one no device has room for.
+HUGE_GLOBAL = HEADER + (
+    ".visible .global .align 4 .b8 small[4096];\n"
+    ".visible .global .align 4 .b8 g[107374182400];\n"  # 100 GiB
+    ".visible .entry k()\n{\n\tret;\n}\n"
+)
+
+FITS = HEADER + (".visible .global .align 4 .b32 v = 7;\n.visible .entry k()\n{\n\tret;\n}\n")
+
+
+def _cache_bytes(daemon: DaemonProcess) -> int:
+    root = daemon.run_dir / "modules"
+    return sum(p.stat().st_size for p in root.iterdir()) if root.exists() else 0
+
+
+def test_refused_module_variable_releases_its_memory(daemon: DaemonProcess) -> None:
+    with GuestSession(daemon.address) as s:
+        free_before, total = s.mem_get_info()
+        with pytest.raises(CudaError) as e:
+            s.module_load(HUGE_GLOBAL.encode())
+        assert e.value.code == CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        assert s.mem_get_info() == (free_before, total)
+        # another session can still have (almost) the whole device
+        with GuestSession(daemon.address) as other:
+            big = other.mem_alloc(free_before - (64 << 20))
+            other.mem_free(big)
+        # and the failed session carries on: a module that fits loads and works
+        mod = s.module_load(FITS.encode())
+        addr, size = mod.globals["v"]
+        assert int.from_bytes(s.memcpy_dtoh(addr, size), "little") == 7
+
+
+def test_refused_images_are_not_cached(daemon: DaemonProcess) -> None:
+    with GuestSession(daemon.address) as s:
+        for _ in range(5):
+            with pytest.raises(CudaError) as e:
+                s.module_load(os.urandom(1 << 20))
+            assert e.value.code == CUresult.CUDA_ERROR_INVALID_IMAGE
+        with pytest.raises(CudaError):
+            s.module_load(HUGE_GLOBAL.encode())
+        assert _cache_bytes(daemon) == 0
+        s.module_load(FITS.encode())  # one that loads is cached, by its digest
+        assert _cache_bytes(daemon) == len(FITS)
