@@ -58,3 +58,15 @@ def test_refused_images_are_not_cached(daemon: DaemonProcess) -> None:
         assert _cache_bytes(daemon) == 0
         s.module_load(FITS.encode())  # one that loads is cached, by its digest
         assert _cache_bytes(daemon) == len(FITS)
+
+
+def test_oversized_local_is_refused_at_load_with_a_log_line(session: GuestSession, daemon) -> None:  # type: ignore[no-untyped-def]
+    text = HEADER + (
+        ".visible .entry k()\n{\n\t.reg .b32 %r<2>;\n\t.local .align 4 .b8 big[4294967296];\n"
+        "\tmov.u32 %r1, 1;\n\tst.local.u32 [big], %r1;\n\tret;\n}\n"
+    )
+    with pytest.raises(CudaError) as e:
+        session.module_load(text.encode())
+    assert e.value.code == CUresult.CUDA_ERROR_INVALID_PTX
+    assert "uses too much local data" in daemon.log_text()
+    session.synchronize()  # the worker is alive and the session usable
