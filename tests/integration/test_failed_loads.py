@@ -70,3 +70,10 @@ def test_oversized_local_is_refused_at_load_with_a_log_line(session: GuestSessio
     assert e.value.code == CUresult.CUDA_ERROR_INVALID_PTX
     assert "uses too much local data" in daemon.log_text()
     session.synchronize()  # the worker is alive and the session usable
+
+
+def test_empty_image_is_a_cuda_error(session: GuestSession) -> None:
+    with pytest.raises(CudaError) as e:
+        session.module_load(b"")
+    assert e.value.code == CUresult.CUDA_ERROR_INVALID_IMAGE
+    session.synchronize()
