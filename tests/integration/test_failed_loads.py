@@ -77,3 +77,19 @@ def test_empty_image_is_a_cuda_error(session: GuestSession) -> None:
         session.module_load(b"")
     assert e.value.code == CUresult.CUDA_ERROR_INVALID_IMAGE
     session.synchronize()
+
+
+def test_load_refused_when_the_device_fills_midway_releases_its_chunks(
+    daemon: DaemonProcess,
+) -> None:
+    """The variable fits the module area but not the device (another session holds most of
+    it): the chunks committed before the ledger said no are released again."""
+    with GuestSession(daemon.address) as hog, GuestSession(daemon.address) as s:
+        free, _ = s.mem_get_info()
+        hog.mem_alloc(free - (1 << 30))
+        free_before = s.mem_get_info()[0]
+        text = HUGE_GLOBAL.replace("107374182400", str(2 << 30))  # 2 GiB: 1 GiB is free
+        with pytest.raises(CudaError) as e:
+            s.module_load(text.encode())
+        assert e.value.code == CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        assert s.mem_get_info()[0] == free_before
