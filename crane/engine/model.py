@@ -82,16 +82,23 @@ class ModuleArea:
         """Where the area stands, for :meth:`rollback` if the load that follows fails."""
         return self.next, self.chunk_end, len(self.placed)
 
-    def rollback(self, backend: Backend, mark: tuple[int, int, int]) -> None:
+    def rollback(self, backend: Backend, mark: tuple[int, int, int], stream: Any) -> None:
         """Free what was placed and unmap what was committed since ``mark``: a module that
         failed to load must leave no memory charged to the device (other sessions would see
-        out-of-memory for the rest of this session's life)."""
+        out-of-memory for the rest of this session's life). The part of a kept chunk that the
+        failed load wrote is zeroed again: the next module's variables without initializers
+        start there and must read zero."""
         next_free, chunk_end, count = mark
         for addr in self.placed[count:]:
             backend.mem_free(addr)
         del self.placed[count:]
         for addr in range(chunk_end, self.chunk_end, CHUNK_GRANULARITY):
             backend.unmap_chunk(addr)
+        written = min(self.next, chunk_end) - next_free
+        if written > 0:
+            backend.mem_alloc(next_free, written)
+            backend.memset(next_free, 0, 1, written, stream)
+            backend.mem_free(next_free)
         self.next, self.chunk_end = next_free, chunk_end
 
     def restore(self, backend: Backend, next_free: int, chunk_end: int) -> None:
@@ -350,7 +357,7 @@ class SessionDevice:
                 ctx, module, digest, data, lambda size: self.module_area.place(self.backend, size)
             )
         except BaseException:
-            self.module_area.rollback(self.backend, mark)
+            self.module_area.rollback(self.backend, mark, self.default_stream)
             raise
         if image:  # cached only once it loaded: a refused image must not fill the store
             self.store_image(digest, image)

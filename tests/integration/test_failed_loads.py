@@ -93,3 +93,23 @@ def test_load_refused_when_the_device_fills_midway_releases_its_chunks(
             s.module_load(text.encode())
         assert e.value.code == CUresult.CUDA_ERROR_OUT_OF_MEMORY
         assert s.mem_get_info()[0] == free_before
+
+
+def test_variables_after_a_failed_load_start_zeroed(session: GuestSession) -> None:
+    """The failed load wrote its first variable's initializer before its second was refused;
+    the next module's uninitialized variable takes the same place and must read zero."""
+    session.module_load(FITS.encode())
+    failing = HEADER + (
+        ".visible .global .align 4 .u32 init[4] = {1, 2, 3, 4};\n"
+        ".visible .global .align 4 .b8 g[107374182400];\n"
+        ".visible .entry k()\n{\n\tret;\n}\n"
+    )
+    with pytest.raises(CudaError):
+        session.module_load(failing.encode())
+    fresh = session.module_load(
+        (
+            HEADER + ".visible .global .align 4 .u32 z[4];\n.visible .entry k2()\n{\n\tret;\n}\n"
+        ).encode()
+    )
+    addr, size = fresh.globals["z"]
+    assert bytes(session.memcpy_dtoh(addr, size)) == bytes(16)
