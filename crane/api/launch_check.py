@@ -94,7 +94,7 @@ def check_launch(
         raise CudaError(
             invalid,
             f"{dynamic_shared} bytes of dynamic shared memory (+{static_shared} static) exceeds "
-            f"the kernel's limit of {min(dyn_limit, optin - static_shared)} "
+            f"the kernel's limit of {max(min(dyn_limit, optin - static_shared), 0)} "
             "(raise it with cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES))",
         )
 

@@ -74,6 +74,7 @@ class SessionManager:
         self.images = ImageStore(run_dir / "modules")
         self.images.root.mkdir(parents=True, exist_ok=True)
         (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
+        _clear_stale(run_dir / "sessions")
         #: Bumped on every migration update (crane.migrate.daemon_side publishes them).
         self.changes = Changes()
         self._releasing: dict[str, threading.Event] = {}  # sid -> set once its worker is gone
@@ -384,3 +385,14 @@ class SessionManager:
 
     def expire(self, now: float | None = None) -> None:
         self.expiry.expire(now)
+
+
+def _clear_stale(directory: Path) -> None:
+    """Remove what a previous daemon on this run directory left of its sessions (stats files,
+    direct sockets, migration progress): after a crash nothing released them, and no session
+    of theirs lives in this daemon (the device ledgers are reset likewise)."""
+    stale = [p for p in directory.iterdir() if p.is_file() or p.is_socket()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.info("removed %d stale session file(s) from %s", len(stale), directory)

@@ -8,6 +8,8 @@ Error rules of the data path (every call is answered by these, never by a crash)
   fault was logged when it happened);
 * malformed input (undecodable batch, unknown op, bad argument bytes) is answered with
   CUDA_ERROR_INVALID_VALUE / CUDA_ERROR_NOT_SUPPORTED and a log line;
+* a call that exhausts the worker's host memory (MemoryError) is answered with
+  CUDA_ERROR_OUT_OF_MEMORY and a log line, and the session keeps serving;
 * anything else a backend raises is a bug: logged with its traceback, answered with
   CUDA_ERROR_UNKNOWN, and the session keeps serving.
 
@@ -107,6 +109,14 @@ class BatchCodec:
                 reply = self._error(call, b, r.fault, quiet=True)
             except CudaError as e:
                 reply = self._error(call, b, e)
+            except MemoryError:  # the worker's host memory, not the device's: the call fails
+                reply = self._error(
+                    call,
+                    b,
+                    CudaError(
+                        CUresult.CUDA_ERROR_OUT_OF_MEMORY, "the worker ran out of host memory"
+                    ),
+                )
             except Exception as e:  # a bug in a backend: report, log, keep serving
                 what = b.op.name if b is not None else f"op#{call.op}"
                 log.exception("session %s: %s failed unexpectedly", self.session_id, what)

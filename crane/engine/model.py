@@ -16,6 +16,7 @@ the state through this class's public surface only: the tables, :attr:`module_ar
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -49,21 +50,56 @@ class ModuleArea:
         self.limit = window[0] + window[1]
         self.next = self.base  # first free byte
         self.chunk_end = self.base  # end of the committed chunks
+        self.placed: list[int] = []  # addresses of the variables placed, in order
 
     @property
     def committed(self) -> int:
         return self.chunk_end - self.base
 
     def place(self, backend: Backend, size: int) -> int:
-        """Address for a new module variable of ``size`` bytes (256-byte aligned)."""
+        """Address for a new module variable of ``size`` bytes (256-byte aligned).
+
+        One that cannot fit in the area is refused before anything is committed (a driver
+        answers out-of-memory at load); the caller rolls back what earlier variables of the
+        same load committed (:meth:`mark` / :meth:`rollback`)."""
         addr = (self.next + 255) & ~255
         end = addr + max(size, 1)
+        if end > self.limit:
+            raise CudaError(
+                CUresult.CUDA_ERROR_OUT_OF_MEMORY,
+                f"module variable of {size} bytes does not fit in the "
+                f"{self.limit - addr} bytes left of the module area",
+            )
         while end > self.chunk_end:
             backend.map_chunk(self.chunk_end, CHUNK_GRANULARITY)
             self.chunk_end += CHUNK_GRANULARITY
         backend.mem_alloc(addr, max(size, 1))
+        self.placed.append(addr)
         self.next = end
         return addr
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where the area stands, for :meth:`rollback` if the load that follows fails."""
+        return self.next, self.chunk_end, len(self.placed)
+
+    def rollback(self, backend: Backend, mark: tuple[int, int, int], stream: Any) -> None:
+        """Free what was placed and unmap what was committed since ``mark``: a module that
+        failed to load must leave no memory charged to the device (other sessions would see
+        out-of-memory for the rest of this session's life). The part of a kept chunk that the
+        failed load wrote is zeroed again: the next module's variables without initializers
+        start there and must read zero."""
+        next_free, chunk_end, count = mark
+        for addr in self.placed[count:]:
+            backend.mem_free(addr)
+        del self.placed[count:]
+        for addr in range(chunk_end, self.chunk_end, CHUNK_GRANULARITY):
+            backend.unmap_chunk(addr)
+        written = min(self.next, chunk_end) - next_free
+        if written > 0:
+            backend.mem_alloc(next_free, written)
+            backend.memset(next_free, 0, 1, written, stream)
+            backend.mem_free(next_free)
+        self.next, self.chunk_end = next_free, chunk_end
 
     def restore(self, backend: Backend, next_free: int, chunk_end: int) -> None:
         """Commit the chunks a recorded area had and continue from where it stood."""
@@ -306,15 +342,25 @@ class SessionDevice:
         if module in self.modules:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"module handle {module:#x} in use")
         if image:
-            self.store_image(digest, image)
+            if hashlib.sha256(image).digest() != digest:
+                raise CudaError(
+                    CUresult.CUDA_ERROR_INVALID_VALUE, "module image does not match its digest"
+                )
             data: bytes | None = image
         else:
             data = self.image(digest)
         if data is None:
             return CRANE_NEED_IMAGE
-        info, loaded = self.load_module(
-            ctx, module, digest, data, lambda size: self.module_area.place(self.backend, size)
-        )
+        mark = self.module_area.mark()
+        try:
+            info, loaded = self.load_module(
+                ctx, module, digest, data, lambda size: self.module_area.place(self.backend, size)
+            )
+        except BaseException:
+            self.module_area.rollback(self.backend, mark, self.default_stream)
+            raise
+        if image:  # cached only once it loaded: a refused image must not fill the store
+            self.store_image(digest, image)
         desc = {
             "kind": info.kind,
             "description": info.description,

@@ -565,13 +565,22 @@ class GuestSession:
     def module_load(self, image: bytes, ctx: int | None = None) -> Module:
         """Load a fatbin, cubin or PTX image; sends the bytes only if the daemon lacks them."""
         ctx = self._ctx(ctx)
+        if not image:  # an empty image is no module (and the wire reads no bytes as "by digest")
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, "empty module image")
         digest = hashlib.sha256(image).digest()
         h = self._handles.new(HandleKind.MODULE)
         op = _O["MODULE_LOAD"]
         reply = self._sync(op, ctx, h, digest)
         if reply.result == CRANE_NEED_IMAGE:
             reply = self._sync(op, ctx, h, digest, data=bytes(image))
-        desc = json.loads(reply.data)
+        if reply.result == CRANE_NEED_IMAGE:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, "the worker did not take the image")
+        try:
+            desc = json.loads(reply.data)
+        except ValueError:
+            raise CudaError(
+                CUresult.CUDA_ERROR_UNKNOWN, "the worker's module description is unreadable"
+            ) from None
         kernels = {
             name: KernelLayout(
                 name,

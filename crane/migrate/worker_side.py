@@ -87,6 +87,7 @@ class MigrationFrames:
         answer = self.applier.end()
         if "error" in answer:
             return Refused(answer["error"])
+        self.ws.publish_stats()
         if self.final:
             self.ws.move(WorkerState.WAITING)  # switched over: its guest attaches next
         return RoundApplied(int(answer["done_seq"]), self.final)

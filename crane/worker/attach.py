@@ -116,11 +116,17 @@ class WorkerSession:
         with self.lock:
             self.require("run calls")
             msgs = self.engine.run_batch(raw)
-            log = self.engine.log
-            self.stats.write(log.calls, self.engine.device.mem_used(), log.done_seq)
+            self.publish_stats()
             if self.engine.device.closed:
                 self.move(S.ENDED)
             return msgs
+
+    def publish_stats(self) -> None:
+        """Tell ``crane ps`` where the session stands: after every batch, and after state that
+        arrived another way (a restore, a migration's rounds) so that it is never shown as 0 B
+        while the device holds its memory."""
+        log = self.engine.log
+        self.stats.write(log.calls, self.engine.device.mem_used(), log.done_seq)
 
     def end(self) -> None:
         """The session is over here (the guest closed it, or nobody attached in time)."""

@@ -63,6 +63,7 @@ def restore(ws: WorkerSession, req: RestoreRequest) -> ControlAnswer:
             ws.require("restore")
             with open(path, "rb", buffering=1 << 20) as f:
                 meta = restore_checkpoint(ws.engine.device, ws.engine.log, f, path.name)
+            ws.publish_stats()
             log.info("restored from %s", path)
             return Restored(ws.engine.log.done_seq, meta)
         except Exception as e:

@@ -210,3 +210,24 @@ def test_park_a_direct_guest_that_never_stops_calling(
             t.join(60)
             assert not errors and count[0] > before  # it kept going after the restore
             assert s.memcpy_dtoh(p, 1)[0] == (count[0] - 1) & 0xFF
+
+
+def test_a_restored_session_shows_its_memory(
+    daemons: tuple[DaemonProcess, DaemonProcess], tmp_path: Path
+) -> None:
+    """``crane ps`` after a restore: the session's memory as its device counts it, not 0 B
+    until its guest's next call."""
+    b, a = daemons
+    ckpt = tmp_path / "m.ckpt"
+    with GuestSession(a.address, client="mem") as s:
+        buf = s.mem_alloc(5 << 20)
+        s.memcpy_htod(buf, b"\x5a" * 4096)
+        with ControlClient(a.address, timeout=None) as c:
+            c.checkpoint(s.session_id, str(ckpt), release=False)
+            (before,) = c.sessions().sessions
+    assert before.mem_used >= 5 << 20
+    with ControlClient(b.address, timeout=None) as c:
+        c.restore(str(ckpt))
+        (info,) = c.sessions().sessions
+        (dev,) = c.devices().devices
+        assert info.mem_used == before.mem_used == dev.used_mem

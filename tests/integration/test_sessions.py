@@ -186,3 +186,23 @@ def test_crashed_worker_is_reaped_and_the_daemon_carries_on(daemon: DaemonProces
         with GuestSession(daemon.address) as fresh:  # the daemon still serves
             fresh.synchronize()
     assert "worker exited with status" in daemon.log_text()
+
+
+def test_a_restarted_daemon_clears_what_a_crashed_one_left(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """After SIGKILL nothing released the sessions' files; the next daemon on the run
+    directory removes them at start-up (no session of the dead daemon lives in it)."""
+    run = tmp_path / "run"
+    first = DaemonProcess(run, ["sim:h100-80gb"])
+    s = GuestSession(first.address, client="crashed")
+    try:
+        s.mem_alloc(1 << 20)
+        stale = run / "sessions" / f"{s.session_id}.stats"
+        assert stale.exists()
+        first.stop(signal.SIGKILL)
+    finally:
+        s._t.close()
+    with DaemonProcess(run, ["sim:h100-80gb"]) as second:
+        assert not stale.exists()
+        assert "stale session file" in second.log_text()
+        with GuestSession(second.address) as fresh:
+            assert (run / "sessions" / f"{fresh.session_id}.stats").exists()

@@ -255,3 +255,57 @@ def test_opt_in_dynamic_shared(program, dev):
         max_dynamic_shared=100 * 1024,
     )
     assert np.array_equal(dev.download(out, n, np.int32), np.arange(n)[::-1])
+
+
+WILD_POINTER = """
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry wild(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    ld.global.u32 %r1, [%rd1];
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize("addr", [2**64 - 4, 2**64 - 8])
+def test_addresses_near_the_top_of_the_space_are_illegal(dev, addr):
+    """An access whose end wraps past 2**64 is an illegal address, not an index error: the
+    bounds check must not be fooled by unsigned overflow (an allocation exists to wrap into)."""
+    dev.zeros(64, np.int32)
+    prog = load_ptx(WILD_POINTER)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "wild", 1, 32, [np.uint64(addr)])
+    assert e.value.code == 700
+    assert f"{addr:#x}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("space", "size", "most"),
+    [("shared", 1 << 32, 0xC000), ("shared", 0xC004, 0xC000), ("local", 1 << 32, 0x80000)],
+)
+def test_declarations_no_device_holds_are_refused_at_load(space, size, most):
+    """As ptxas refuses them: a 4 GiB .local must not exhaust the worker's memory at launch,
+    nor a 4 GiB .shared reach the launch check with a negative limit."""
+    text = f"""
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry k()
+{{
+    .reg .b32 %r<2>;
+    .{space} .align 4 .b8 big[{size}];
+    mov.u32 %r1, 1;
+    st.{space}.u32 [big], %r1;
+    ret;
+}}
+"""
+    with pytest.raises(PtxError) as e:
+        load_ptx(text)
+    assert f"uses too much {space} data ({size:#x} bytes, {most:#x} max)" in str(e.value)
+    load_ptx(text.replace(f"[{size}]", f"[{most}]"))  # the limit itself is fine

@@ -265,7 +265,10 @@ class SimMemory:
         ok = idx >= 0
         safe = np.where(ok, idx, 0)
         if len(starts):
-            ok &= (a + np.uint64(nbytes)) <= ends[safe]
+            # ``end - a >= nbytes`` rather than ``a + nbytes <= end``: the sum wraps past 2**64
+            # for an address near the top of the space and would pass the check
+            end = ends[safe]
+            ok &= (a < end) & ((end - a) >= np.uint64(nbytes))
         else:
             ok[:] = False
         if not ok.all():

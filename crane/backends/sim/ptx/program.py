@@ -575,6 +575,27 @@ def _reachable(dec: Decoded, fid: int) -> list[int]:
     return sorted(out)
 
 
+#: What ptxas lets one kernel declare: 48 KiB of static shared memory per block (more must be
+#: dynamic and opted into) and 512 KiB of local memory per thread (the CUDA programming guide's
+#: per-thread limit); beyond them it refuses the module ("uses too much shared data").
+MAX_STATIC_SHARED = 0xC000
+MAX_LOCAL_PER_THREAD = 0x80000
+
+
+def _check_static_sizes(k: PtxKernel) -> None:
+    """Refuse a kernel whose declarations no device could hold, as ptxas does at JIT time,
+    rather than fail at launch with a nonsense limit or exhaust the worker's memory."""
+    for what, size, most in (
+        ("shared", k.static_shared_bytes, MAX_STATIC_SHARED),
+        ("local", k.local_bytes, MAX_LOCAL_PER_THREAD),
+    ):
+        if size > most:
+            raise PtxError(
+                f"entry function '{k.name}' uses too much {what} data "
+                f"({size:#x} bytes, {most:#x} max)"
+            )
+
+
 def _kernel_layout(dec: Decoded, fi: FuncInfo, einfo) -> PtxKernel:
     fn = fi.fn
     reach = _reachable(dec, fi.fid)
@@ -647,6 +668,7 @@ def _kernel_layout(dec: Decoded, fi: FuncInfo, einfo) -> PtxKernel:
         if start is not None:
             k.local_frames[f] = (start, off)
     k.local_bytes = off
+    _check_static_sizes(k)
     lane = 0
     for f in reach:
         n16, n32, n64, npred = dec.by_fid[f].counts
