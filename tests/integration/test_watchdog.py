@@ -1,0 +1,87 @@
+"""A daemon operators can trust: no worker outlives its guest or its daemon, and control calls
+on a session stuck in a kernel answer within their deadline (issue 13, item 2).
+
+Each test holds a guest inside a kernel that never returns (:mod:`tests.integration.stuck`) on
+the simulated GPU, so the worker is busy and reads nothing: whatever ends it must come from
+outside it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from crane.craned.launcher import DaemonProcess
+from crane.host.lifeline import alive, process_start
+from tests.integration.stuck import start_stuck_guest
+
+
+def _gone_within(pids: list[int], timeout: float) -> float:
+    """Seconds until every pid is gone (or a zombie); fails past ``timeout``."""
+    t0 = time.monotonic()
+    while any(alive(p) for p in pids):
+        assert time.monotonic() - t0 < timeout, [p for p in pids if alive(p)]
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def _worker_pids(run_dir: Path) -> list[int]:
+    return [int(p.name) for p in (run_dir / "workers").iterdir() if p.name.isdigit()]
+
+
+def test_sigkilled_daemon_takes_its_workers_with_it(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path / "run")
+    guest = None
+    try:
+        guest, _, worker = start_stuck_guest(d, direct=True)
+        time.sleep(0.5)  # inside the kernel now
+        pids = _worker_pids(d.run_dir)
+        assert worker in pids and len(pids) >= 2  # the busy worker and an idle one
+        assert all(alive(p) for p in pids)
+        os.kill(d.proc.pid, signal.SIGKILL)
+        d.proc.wait()
+        took = _gone_within(pids, 5.0)
+        print(f"workers gone {took:.2f} s after craned's SIGKILL")
+    finally:
+        if guest is not None:
+            guest.kill()
+            guest.wait()
+        d.stop()
+
+
+def test_restarted_daemon_kills_the_workers_a_previous_run_left(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "workers").mkdir(parents=True)
+    # a real worker process that no daemon owns (as one that lost its parent-death signal),
+    # recorded by a daemon that is dead now
+    a, b = socket.socketpair()
+    orphan = subprocess.Popen(
+        [sys.executable, "-m", "crane.craned.worker", "--fd", str(b.fileno())],
+        pass_fds=(b.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+    b.close()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        start = process_start(orphan.pid)
+        (run / "workers" / str(orphan.pid)).write_text(f"{orphan.pid} {start} {dead.pid}\n")
+        # and a stale record whose pid is now someone else's process: left alone
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        (run / "workers" / str(bystander.pid)).write_text(f"{bystander.pid} 1 {dead.pid}\n")
+        with DaemonProcess(run) as d:
+            assert orphan.wait(5) == -signal.SIGKILL
+            assert bystander.poll() is None
+            assert f"killed worker pid {orphan.pid}" in d.log_text()
+            assert str(bystander.pid) not in _worker_pids(run)
+    finally:
+        for p in (orphan, bystander):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        a.close()
