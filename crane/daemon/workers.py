@@ -68,6 +68,11 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def exited(self) -> bool:
+        """Stopped by the daemon, or reaped after exiting by itself."""
+        return self._stopped or self.proc.returncode is not None
+
     def stop(self, timeout: float = 3.0) -> int | None:
         """Close the channel (the worker exits and frees its device state), then reap it."""
         with self._lock:

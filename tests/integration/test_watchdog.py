@@ -16,9 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
 from crane.host.lifeline import alive, process_start
 from tests.integration.stuck import start_stuck_guest
+from tests.integration.test_sessions import wait_for
 
 
 def _gone_within(pids: list[int], timeout: float) -> float:
@@ -85,3 +89,25 @@ def test_restarted_daemon_kills_the_workers_a_previous_run_left(tmp_path: Path) 
                 p.kill()
                 p.wait()
         a.close()
+
+
+@pytest.mark.parametrize("path", ["direct", "relay"])
+def test_killed_guest_inside_a_kernel_loses_its_worker(daemon: DaemonProcess, path: str) -> None:
+    guest, sid, worker = start_stuck_guest(daemon, direct=path == "direct")
+    try:
+        time.sleep(0.5)  # inside the kernel now
+        with ControlClient(daemon.address) as ctl:
+            [info] = ctl.sessions().sessions
+            assert info.id == sid and info.state == "running"
+            assert alive(worker)
+            guest.kill()
+            guest.wait()
+            took = _gone_within([worker], 8.0)
+            assert wait_for(lambda: not ctl.sessions().sessions, 2.0)
+            assert ctl.devices().devices[0].used_mem == 0
+        print(f"{path}: worker gone {took:.2f} s after its guest's SIGKILL")
+    finally:
+        if guest.poll() is None:
+            guest.kill()
+            guest.wait()
+    assert f"session {sid} closed" in daemon.log_text()
