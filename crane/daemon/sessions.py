@@ -393,9 +393,9 @@ class SessionManager:
 
     # ---- checkpoint and restore ------------------------------------------------------------------
     def checkpoint(
-        self, sid: str, path: str, release: bool
+        self, sid: str, path: str, release: bool, wait_s: float = checkpoints.BOUNDARY_WAIT_S
     ) -> tuple[checkpoints.Checkpointed, SessionState]:
-        return checkpoints.checkpoint(self, sid, path, release)
+        return checkpoints.checkpoint(self, sid, path, release, wait_s)
 
     def restore(self, path: str, device_index: int) -> tuple[DaemonSession, int]:
         return checkpoints.restore(self, path, device_index)

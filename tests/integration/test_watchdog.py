@@ -111,3 +111,40 @@ def test_killed_guest_inside_a_kernel_loses_its_worker(daemon: DaemonProcess, pa
             guest.kill()
             guest.wait()
     assert f"session {sid} closed" in daemon.log_text()
+
+
+@pytest.mark.parametrize("path", ["direct", "relay"])
+def test_checkpoint_of_a_stuck_session_fails_within_its_deadline(
+    daemon: DaemonProcess, path: str, tmp_path: Path
+) -> None:
+    guest, sid, worker = start_stuck_guest(daemon, direct=path == "direct")
+    out = tmp_path / "stuck.ckpt"
+    try:
+        time.sleep(0.5)  # inside the kernel now
+        t0 = time.monotonic()
+        args = ["checkpoint", "--session", sid, "-o", str(out), "--release", "--timeout", "4"]
+        cli = subprocess.run(
+            [sys.executable, "-m", "crane.cli.main", "--daemon", daemon.address, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - t0
+        print(f"{path}: checkpoint refused in {took:.2f} s: {cli.stderr.strip()}")
+        assert cli.returncode == 1 and took < 4.0 + 2.0  # the CLI's start-up included
+        assert f"checkpoint of session {sid} failed: checkpoint not started" in cli.stderr
+        assert "did not return" in cli.stderr and "left as it was" in cli.stderr
+        assert "kernel that does not finish" in cli.stderr and "Deadline Exceeded" not in cli.stderr
+        assert not out.exists()
+        with ControlClient(daemon.address) as ctl:
+            [info] = ctl.sessions().sessions
+            assert info.id == sid and info.state == "running"  # as it was, not checkpointing
+        assert alive(worker)
+        # the session is still whole: its guest's death still ends it
+        guest.kill()
+        guest.wait()
+        _gone_within([worker], 8.0)
+    finally:
+        if guest.poll() is None:
+            guest.kill()
+            guest.wait()
