@@ -99,7 +99,7 @@ class PidFiles:
                 continue
             st = _stat(pid)
             if st is not None and st[1] == start:
-                if st[0] == daemon and daemon != os.getpid() and alive(daemon):
+                if st[0] == daemon and alive(daemon):
                     continue  # another daemon, still running, owns this worker
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
