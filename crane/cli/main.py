@@ -90,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop-and-copy only: the guest stops while all of its memory moves",
     )
+    v.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="longest wait for the session's call in progress each time the migration needs a "
+        "call boundary; past it the migration fails and the session carries on here "
+        "(default %(default)g)",
+    )
     v.set_defaults(func=migrate.cmd_migrate)
     return p
 

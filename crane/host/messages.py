@@ -121,6 +121,8 @@ class MigrateRequest:
     stop_bytes: int
     identity: SessionRecord
     wake: str = ""
+    #: Seconds the migration waits for the call in progress at each batch boundary it needs.
+    boundary_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 
 from crane.engine.engine import Engine
@@ -127,6 +129,16 @@ class WorkerSession:
                 f"{operation} not started: a call batch has been running{running} (a kernel "
                 "that does not finish?) and did not return by the deadline"
             )
+
+    @contextmanager
+    def boundary(self, wait_s: float, operation: str) -> Iterator[None]:
+        """Hold the batch lock (a call boundary), waiting at most ``wait_s`` for it
+        (:class:`TooLate` past that)."""
+        self.acquire_by(time.monotonic() + wait_s, operation)
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     # ---- calls -----------------------------------------------------------------------------
     def attach(self, mode: int, peer: str = "") -> bool:

@@ -113,6 +113,31 @@ def test_killed_guest_inside_a_kernel_loses_its_worker(daemon: DaemonProcess, pa
     assert f"session {sid} closed" in daemon.log_text()
 
 
+def _crane(daemon: DaemonProcess, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the ``crane`` CLI against ``daemon``; its result and how long it took."""
+    t0 = time.monotonic()
+    cli = subprocess.run(
+        [sys.executable, "-m", "crane.cli.main", "--daemon", daemon.address, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return cli, time.monotonic() - t0
+
+
+def _still_running_until_its_guest_dies(
+    daemon: DaemonProcess, guest: subprocess.Popen, sid: str, worker: int
+) -> None:
+    """The refused session is whole: running as before, and its guest's death still ends it."""
+    with ControlClient(daemon.address) as ctl:
+        [info] = ctl.sessions().sessions
+        assert info.id == sid and info.state == "running"  # as it was, not checkpointing
+    assert alive(worker)
+    guest.kill()
+    guest.wait()
+    _gone_within([worker], 8.0)
+
+
 @pytest.mark.parametrize("path", ["direct", "relay"])
 def test_checkpoint_of_a_stuck_session_fails_within_its_deadline(
     daemon: DaemonProcess, path: str, tmp_path: Path
@@ -121,29 +146,37 @@ def test_checkpoint_of_a_stuck_session_fails_within_its_deadline(
     out = tmp_path / "stuck.ckpt"
     try:
         time.sleep(0.5)  # inside the kernel now
-        t0 = time.monotonic()
-        args = ["checkpoint", "--session", sid, "-o", str(out), "--release", "--timeout", "4"]
-        cli = subprocess.run(
-            [sys.executable, "-m", "crane.cli.main", "--daemon", daemon.address, *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        took = time.monotonic() - t0
+        args = ["--session", sid, "-o", str(out), "--release", "--timeout", "4"]
+        cli, took = _crane(daemon, "checkpoint", *args)
         print(f"{path}: checkpoint refused in {took:.2f} s: {cli.stderr.strip()}")
         assert cli.returncode == 1 and took < 4.0 + 2.0  # the CLI's start-up included
         assert f"checkpoint of session {sid} failed: checkpoint not started" in cli.stderr
         assert "did not return" in cli.stderr and "left as it was" in cli.stderr
         assert "kernel that does not finish" in cli.stderr and "Deadline Exceeded" not in cli.stderr
         assert not out.exists()
-        with ControlClient(daemon.address) as ctl:
-            [info] = ctl.sessions().sessions
-            assert info.id == sid and info.state == "running"  # as it was, not checkpointing
-        assert alive(worker)
-        # the session is still whole: its guest's death still ends it
-        guest.kill()
-        guest.wait()
-        _gone_within([worker], 8.0)
+        _still_running_until_its_guest_dies(daemon, guest, sid, worker)
+    finally:
+        if guest.poll() is None:
+            guest.kill()
+            guest.wait()
+
+
+@pytest.mark.parametrize("path", ["direct", "relay"])
+def test_migration_of_a_stuck_session_fails_within_its_deadline(
+    daemons: tuple[DaemonProcess, DaemonProcess], path: str
+) -> None:
+    a, b = daemons
+    guest, sid, worker = start_stuck_guest(a, direct=path == "direct")
+    try:
+        time.sleep(0.5)  # inside the kernel now
+        cli, took = _crane(a, "migrate", "--session", sid, "--to", b.address, "--timeout", "3")
+        print(f"{path}: migration refused in {took:.2f} s: {cli.stderr.strip()[-300:]}")
+        assert cli.returncode == 1 and took < 3.0 + 4.0  # the CLI's start-up included
+        assert f"migration of session {sid} failed" in cli.stderr
+        assert "did not return" in cli.stderr and "as it was" in cli.stderr
+        with ControlClient(b.address) as ctl:
+            assert not ctl.sessions().sessions
+        _still_running_until_its_guest_dies(a, guest, sid, worker)
     finally:
         if guest.poll() is None:
             guest.kill()
