@@ -6,8 +6,9 @@
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
     crane guest-lib [--dir] [--python PY]  path of the interposer libcuda.so.1 (for LD_PRELOAD /
                                 ld.so; --python: the one for that interpreter)
-    crane checkpoint --session ID -o FILE [--release]   write a session to a file (and park it)
-    crane restore FILE [--daemon ADDR] [--device N]      recreate a checkpointed session
+    crane checkpoint --session ID -o FILE [--release] [--timeout S]  write a session to a file
+                                (and park it); S (60) bounds the call, a stuck session included
+    crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
     crane migrate --session ID --to ADDR [--no-precopy]  move a running session, live
 
 ``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. Subcommands only parse arguments and
@@ -55,11 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--release", action="store_true", help="free its GPU state: the session is parked"
     )
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=park.CHECKPOINT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="give up after this long; a session whose call in progress does not return in "
+        "time (a kernel that never ends) is left as it was (default %(default)g)",
+    )
     c.set_defaults(func=park.cmd_checkpoint)
     t = sub.add_parser("restore", help="recreate a checkpointed session on a daemon")
     t.add_argument("file", help="checkpoint file (on the daemon's host)")
     t.add_argument("--daemon", dest="restore_daemon", help="daemon address (as crane --daemon)")
     t.add_argument("--device", type=int, default=-1, help="device index on that daemon")
+    t.add_argument(
+        "--timeout",
+        type=float,
+        default=park.RESTORE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="give up waiting for the daemon after this long (default %(default)g)",
+    )
     t.set_defaults(func=park.cmd_restore)
     v = sub.add_parser("migrate", help="move a running session to another daemon, live")
     v.add_argument("--session", required=True, help="session id (see crane ps)")
@@ -73,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-precopy",
         action="store_true",
         help="stop-and-copy only: the guest stops while all of its memory moves",
+    )
+    v.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="longest wait for the session's call in progress each time the migration needs a "
+        "call boundary; past it the migration fails and the session carries on here "
+        "(default %(default)g)",
     )
     v.set_defaults(func=migrate.cmd_migrate)
     return p

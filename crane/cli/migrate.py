@@ -65,6 +65,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         device=args.device,
         max_rounds=1 if args.no_precopy else args.rounds,
         stop_bytes=args.stop_mib << 20,
+        boundary_wait_s=args.timeout,
     )
     try:
         with (

@@ -15,21 +15,35 @@ import grpc
 from crane.cli.control_client import ControlClient
 from crane.cli.inventory import format_bytes
 
-__all__ = ["cmd_checkpoint", "cmd_restore"]
+__all__ = ["CHECKPOINT_TIMEOUT_S", "RESTORE_TIMEOUT_S", "cmd_checkpoint", "cmd_restore"]
 
 
-def _fail(e: grpc.RpcError, what: str) -> int:
-    print(f"crane: {what}: {e.details()}", file=sys.stderr)
+#: Default deadlines of the calls (``--timeout``): a checkpoint waits for the session's call
+#: in progress and writes its memory; a restore reads it back.
+CHECKPOINT_TIMEOUT_S = 60.0
+RESTORE_TIMEOUT_S = 300.0
+
+
+def _fail(e: grpc.RpcError, what: str, timeout: float) -> int:
+    """One line saying why; a time-out the daemon did not explain says what may have
+    happened."""
+    details = e.details() or ""
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and details == "Deadline Exceeded":
+        details = (
+            f"no answer within --timeout {timeout:g} s; the daemon may still finish it "
+            "(crane ps shows the session's state)"
+        )
+    print(f"crane: {what}: {details}", file=sys.stderr)
     return 1
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.output)
-    with ControlClient(args.daemon, timeout=None) as c:
+    with ControlClient(args.daemon, timeout=args.timeout) as c:
         try:
             r = c.checkpoint(args.session, path, args.release)
         except grpc.RpcError as e:
-            return _fail(e, f"checkpoint of session {args.session} failed")
+            return _fail(e, f"checkpoint of session {args.session} failed", args.timeout)
     print(
         f"session {args.session}: {format_bytes(r.memory_bytes)} of device memory written to "
         f"{path} ({format_bytes(r.bytes)}) in {r.seconds:.2f} s; session is {r.state}"
@@ -39,10 +53,10 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.file)
-    with ControlClient(args.restore_daemon or args.daemon, timeout=None) as c:
+    with ControlClient(args.restore_daemon or args.daemon, timeout=args.timeout) as c:
         try:
             r = c.restore(path, args.device)
         except grpc.RpcError as e:
-            return _fail(e, f"restore of {path} failed")
+            return _fail(e, f"restore of {path} failed", args.timeout)
     print(f"session {r.session_id} restored from {path} in {r.seconds:.2f} s")
     return 0

@@ -25,6 +25,7 @@ from crane.craned.server import build_server
 from crane.daemon.devices import resolve_devices
 from crane.daemon.sessions import SessionManager
 from crane.daemon.workers import WorkerPool
+from crane.host.lifeline import PidFiles
 from crane.host.malloc import tune_malloc
 
 __all__ = ["main"]
@@ -116,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("craned %s: %s", __version__, note)
 
-    pool = WorkerPool(cfg.prespawn, cfg.log_level)
+    pids = PidFiles(run_dir / "workers")
+    killed = pids.sweep()  # a previous craned's workers, if it died with them still running
+    if killed:
+        log.warning("killed %d worker(s) of a previous run: %s", len(killed), killed)
+    pool = WorkerPool(cfg.prespawn, cfg.log_level, pids)
     sessions = SessionManager(
         devices,
         run_dir,

@@ -25,6 +25,7 @@ from crane.backends.factory import make_backend
 from crane.device.identity import snapshot_to_proto
 from crane.engine.engine import Engine
 from crane.host.channel import Channel, ChannelClosed
+from crane.host.lifeline import die_with_parent
 from crane.host.malloc import tune_malloc
 from crane.host.messages import (
     CheckpointRequest,
@@ -214,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crane-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the daemon")
     parser.add_argument("--log-level", default=os.environ.get("CRANE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--parent", type=int, default=0, help="craned's pid: die with it")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -222,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The daemon owns signals: a Ctrl-C in craned's terminal must not kill sessions mid-call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A kernel that never returns must not outlive craned (crane.host.lifeline).
+    if args.parent and not die_with_parent(args.parent):
+        log.error("craned (pid %d) is gone; not starting", args.parent)
+        return 1
     tune_malloc()
     _preload()
     ch = Channel(socket.socket(fileno=args.fd))

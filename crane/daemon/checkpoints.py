@@ -33,28 +33,55 @@ from crane.state.session_record import SessionRecord
 if TYPE_CHECKING:
     from crane.daemon.sessions import SessionManager
 
-__all__ = ["Checkpointed", "checkpoint", "restore"]
+__all__ = ["BOUNDARY_WAIT_S", "Checkpointed", "checkpoint", "restore"]
 
 log = logging.getLogger("craned")
 
+#: How long a checkpoint waits for the session's call in progress when its caller sets no
+#: deadline of its own.
+BOUNDARY_WAIT_S = 30.0
+
 
 def checkpoint(
-    mgr: SessionManager, sid: str, path: str, release: bool
+    mgr: SessionManager, sid: str, path: str, release: bool, wait_s: float = BOUNDARY_WAIT_S
 ) -> tuple[Checkpointed, SessionState]:
     """Write the session's state to ``path``; with ``release`` park it. Returns the worker's
-    counts and the session's state afterwards."""
+    counts and the session's state afterwards.
+
+    ``wait_s``: how long the session's call in progress may take to return before the
+    checkpoint gives up (it can only start between two batches). A kernel that never ends
+    would otherwise hold the request, and the session in ``checkpointing``, forever: past it
+    the session goes back to the state it had and the caller gets DEADLINE_EXCEEDED with the
+    reason. Writing, once started, is not limited (it makes progress by itself)."""
     if not os.path.isabs(path):
         raise ProtocolError("INVALID_ARGUMENT", f"checkpoint path {path!r} is not absolute")
     session, before = mgr.claim(sid, "checkpoint", SessionState.CHECKPOINTING)
+    deadline = time.monotonic() + wait_s
     try:
-        with session.channel_lock:
-            answer = request(session, CheckpointRequest(path, release, session.record()))
+        # the relay holds the channel while a batch runs; the worker's own lock covers a
+        # batch that came directly (the worker refuses at the same deadline)
+        if not session.channel_lock.acquire(timeout=wait_s):
+            mgr.give_back(session, SessionState.CHECKPOINTING, before)
+            raise ProtocolError(
+                "DEADLINE_EXCEEDED",
+                f"checkpoint not started: a relayed call batch did not return within "
+                f"{wait_s:.1f} s (a kernel that does not finish?); the session is left as it was",
+            )
+        try:
+            msg = CheckpointRequest(path, release, session.record(), deadline)
+            answer = request(session, msg)
+        finally:
+            session.channel_lock.release()
     except ChannelClosed as e:
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
         mgr.close(session, "worker exited during a checkpoint")
         raise ProtocolError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
     if not isinstance(answer, Checkpointed):
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
+        if isinstance(answer, Refused) and answer.late:
+            raise ProtocolError(
+                "DEADLINE_EXCEEDED", f"{answer.error}; the session is left as it was"
+            )
         raise ProtocolError("FAILED_PRECONDITION", f"checkpoint of {sid} failed: {reason(answer)}")
     if not release:
         mgr.give_back(session, SessionState.CHECKPOINTING, before)

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from crane import __version__
+from crane.daemon.checkpoints import BOUNDARY_WAIT_S
 from crane.daemon.render import device_info, session_info
 from crane.daemon.sessions import SessionManager
 from crane.v1 import control_pb2
@@ -40,7 +41,9 @@ class ControlServicer:
         self, request: control_pb2.CheckpointRequest, context: grpc.ServicerContext
     ) -> control_pb2.CheckpointReply:
         t0 = time.monotonic()
-        counts, state = self.sessions.checkpoint(request.session_id, request.path, request.release)
+        counts, state = self.sessions.checkpoint(
+            request.session_id, request.path, request.release, _boundary_wait(context)
+        )
         return control_pb2.CheckpointReply(
             bytes=counts.bytes,
             memory_bytes=counts.memory_bytes,
@@ -56,6 +59,16 @@ class ControlServicer:
         return control_pb2.RestoreReply(
             session_id=session.id, seconds=time.monotonic() - t0, done_seq=done_seq
         )
+
+
+def _boundary_wait(context: grpc.ServicerContext) -> float:
+    """How long a checkpoint may wait for the session's call in progress: the caller's
+    deadline less a margin for the writing and the answer (so that the caller hears the reason
+    rather than its own time-out); without a deadline, the daemon's default."""
+    left = context.time_remaining()
+    if left is None or left > 1e6:  # gRPC answers a huge number when there is no deadline
+        return BOUNDARY_WAIT_S
+    return max(left - min(2.0, 0.2 * left), 0.05)
 
 
 def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:

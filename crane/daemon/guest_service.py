@@ -9,6 +9,7 @@ the worker's serialized replies come back unparsed, so the daemon does no per-ca
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -22,7 +23,7 @@ from crane.host.messages import Tag
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.fingerprint import mismatch
-from crane.wire.handlers import stream_stream, unary
+from crane.wire.handlers import stream_stream, unary, unary_stream
 
 __all__ = ["GuestServicer", "guest_handler"]
 
@@ -58,6 +59,15 @@ class GuestServicer:
             if e.status != "UNAVAILABLE" or not self.sessions.wait_switchover(sid):
                 raise
         return opened(self.sessions.resume(sid, token))
+
+    def Presence(
+        self, request: guest_pb2.PresenceRequest, context: grpc.ServicerContext
+    ) -> Iterator[guest_pb2.PresenceEvent]:
+        """Held open by a direct guest for its life; its end stops the session's worker."""
+        gone = threading.Event()
+        context.add_callback(gone.set)
+        self.sessions.watch_guest(request.session_id, request.resume_token, gone)
+        yield from ()
 
     def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         md = dict(context.invocation_metadata())
@@ -112,5 +122,8 @@ def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:
             ),
             "Calls": stream_stream(servicer.Calls),
             "Resume": unary(servicer.Resume, guest_pb2.ResumeRequest, guest_pb2.OpenSessionReply),
+            "Presence": unary_stream(
+                servicer.Presence, guest_pb2.PresenceRequest, guest_pb2.PresenceEvent
+            ),
         },
     )

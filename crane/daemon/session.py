@@ -57,6 +57,8 @@ class DaemonSession:
     location: str = ""  # migrating: "-> ADDR" (crane ps)
     migration: dict[str, Any] = field(default_factory=dict)  # latest progress of a move out
     switching: bool = False  # migrating, and the guest is stopped for the switchover
+    #: Presence streams its direct guest holds open (SessionManager.watch_guest).
+    presences: int = 0
 
     @property
     def va_base(self) -> int:

@@ -40,6 +40,7 @@ from crane.daemon.session import DaemonSession, SessionMoved
 from crane.daemon.worker_control import configure
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
+from crane.host.lifeline import alive
 from crane.host.messages import WorkerConfig
 from crane.host.stats import MODE_DIRECT, SessionStats
 from crane.modules.store import ImageStore
@@ -53,6 +54,8 @@ log = logging.getLogger("craned")
 SWITCHOVER_WAIT_S = 10.0
 #: How often a waiter looks again without being woken.
 _POLL_S = 0.05
+#: How often a guest's presence watch looks whether its worker is still the session's.
+_PRESENCE_POLL_S = 0.5
 
 
 class SessionManager:
@@ -215,6 +218,37 @@ class SessionManager:
             session.peer = peer
         return session
 
+    def watch_guest(self, sid: str, token: bytes, gone: threading.Event) -> None:
+        """Hold a direct guest's presence stream: when ``gone`` is set (the stream ended: the
+        guest process went away) while the same worker still serves the session and no other
+        presence stream of its guest is open, stop that worker.
+
+        The guest's calls go to the worker, so the daemon would otherwise never see the guest
+        leave; the worker sees it only between calls, and a worker inside a kernel that never
+        returns reads nothing. Returns without closing once that worker is gone (the session
+        ended, was parked or moved: the guest opens a new presence with its next worker). A
+        guest that reconnects opens its new presence before it ends the old one (the count)."""
+        with self.table.lock:
+            session = self.table.entries().get(sid)
+            if session is None:
+                raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
+            if not token or not secrets.compare_digest(token, session.token):
+                raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            worker = session.worker
+            session.presences += 1
+        try:
+            while not gone.wait(_PRESENCE_POLL_S):
+                if session.worker is not worker or worker.exited:
+                    return
+        finally:
+            with self.table.lock:
+                session.presences -= 1
+                last = session.presences == 0
+        # a worker that died by itself is the reaper's to report, not the guest's doing
+        if last and session.worker is worker and not worker.exited and alive(worker.pid):
+            log.info("session %s: its direct guest went away; stopping its worker", sid)
+            self.close(session, "guest went away")
+
     def resume(self, sid: str, token: bytes) -> DaemonSession:
         """Where a guest whose stream broke stands: ready to attach, parked (retry), moved
         (redirect), or expired (NOT_FOUND with the reason: the guest stops waiting)."""
@@ -360,9 +394,9 @@ class SessionManager:
 
     # ---- checkpoint and restore ------------------------------------------------------------------
     def checkpoint(
-        self, sid: str, path: str, release: bool
+        self, sid: str, path: str, release: bool, wait_s: float = checkpoints.BOUNDARY_WAIT_S
     ) -> tuple[checkpoints.Checkpointed, SessionState]:
-        return checkpoints.checkpoint(self, sid, path, release)
+        return checkpoints.checkpoint(self, sid, path, release, wait_s)
 
     def restore(self, path: str, device_index: int) -> tuple[DaemonSession, int]:
         return checkpoints.restore(self, path, device_index)

@@ -5,6 +5,13 @@ forking a process that runs gRPC threads is unsafe, and a fresh process gets its
 and address space (invariant 4). Spawning costs a few hundred milliseconds of imports, so the pool
 keeps ``prespawn`` idle workers ready and a session open only waits for the configuration
 round trip.
+
+Every worker is spawned from one thread that lives as long as the daemon (``_SPAWNER``): a
+worker asks the kernel to kill it when its parent goes (:mod:`crane.host.lifeline`), and Linux
+delivers that signal when the *thread* that forked it exits, so a worker forked from a
+short-lived thread (a prespawn, an RPC) would die with that thread instead of with craned.
+Each worker is recorded in the run directory's pid files until it is reaped, so that a daemon
+restarted after a crash kills the ones still running.
 """
 
 from __future__ import annotations
@@ -14,34 +21,57 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from crane.host.channel import Channel
+from crane.host.lifeline import PidFiles
 
-__all__ = ["WorkerPool", "WorkerProcess"]
+__all__ = ["WorkerPool", "WorkerProcess", "spawn"]
 
 log = logging.getLogger("craned")
+
+#: The one thread that forks workers (see the module's docstring): an executor's thread stays
+#: until the executor shuts down, which craned never does.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawn")
 
 
 class WorkerProcess:
     """A spawned worker and the daemon's end of its channel."""
 
-    def __init__(self, log_level: str) -> None:
+    def __init__(self, log_level: str, pids: PidFiles | None = None) -> None:
+        """Spawn a worker (call it on ``_SPAWNER``'s thread: :func:`spawn`)."""
         self.channel, child = Channel.pair()
         env = dict(os.environ)
         env["CRANE_LOG_LEVEL"] = log_level
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "crane.craned.worker", "--fd", str(child.fileno())],
+            [
+                sys.executable,
+                "-m",
+                "crane.craned.worker",
+                "--fd",
+                str(child.fileno()),
+                "--parent",
+                str(os.getpid()),
+            ],
             pass_fds=(child.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
         )
         child.close()
+        self.pids = pids
+        if pids is not None:
+            pids.add(self.proc.pid)
         self._stopped = False
         self._lock = threading.Lock()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def exited(self) -> bool:
+        """Stopped by the daemon, or reaped after exiting by itself."""
+        return self._stopped or self.proc.returncode is not None
 
     def stop(self, timeout: float = 3.0) -> int | None:
         """Close the channel (the worker exits and frees its device state), then reap it."""
@@ -56,14 +86,24 @@ class WorkerProcess:
             log.warning("worker %d did not exit in %.0f s; killing it", self.pid, timeout)
             self.proc.kill()
             return self.proc.wait()
+        finally:
+            if self.pids is not None:
+                self.pids.remove(self.pid)
+
+
+def spawn(log_level: str, pids: PidFiles | None = None) -> WorkerProcess:
+    """A new worker, forked from the spawner thread whatever thread asks."""
+    return _SPAWNER.submit(WorkerProcess, log_level, pids).result()
 
 
 class WorkerPool:
     """Keeps ``size`` idle workers ready."""
 
-    def __init__(self, size: int, log_level: str) -> None:
+    def __init__(self, size: int, log_level: str, pids: PidFiles | None = None) -> None:
+        """``pids``: where each worker is recorded until it is reaped (the daemon's sweep)."""
         self.size = size
         self.log_level = log_level
+        self.pids = pids
         self._idle: list[WorkerProcess] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -76,7 +116,7 @@ class WorkerPool:
         with self._lock:
             w = self._idle.pop() if self._idle else None
         if w is None or w.proc.poll() is not None:
-            w = WorkerProcess(self.log_level)
+            w = spawn(self.log_level, self.pids)
         if replenish:
             self.replenish()
         return w
@@ -90,7 +130,7 @@ class WorkerPool:
             with self._lock:
                 if self._closed or len(self._idle) >= self.size:
                     return
-            w = WorkerProcess(self.log_level)
+            w = spawn(self.log_level, self.pids)
             with self._lock:
                 if self._closed:
                     break

@@ -121,6 +121,7 @@ class Transport:
         self._resume_deadline: float | None = None
         self.resumes = 0
         self._direct_channel: grpc.Channel | None = None
+        self._presence: grpc.Call | None = None
         self.path = "relay"
         self._responses = self._open_calls(stub, self._requests)
         self._closed = False
@@ -158,13 +159,30 @@ class Transport:
     def _open_calls(
         self, stub: guest_pb2_grpc.GuestStub, requests: queue.SimpleQueue
     ) -> Iterator[guest_pb2.ReplyBatch]:
-        return self._calls_stub(stub, self._direct_pref).Calls(
+        calls = self._calls_stub(stub, self._direct_pref)
+        if calls is not stub:
+            # the daemon never sees our calls: a stream held open to it says we are alive, and
+            # its end (this process gone) has the daemon stop a worker stuck in a kernel
+            self._presence = stub.Presence(
+                guest_pb2.PresenceRequest(
+                    session_id=self.opened.session_id, resume_token=self.opened.resume_token
+                )
+            )
+        return calls.Calls(
             self._request_iter(requests),
             metadata=(
                 ("crane-session", self.opened.session_id),
                 ("crane-token-bin", self.opened.resume_token),
             ),
         )
+
+    def _end_presence(self) -> None:
+        """Cancel and drop the presence stream (as :meth:`close` does the call stream: a call
+        collected at interpreter exit could hang the process)."""
+        presence, self._presence = self._presence, None
+        if presence is not None:
+            with contextlib.suppress(Exception):
+                presence.cancel()
 
     # ---- resume -------------------------------------------------------------------------------
     def _resume(self, cause: TransportError) -> TransportError | None:
@@ -255,6 +273,9 @@ class Transport:
         """New stream on ``addr``; resend every kept batch with calls after ``done_seq``."""
         old_direct, old_channel = self._direct_channel, self._channel
         self._direct_channel = None
+        # ended only once the new stream's presence is open: a daemon that saw none open for a
+        # moment would take this guest for gone and stop a worker it is still using
+        old_presence, self._presence = self._presence, None
         self.path = "relay"
         self.address, self._channel = addr, ch
         self.opened = opened
@@ -272,6 +293,9 @@ class Transport:
             self._inflight = 0  # bulk batches of the old stream will never be sent there
             self._inflight_cv.notify_all()
         self.resumes += 1
+        if old_presence is not None:
+            with contextlib.suppress(Exception):
+                old_presence.cancel()
         for c in (old_direct, old_channel):
             if c is not None and c is not ch:
                 c.close()
@@ -451,6 +475,7 @@ class Transport:
         with contextlib.suppress(Exception):
             responses.cancel()
         del responses
+        self._end_presence()
         if self._direct_channel is not None:
             self._direct_channel.close()
         self._channel.close()

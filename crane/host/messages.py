@@ -89,12 +89,16 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class CheckpointRequest:
-    """Write the session to ``path``; ``release``: park it (no call may run here after)."""
+    """Write the session to ``path``; ``release``: park it (no call may run here after).
+    ``deadline``: ``time.monotonic()`` (one clock for every process of the host) by which the
+    checkpoint must have started, i.e. the session's call in progress must have returned; the
+    worker refuses at that moment instead of waiting on a kernel that may never end. 0: none."""
 
     TAG: ClassVar[Tag] = Tag.CHECKPOINT
     path: str
     release: bool
     identity: SessionRecord
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,8 @@ class MigrateRequest:
     stop_bytes: int
     identity: SessionRecord
     wake: str = ""
+    #: Seconds the migration waits for the call in progress at each batch boundary it needs.
+    boundary_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -161,10 +167,13 @@ class RoundApplied:
 @dataclass(frozen=True)
 class Refused:
     """A control request that could not be done; ``error`` says why (the session is as it
-    was, except a restore or an incoming round, whose worker the daemon discards)."""
+    was, except a restore or an incoming round, whose worker the daemon discards).
+    ``late``: refused because the session's call in progress outlasted the request's
+    deadline (the caller reports a time-out, not a failure of the operation itself)."""
 
     TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
     error: str
+    late: bool = False
 
 
 ControlAnswer = Checkpointed | Restored | RoundApplied | Refused

@@ -65,13 +65,23 @@ RELEASE_NICE = 10
 #: a daemon inside it deterministically; fault tests widen it with this variable and wait for the
 #: log line below. Never set in production (unset or 0: no delay).
 TEST_DELAY_FINAL_ACK_ENV = "CRANE_TEST_DELAY_FINAL_ACK_S"
+#: Default longest wait for the guest's call in progress at a batch boundary (MigrateRequest).
+BOUNDARY_WAIT_S = 60.0
 
 
 # ---- source --------------------------------------------------------------------------------
 def migrate_out(
-    host: SessionHost, sid: str, to: str, device: int, max_rounds: int, stop_bytes: int
+    host: SessionHost,
+    sid: str,
+    to: str,
+    device: int,
+    max_rounds: int,
+    stop_bytes: int,
+    boundary_wait_s: float = BOUNDARY_WAIT_S,
 ) -> DaemonSession:
-    """Start moving ``sid`` to ``to``; progress lands in ``session.migration``."""
+    """Start moving ``sid`` to ``to``; progress lands in ``session.migration``.
+    ``boundary_wait_s``: longest it waits for the guest's call in progress at each batch
+    boundary it needs (then it fails and the session carries on here)."""
     session, before = host.claim(sid, "migrate", SessionState.MIGRATING)
     session.location = f"-> {to}"
     host.publish(session, {"phase": Phase.PREFLIGHT.value}, switching=False, fresh=True)
@@ -85,15 +95,28 @@ def migrate_out(
         stop_bytes=stop_bytes,
         identity=session.record(),  # id, token, window; what the guest was told
         wake=str(wake.path) if wake.path else "",
+        boundary_wait_s=boundary_wait_s,
     )
+    # the relay holds the channel while a batch runs: a kernel that never ends must not hold
+    # the migration (and the session in "migrating") with it
+    if not session.channel_lock.acquire(timeout=boundary_wait_s):
+        wake.close()
+        why = (
+            f"migration not started: a relayed call batch did not return within "
+            f"{boundary_wait_s:g} s (a kernel that does not finish?); the session stays here "
+            "as it was"
+        )
+        _settle(host, session, before, {"phase": Phase.FAILED.value, "error": why})
+        return session
     try:
-        with session.channel_lock:
-            session.worker.channel.send(*encode(req))
+        session.worker.channel.send(*encode(req))
     except ChannelClosed as e:
         wake.close()
         failed = {"phase": Phase.FAILED.value, "error": f"worker gone: {e}"}
         _settle(host, session, before, failed)
         return session
+    finally:
+        session.channel_lock.release()
     threading.Thread(
         target=_watch,
         args=(host, session, before, progress, wake),

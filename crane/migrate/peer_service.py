@@ -65,6 +65,7 @@ class MigrationServicer:
             request.device if request.device else -1,
             request.max_rounds,
             request.stop_bytes,
+            request.boundary_wait_s or daemon_side.BOUNDARY_WAIT_S,
         )
         last = None
         changes = self.host.changes

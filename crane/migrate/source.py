@@ -44,7 +44,7 @@ from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2, peer_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 from crane.wire.fingerprint import fingerprint
-from crane.worker.attach import WorkerSession, WorkerState
+from crane.worker.attach import TooLate, WorkerSession, WorkerState
 
 __all__ = ["MigrationFailed", "Phase", "migrate_out", "preflight", "start", "structure"]
 
@@ -150,7 +150,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     responses = None
     held = False
     try:
-        with ws.lock:
+        with ws.boundary(req.boundary_wait_s, "migration"):
             if ws.parked:
                 raise MigrationFailed(f"session {ws.session_id} is parked")
             graph0: dict[str, Any] | None = save_graph(dev, calls)
@@ -214,7 +214,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             """Memory while the guest runs: each chunk copied under the batch lock."""
             for addr, size in regions:
                 for a, n in _chunks(addr, size):
-                    with ws.lock:
+                    with ws.boundary(req.boundary_wait_s, "migration"):
                         try:
                             data = bytes(dev.read(a, n))
                         except Exception:  # freed under us: the final round settles it
@@ -236,7 +236,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             # round 0: the whole graph and all memory, guest running
             enter(Phase.PRECOPY)
             progress(st)
-            with ws.lock:
+            with ws.boundary(req.boundary_wait_s, "migration"):
                 graph0 = save_graph(dev, calls)
                 replies0 = list(calls.last_replies)
                 dev.dirty.mark()
@@ -257,7 +257,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             round_ = 1
             last_dirty: int | None = None
             while True:
-                with ws.lock:
+                with ws.boundary(req.boundary_wait_s, "migration"):
                     dirty, _ = dev.dirty.mark()
                     allocs_now = {a: n for a, (_, n) in dev.allocations.items()}
                 pending |= dirty
@@ -291,7 +291,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         enter(Phase.STOPPING)
         st["round"] = round_
         progress(st)
-        ws.lock.acquire()
+        ws.acquire_by(time.monotonic() + req.boundary_wait_s, "migration")
         held = True
         stop = time.monotonic()
         dev.synchronize()
@@ -358,6 +358,9 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     except MigrationFailed:
         _abort(stub, ident, responses)
         raise
+    except TooLate as e:  # the guest's call in progress never returned: it carries on here
+        _abort(stub, ident, responses)
+        raise MigrationFailed(f"{e}; the session stays here as it was") from None
     except StreamClosed:  # the call ended under us: say why it did
         _abort(stub, ident, responses)
         why = _why(responses)

@@ -19,12 +19,23 @@ daemon has the answer and releases it. Each operation names the states it is all
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 
 from crane.engine.engine import Engine
 from crane.host.stats import MODE_DIRECT, SessionStats
 
-__all__ = ["ALLOWED", "TRANSITIONS", "NotAllowed", "SessionParked", "WorkerSession", "WorkerState"]
+__all__ = [
+    "ALLOWED",
+    "TRANSITIONS",
+    "NotAllowed",
+    "SessionParked",
+    "TooLate",
+    "WorkerSession",
+    "WorkerState",
+]
 
 
 class WorkerState(Enum):
@@ -61,6 +72,10 @@ class NotAllowed(Exception):
     """An operation refused in the session's current state (the message names both)."""
 
 
+class TooLate(NotAllowed):
+    """The session's call in progress did not return by an operation's deadline."""
+
+
 class SessionParked(NotAllowed):
     """The session was checkpointed and released, or migrated away: no call may run here."""
 
@@ -74,6 +89,8 @@ class WorkerSession:
         self.state = WorkerState.WAITING
         self.attached = threading.Event()  # a call stream attached (the abandon timer's cue)
         self.ended = threading.Event()
+        #: time.monotonic() when the batch now running started (0: none runs).
+        self.busy_since = 0.0
 
     # ---- the lifecycle ---------------------------------------------------------------------
     def require(self, operation: str) -> None:
@@ -100,6 +117,29 @@ class WorkerSession:
     def relay(self) -> bool:
         return self.state is S.RELAY
 
+    def acquire_by(self, deadline: float, operation: str) -> None:
+        """Take the batch lock by ``deadline`` (``time.monotonic()``; 0: wait as long as it
+        takes), else refuse ``operation``: a call that does not return (a kernel spinning
+        forever) must not hold the daemon's request, and the session's state, hostage."""
+        timeout = -1.0 if deadline <= 0 else max(deadline - time.monotonic(), 0.0)
+        if not self.lock.acquire(timeout=timeout):
+            since = self.busy_since
+            running = f" for {time.monotonic() - since:.1f} s" if since else ""
+            raise TooLate(
+                f"{operation} not started: a call batch has been running{running} (a kernel "
+                "that does not finish?) and did not return by the deadline"
+            )
+
+    @contextmanager
+    def boundary(self, wait_s: float, operation: str) -> Iterator[None]:
+        """Hold the batch lock (a call boundary), waiting at most ``wait_s`` for it
+        (:class:`TooLate` past that)."""
+        self.acquire_by(time.monotonic() + wait_s, operation)
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     # ---- calls -----------------------------------------------------------------------------
     def attach(self, mode: int, peer: str = "") -> bool:
         """Claim the session for a stream; False if another stream (or mode) holds it."""
@@ -115,7 +155,11 @@ class WorkerSession:
         """Execute one batch of the attached stream (:class:`SessionParked` once parked)."""
         with self.lock:
             self.require("run calls")
-            msgs = self.engine.run_batch(raw)
+            self.busy_since = time.monotonic()
+            try:
+                msgs = self.engine.run_batch(raw)
+            finally:
+                self.busy_since = 0.0
             self.publish_stats()
             if self.engine.device.closed:
                 self.move(S.ENDED)

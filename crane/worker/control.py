@@ -24,7 +24,7 @@ from crane.host.messages import (
 )
 from crane.state.checkpoint import CheckpointError
 from crane.state.park import restore_checkpoint, write_checkpoint
-from crane.worker.attach import NotAllowed, WorkerSession, WorkerState
+from crane.worker.attach import NotAllowed, TooLate, WorkerSession, WorkerState
 
 __all__ = ["checkpoint", "restore"]
 
@@ -34,25 +34,30 @@ log = logging.getLogger("crane.worker")
 def checkpoint(ws: WorkerSession, req: CheckpointRequest) -> ControlAnswer:
     """Write the session to ``req.path`` (complete or absent); park it with ``release``."""
     path = Path(req.path)
-    with ws.lock:
+    try:
+        ws.acquire_by(req.deadline, "checkpoint")
+    except TooLate as e:
+        return Refused(str(e), late=True)
+    try:
+        ws.require("checkpoint")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        eng = ws.engine
         try:
-            ws.require("checkpoint")
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-            eng = ws.engine
-            try:
-                with open(tmp, "wb", buffering=1 << 20) as f:
-                    counts = write_checkpoint(eng.device, eng.log, f, req.identity.to_json())
-                    f.flush()
-                    os.fsync(f.fileno())
-                tmp.replace(path)  # a checkpoint file is complete or absent
-            finally:
-                tmp.unlink(missing_ok=True)
-            if req.release:
-                ws.move(WorkerState.PARKED)
-            log.info("checkpoint written to %s (%d bytes)", path, counts["bytes"])
-            return Checkpointed(counts["bytes"], counts["memory_bytes"], counts["sections"])
-        except Exception as e:
-            return _refused("checkpoint", path, e)
+            with open(tmp, "wb", buffering=1 << 20) as f:
+                counts = write_checkpoint(eng.device, eng.log, f, req.identity.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)  # a checkpoint file is complete or absent
+        finally:
+            tmp.unlink(missing_ok=True)
+        if req.release:
+            ws.move(WorkerState.PARKED)
+        log.info("checkpoint written to %s (%d bytes)", path, counts["bytes"])
+        return Checkpointed(counts["bytes"], counts["memory_bytes"], counts["sections"])
+    except Exception as e:
+        return _refused("checkpoint", path, e)
+    finally:
+        ws.lock.release()
 
 
 def restore(ws: WorkerSession, req: RestoreRequest) -> ControlAnswer:

@@ -55,3 +55,21 @@ def test_a_parked_session_runs_no_call(ws: WorkerSession) -> None:
         ws.move(WorkerState.RELAY)
     ws.end()
     assert ws.state is WorkerState.ENDED and ws.ended.is_set()
+
+
+def test_acquire_by_gives_up_at_the_deadline_and_says_why(ws: WorkerSession) -> None:
+    import time
+
+    from crane.worker.attach import TooLate
+
+    with ws.lock:  # a batch that does not return
+        ws.busy_since = time.monotonic() - 5.0
+        t0 = time.monotonic()
+        with pytest.raises(TooLate, match=r"running for 5\.\d s .*did not return by the deadline"):
+            ws.acquire_by(t0 + 0.2, "checkpoint")
+        assert 0.15 < time.monotonic() - t0 < 2.0
+        with pytest.raises(TooLate):
+            ws.acquire_by(t0 - 1.0, "checkpoint")  # a deadline already past: no wait at all
+    ws.busy_since = 0.0
+    ws.acquire_by(time.monotonic() + 0.2, "checkpoint")  # free: taken at once
+    ws.lock.release()

@@ -1,0 +1,64 @@
+"""A guest whose kernel never returns, in a process of its own (the watchdog tests kill it).
+
+The kernel spins on a flag in device memory that nothing ever sets (a volatile load, so no
+compiler or interpreter may hoist it), like a kernel waiting on a producer that died.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from crane.craned.launcher import DaemonProcess
+
+SPIN_PTX = r"""
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry spin(.param .u64 flag)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [flag];
+    cvta.to.global.u64 %rd2, %rd1;
+LOOP:
+    ld.volatile.global.u32 %r1, [%rd2];
+    setp.eq.s32 %p1, %r1, 0;
+    @%p1 bra LOOP;
+    ret;
+}
+"""
+
+
+def start_stuck_guest(daemon: DaemonProcess, direct: bool) -> tuple[subprocess.Popen, str, int]:
+    """A guest process inside a kernel that never returns: the process, its session id and
+    its worker's pid (from the daemon's log)."""
+    image = SPIN_PTX.encode() + b"\0"
+    path = "direct" if direct else "relay"
+    script = textwrap.dedent(f"""
+        import sys
+        from crane.guest.session import GuestSession
+        s = GuestSession({daemon.address!r}, client="stuck", direct={direct!r})
+        assert s._t.path == {path!r}, s._t.path
+        flag = s.mem_alloc(4)
+        s.memset_d32(flag, 0, 1)
+        fn = s.module_get_function(s.module_load({image!r}), "spin")
+        s.synchronize()
+        s.launch(fn, grid=(1,), block=(32,), params=[flag])
+        s._t.flush()
+        print(s.session_id, flush=True)
+        s.synchronize()  # never returns
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    sid = proc.stdout.readline().strip()
+    assert sid, f"the stuck guest did not start (exit {proc.poll()})"
+    pid = int(
+        daemon.log_text().split(f"session {sid} opened")[1].split("worker pid ")[1].split()[0]
+    )
+    return proc, sid, pid
