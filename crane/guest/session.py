@@ -15,6 +15,7 @@ caller as anything but a CUDA error.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
@@ -112,6 +113,10 @@ class GuestSession:
         self.va_window = (o.va_base, o.va_size)
         self._handles = HandleAllocator()
         self._objs = _Objects()
+        # module variables' ranges (start -> end), starts sorted: the worker places them (the
+        # driver does, on a real GPU), outside the span the guest allocates in
+        self._var_starts: list[int] = []
+        self._var_ends: dict[int, int] = {}
         self._lock = threading.RLock()
         self._launch_ok: set[tuple[object, ...]] = set()  # launch configurations checked
         self.va = VaAllocator(
@@ -601,14 +606,29 @@ class GuestSession:
             {n: (a, s) for n, (a, s) in desc["globals"].items()},
         )
         self._objs.modules[h] = mod
+        for addr, size in mod.globals.values():
+            bisect.insort(self._var_starts, addr)
+            self._var_ends[addr] = addr + max(size, 1)
         return mod
+
+    def is_device_address(self, addr: int) -> bool:
+        """Whether ``addr`` is device memory: inside the allocation window, or inside one of
+        the loaded modules' variables (``cudaGetSymbolAddress`` gives such addresses to
+        unified copies)."""
+        base, size = self.va_window
+        if base <= addr < base + size:
+            return True
+        i = bisect.bisect_right(self._var_starts, addr) - 1
+        return i >= 0 and addr < self._var_ends[self._var_starts[i]]
 
     def module_unload(self, module: Module | int) -> None:
         h = module.handle if isinstance(module, Module) else module
         if h not in self._objs.modules:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown module {h:#x}")
         self._async(_O["MODULE_UNLOAD"], h)
-        del self._objs.modules[h]
+        for addr, _ in self._objs.modules.pop(h).globals.values():
+            self._var_starts.remove(addr)
+            del self._var_ends[addr]
         for f in [f for f, fn in self._objs.functions.items() if fn.module == h]:
             del self._objs.functions[f]
 

@@ -1,7 +1,8 @@
 """Device memory: allocation, every linear copy, memsets, stream-ordered allocation.
 
-Device pointers are guest-chosen addresses inside the session's VA window, so "is this a device
-pointer" (for ``cuMemcpy`` and copies with unified addressing) is a local range check. Host
+Device pointers are guest-chosen addresses inside the session's VA window, or module variables'
+addresses, so "is this a device pointer" (for ``cuMemcpy`` and copies with unified addressing)
+is a local range check. Host
 memory, pinned or not, is plain guest memory: copies read or fill it through the session. A
 device-to-host copy waits for its data (it must land before the call, or before the stream's
 next synchronization, returns: waiting early is never wrong).
@@ -28,8 +29,7 @@ from crane.interposer.runtime import RT
 
 
 def is_device(s: GuestSession, addr: int) -> bool:
-    base, size = s.va_window
-    return base <= addr < base + size
+    return s.is_device_address(addr)
 
 
 def host_view(addr: int, n: int) -> Any:

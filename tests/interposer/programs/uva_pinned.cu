@@ -9,6 +9,8 @@
 
 #include "check.h"
 
+__device__ int sym[4];
+
 __global__ void fill(int *p, int n, int v) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = v + i;
@@ -60,6 +62,15 @@ int main() {
     flag[0] = 7;
     r = cuMemcpyHtoD((CUdeviceptr)(h + 8), flag, sizeof(int));
     CHECK(r == CUDA_SUCCESS && h[8] == 7, "HtoD to pinned host memory: %d %d", (int)r, h[8]);
+
+    // a module variable's address is device memory to unified (cudaMemcpyDefault) copies
+    int *psym = nullptr, in[4] = {1, 2, 3, 4}, out[4] = {0, 0, 0, 0};
+    CHECK(cudaGetSymbolAddress((void **)&psym, sym) == cudaSuccess, "symbol address");
+    e = cudaMemcpy(psym, in, sizeof in, cudaMemcpyDefault);
+    CHECK(e == cudaSuccess, "default copy to a symbol: %s", cudaGetErrorName(e));
+    e = cudaMemcpy(out, psym, sizeof out, cudaMemcpyDefault);
+    CHECK(e == cudaSuccess && out[3] == 4, "default copy from a symbol: %s %d",
+          cudaGetErrorName(e), out[3]);
 
     // pageable memory is not device-addressable
     int *pageable = (int *)malloc(n * sizeof(int));
