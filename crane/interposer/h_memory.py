@@ -203,8 +203,8 @@ def engine_copy(
     or written here, and when neither endpoint is device memory the copy is done here, after
     the stream's earlier work. Anything else goes to the device, which judges it."""
     s = RT.session()
-    dst_dev = device[0] and not (not is_device(s, dst) and pinned_host(dst, n))
-    src_dev = device[1] and not (not is_device(s, src) and pinned_host(src, n))
+    dst_dev = device[0] and (is_device(s, dst) or not pinned_host(dst, n))
+    src_dev = device[1] and (is_device(s, src) or not pinned_host(src, n))
     if dst_dev or src_dev:
         _device_copy(s, dst, src, n, stream, dst_dev, src_dev)
     else:
