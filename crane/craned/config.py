@@ -9,6 +9,23 @@ Example ``/etc/crane/craned.toml``::
     prespawn = 1                       # idle workers kept ready, so a session opens fast
     moved_ttl_s = 600                  # how long a migrated-away session's entry redirects
     parked_ttl_s = 3600                # how long a parked session waits for its restore
+    checkpoint_dir = "/var/lib/crane/checkpoints"  # the only place checkpoints are read/written
+
+    # Mutual TLS on every tcp:// listener (and for migrations to other daemons).
+    tls_cert = "/etc/crane/tls/craned.pem"
+    tls_key = "/etc/crane/tls/craned.key"
+    client_ca = "/etc/crane/tls/ca.pem"    # signs tenants' and peer daemons' certificates
+    peers = ["craned-b.example"]           # daemons allowed to migrate sessions here (CN/SAN)
+    insecure_tcp = false                   # true: plain TCP, every caller is tenant "tcp"
+
+    [tenants.alice]                        # who is who, and what each may use
+    uids = [1001]                          # unix-socket callers (SO_PEERCRED uid, or gid)
+    gids = []
+    certs = ["alice"]                      # client certificates whose CN or a SAN is one of these
+    operator = false                       # may use the control API on every tenant's sessions
+    memory = "16GiB"                       # device memory across the tenant's sessions
+    max_sessions = 4
+    kernel_time_limit_s = 30               # a launch running longer fails LAUNCH_TIMEOUT
 
 Flags given on the command line replace the file's value for that key.
 
@@ -30,6 +47,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from crane.daemon.tenants import TenantConfig
+
 __all__ = ["DaemonConfig", "load_config"]
 
 
@@ -45,6 +64,21 @@ class DaemonConfig:
     moved_ttl_s: float = 600.0
     #: Seconds a parked session's entry waits for a restore; 0: until restored.
     parked_ttl_s: float = 3600.0
+    #: The only directory checkpoint files are written to and restored from ("": the run
+    #: directory's ``checkpoints``).
+    checkpoint_dir: str = ""
+    #: This daemon's certificate and key (PEM): served on tcp:// listeners, and presented as
+    #: the client certificate when it migrates a session to another daemon.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: The CA (PEM) that signs tenants' and peer daemons' certificates; tcp:// callers must
+    #: present one it signed.
+    client_ca: str = ""
+    #: Daemons (certificate CN or SAN) allowed to migrate sessions to this one.
+    peers: list[str] = field(default_factory=list)
+    #: Plain TCP without TLS (a development setting; craned warns at start).
+    insecure_tcp: bool = False
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
 
 
 _SECONDS = ("moved_ttl_s", "parked_ttl_s")
@@ -61,8 +95,12 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
         for k, v in data.items():
-            if k in ("listen", "backend") and isinstance(v, str):
+            if k in ("listen", "backend", "peers") and isinstance(v, str):
                 v = [v]
+            if k == "tenants":
+                if not isinstance(v, dict):
+                    raise ValueError(f"{path}: tenants must be tables [tenants.NAME]")
+                v = {name: TenantConfig.from_table(name, t) for name, t in v.items()}
             setattr(cfg, k, v)
     for k, v in overrides.items():
         if v not in (None, [], ""):

@@ -59,6 +59,9 @@ class DaemonSession:
     switching: bool = False  # migrating, and the guest is stopped for the switchover
     #: Presence streams its direct guest holds open (SessionManager.watch_guest).
     presences: int = 0
+    #: The tenant whose caller opened the session (crane.craned.config.TenantConfig.name);
+    #: only that tenant's callers (and operators) may act on it.
+    tenant: str = ""
 
     @property
     def va_base(self) -> int:

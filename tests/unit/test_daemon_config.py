@@ -32,3 +32,45 @@ def test_bad_lifetimes_are_refused_by_name(tmp_path: Path, bad: str) -> None:
     f.write_text(f"parked_ttl_s = {bad}\n")
     with pytest.raises(ValueError, match="parked_ttl_s must be a number of seconds >= 0"):
         load_config(f, {})
+
+
+def test_tenants_are_read_with_their_quotas(tmp_path: Path) -> None:
+    f = tmp_path / "craned.toml"
+    f.write_text(
+        'peers = "craned-b"\n'
+        "[tenants.alice]\nuids = [1001]\ncerts = ['alice']\nmemory = '16GiB'\n"
+        "max_sessions = 4\nkernel_time_limit_s = 30\n"
+        "[tenants.ops]\ngids = [0]\noperator = true\n"
+    )
+    cfg = load_config(f, {})
+    alice, ops = cfg.tenants["alice"], cfg.tenants["ops"]
+    assert (alice.uids, alice.certs, alice.memory) == ([1001], ["alice"], 16 << 30)
+    assert (alice.max_sessions, alice.kernel_time_limit_s, alice.operator) == (4, 30.0, False)
+    assert ops.operator and ops.gids == [0] and ops.memory is None
+    assert cfg.peers == ["craned-b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[tenants.a]\nmemroy = '1GiB'\n", r"\[tenants.a\]: unknown keys \['memroy'\]"),
+        ("[tenants.a]\nmemory = 'lots'\n", "not a size: 'lots'"),
+        ("[tenants.a]\nuids = [-1]\n", "uids must be a list of ids"),
+        ("[tenants.a]\noperator = 'yes'\n", "operator must be true or false"),
+        ("[tenants.a]\nkernel_time_limit_s = 0\n", "kernel_time_limit_s must be seconds > 0"),
+    ],
+)
+def test_bad_tenant_tables_are_refused_by_name(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "craned.toml"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_config(f, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "n"), [("512MiB", 512 << 20), ("40GB", 40 * 10**9), ("2 G", 2 << 30), (7, 7)]
+)
+def test_sizes(text: object, n: int) -> None:
+    from crane.daemon.tenants import parse_size
+
+    assert parse_size(text) == n
