@@ -16,7 +16,8 @@ Example ``/etc/crane/craned.toml``::
     tls_key = "/etc/crane/tls/craned.key"
     client_ca = "/etc/crane/tls/ca.pem"    # signs tenants' and peer daemons' certificates
     peers = ["craned-b.example"]           # daemons allowed to migrate sessions here (CN/SAN)
-    insecure_tcp = false                   # true: plain TCP, every caller is tenant "tcp"
+    insecure_tcp = false                   # true: plain TCP, every caller is tenant "tcp" and
+                                           # an operator (development only; craned warns)
 
     [tenants.alice]                        # who is who, and what each may use
     uids = [1001]                          # unix-socket callers (SO_PEERCRED uid, or gid)
@@ -76,7 +77,8 @@ class DaemonConfig:
     client_ca: str = ""
     #: Daemons (certificate CN or SAN) allowed to migrate sessions to this one.
     peers: list[str] = field(default_factory=list)
-    #: Plain TCP without TLS (a development setting; craned warns at start).
+    #: Plain TCP without TLS: every tcp caller is tenant "tcp" and an operator (a development
+    #: setting; craned warns at start). Without it a tcp listener needs the three TLS files.
     insecure_tcp: bool = False
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
 

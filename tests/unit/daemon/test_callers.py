@@ -90,3 +90,34 @@ def test_credentials_verify_only_with_the_issuing_key_and_until_they_expire() ->
         signer.verify(forged, now=1000.0)
     with pytest.raises(ValueError):
         signer.verify(b"short", now=1000.0)
+
+
+def test_the_ident_socket_vouches_for_the_connecting_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A real ident socket: the credential it hands out names this process (SO_PEERCRED),
+    verifies with the daemon's key, and is fetched again once the socket is a new one (the
+    daemon restarted with a new key)."""
+    import os
+
+    from crane.daemon.ident import IdentServer
+    from crane.wire.ident import credential_for, fetch, ident_path
+
+    path = tmp_path / "d.sock.ident"
+    assert ident_path(str(tmp_path / "d.sock")) == str(path)
+    signer = Signer()
+    server = IdentServer(path, signer)
+    try:
+        assert oct(path.stat().st_mode & 0o777) == "0o666"
+        credential, lifetime = fetch(str(path))
+        got = signer.verify(credential)
+        assert (got.pid, got.uid, got.gid) == (os.getpid(), os.geteuid(), os.getegid())
+        assert lifetime == signer.ttl_s
+        assert credential_for(str(path)) == credential_for(str(path))  # held, not refetched
+    finally:
+        server.close()
+    assert not path.exists()
+    restarted = Signer()
+    server = IdentServer(path, restarted)
+    try:
+        restarted.verify(credential_for(str(path)))  # the new daemon's, not the one held
+    finally:
+        server.close()
