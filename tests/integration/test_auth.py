@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,10 +44,10 @@ def shared_dir() -> Iterator[Path]:
     try:
         yield d
     finally:
-        subprocess.run(["rm", "-rf", str(d)], check=False)
+        shutil.rmtree(d, ignore_errors=True)
 
 
-def as_user(uid: int, address: str, *args: str, **kw: object) -> subprocess.Popen[str]:
+def as_user(uid: int, address: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "CRANE_DAEMON": address, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration.as_user", str(uid), *args],
@@ -56,7 +57,6 @@ def as_user(uid: int, address: str, *args: str, **kw: object) -> subprocess.Pope
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        **kw,  # type: ignore[call-overload]
     )
 
 
