@@ -95,6 +95,7 @@ class DaemonSession:
             client=self.client,
             told=dict(self.told),
             device=self.identity,
+            tenant=self.tenant,
         )
 
     def adopt(self, record: SessionRecord) -> None:

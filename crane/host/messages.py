@@ -85,6 +85,11 @@ class WorkerConfig:
     token: str = ""  # hex resume token, checked by the worker's direct endpoint
     direct_socket: str = ""  # unix socket path for guests on this host ("" = relay only)
     attach_timeout_s: float = 60.0  # end a session whose guest never attaches
+    #: The daemon's tenant ledger (crane.device.quota; "": no tenant accounting), the
+    #: session's tenant, and its kernel time limit in seconds (0: none).
+    tenant_ledger: str = ""
+    tenant: str = ""
+    kernel_time_limit_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ class SessionRecord:
     told: dict[int, int] = field(default_factory=dict)
     #: The rest of the identity the guest was told (None: not recorded, format 1 files).
     device: common_pb2.DeviceIdentity | None = None
+    #: The tenant the session belongs to ("": none); its quotas follow it to a restore or a
+    #: migration's destination.
+    tenant: str = ""
 
     @property
     def va_base(self) -> int:
@@ -46,6 +49,7 @@ class SessionRecord:
             "uuid_seed": self.uuid_seed,
             "client": self.client,
             "told": told_to_json(self.told),
+            "tenant": self.tenant,
         }
         if self.device is not None:
             out["device"] = identity_to_json(self.device)
@@ -69,5 +73,6 @@ class SessionRecord:
             client=str(ident.get("client", "")),
             told=dict(told.limits),
             device=told.identity,
+            tenant=str(ident.get("tenant") or ""),
         )
         return record, told.note
