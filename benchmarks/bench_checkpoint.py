@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,7 +36,7 @@ from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.state.checkpoint import read_meta
 from crane.v1 import guest_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 
 MiB = 1 << 20
 PIECE = 8 * MiB
@@ -74,7 +73,7 @@ def end_restored(address: str, ckpt: Path) -> None:
     so that its worker and window slot are free for the next run."""
     with open(ckpt, "rb") as f:
         ident = read_meta(f)["session"]
-    with grpc.insecure_channel(to_grpc_target(address)) as ch:
+    with open_channel(address) as ch:
         calls = guest_pb2_grpc.GuestStub(ch).Calls(
             iter(()),
             metadata=(

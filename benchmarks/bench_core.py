@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.v1 import diag_pb2
-from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.channel import open_channel
 from crane.wire.status import MAX_CHUNK
 
 MiB = 1 << 20
@@ -45,7 +44,7 @@ class Bare:
     """Bare gRPC calls on a Diagnostics service (daemon's or a worker's socket)."""
 
     def __init__(self, address: str) -> None:
-        self.ch = grpc.insecure_channel(to_grpc_target(address), options=CHANNEL_OPTIONS)
+        self.ch = open_channel(address)
         self.echo = self.ch.stream_stream(
             "/crane.v1.Diagnostics/Echo",
             request_serializer=diag_pb2.Blob.SerializeToString,

@@ -43,7 +43,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,7 +52,7 @@ from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.migrate.stream import WIRE_CHUNK
 from crane.v1 import control_pb2, control_pb2_grpc, diag_pb2
-from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.channel import open_channel
 
 MiB = 1 << 20
 #: The transfer's wire message size, used by the baseline too.
@@ -119,7 +118,7 @@ class Stepper:
 
 
 def migrate(src: str, sid: str, to: str, max_rounds: int) -> control_pb2.MigrateProgress:
-    with grpc.insecure_channel(to_grpc_target(src), options=CHANNEL_OPTIONS) as ch:
+    with open_channel(src) as ch:
         req = control_pb2.MigrateRequest(session_id=sid, to=to, max_rounds=max_rounds)
         progress = list(control_pb2_grpc.MigrationStub(ch).Migrate(req))
     return progress[-1]
@@ -133,7 +132,7 @@ def raw_drain(address: str, block: bytes, size: int) -> float:
         for i in range(size // WIRE):
             yield pieces[i % len(pieces)]
 
-    with grpc.insecure_channel(to_grpc_target(address), options=CHANNEL_OPTIONS) as ch:
+    with open_channel(address) as ch:
         drain = ch.stream_unary(
             "/crane.v1.Diagnostics/Drain", response_deserializer=diag_pb2.DrainReply.FromString
         )

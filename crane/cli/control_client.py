@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-import grpc
-
 from crane.v1 import control_pb2, control_pb2_grpc
-from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
+from crane.wire.address import default_address
+from crane.wire.channel import TlsFiles, open_channel
 
 __all__ = ["ControlClient"]
 
 
 class ControlClient:
-    def __init__(self, address: str | None = None, timeout: float | None = 10.0) -> None:
+    """Identified as :func:`~crane.wire.channel.open_channel` does (``tls`` None: TLS files
+    from ``$CRANE_TLS_*`` for a tcp:// daemon)."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        timeout: float | None = 10.0,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.address = address or default_address()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(to_grpc_target(self.address), options=CHANNEL_OPTIONS)
+        self._channel = open_channel(self.address, tls)
         self._stub = control_pb2_grpc.ControlStub(self._channel)
 
     def devices(self) -> control_pb2.ListDevicesReply:

@@ -12,7 +12,18 @@ from google.protobuf.json_format import MessageToDict
 
 from crane.cli.control_client import ControlClient
 
-__all__ = ["cmd_devices", "cmd_ps", "format_bytes"]
+__all__ = ["cmd_devices", "cmd_ps", "format_bytes", "rpc_failure"]
+
+
+def rpc_failure(e: grpc.RpcError, address: str) -> str:
+    """One line for a failed call: a refusal says why (the daemon's reason), anything else
+    that the daemon could not be reached."""
+    if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return f"refused by the daemon at {address}: {e.details()}"
+    hint = ""
+    if address.startswith("tcp://") and e.code() == grpc.StatusCode.UNAVAILABLE:
+        hint = " (a TLS listener refuses clients without a certificate its CA signed: --cert ...)"
+    return f"cannot reach the daemon at {address}: {e.details()}{hint}"
 
 
 def format_bytes(n: int) -> str:
@@ -39,7 +50,7 @@ def _show(args: argparse.Namespace, what: str, headers: list[str], rows) -> int:
         try:
             reply = c.devices() if what == "devices" else c.sessions()
         except grpc.RpcError as e:
-            print(f"crane: cannot reach the daemon at {c.address}: {e.details()}", file=sys.stderr)
+            print(f"crane: {rpc_failure(e, c.address)}", file=sys.stderr)
             return 1
     if args.json:
         print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
@@ -62,7 +73,17 @@ _DEVICE_COLUMNS = [
     "DRIVER",
     "UUID",
 ]
-_SESSION_COLUMNS = ["SESSION", "STATE", "DEV", "MEMORY", "CALLS", "AGE", "PEER", "CLIENT"]
+_SESSION_COLUMNS = [
+    "SESSION",
+    "TENANT",
+    "STATE",
+    "DEV",
+    "MEMORY",
+    "CALLS",
+    "AGE",
+    "PEER",
+    "CLIENT",
+]
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -95,6 +116,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         return [
             [
                 s.id,
+                s.tenant or "-",
                 f"{s.state} {s.location}" if s.location else s.state,
                 str(s.device),
                 format_bytes(s.mem_used),

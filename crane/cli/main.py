@@ -11,16 +11,21 @@
     crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
     crane migrate --session ID --to ADDR [--no-precopy]  move a running session, live
 
-``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. Subcommands only parse arguments and
-call the library; their output is a human table by default and JSON with ``--json``.
+``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. A ``tcp://`` daemon wants mutual TLS:
+``--cert FILE --key FILE --ca FILE`` (or ``$CRANE_TLS_CERT``, ``$CRANE_TLS_KEY``,
+``$CRANE_TLS_CA``), which ``crane run`` passes on to the program it starts. Subcommands only
+parse arguments and call the library; their output is a human table by default and JSON with
+``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from crane.cli import demo, inventory, migrate, park, run
+from crane.wire.channel import TlsFiles
 
 __all__ = ["main"]
 
@@ -28,6 +33,9 @@ __all__ = ["main"]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="crane", description="Crane: CUDA remoting and migration")
     p.add_argument("--daemon", help="daemon address (default: $CRANE_DAEMON or the system socket)")
+    p.add_argument("--cert", help="client certificate (PEM) for a tcp:// daemon ($CRANE_TLS_CERT)")
+    p.add_argument("--key", help="its private key (PEM) ($CRANE_TLS_KEY)")
+    p.add_argument("--ca", help="CA (PEM) the daemon's certificate must chain to ($CRANE_TLS_CA)")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("devices", help="list the daemon's devices")
     d.add_argument("--json", action="store_true")
@@ -105,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cert or args.key or args.ca:
+        try:
+            tls = TlsFiles(args.cert or "", args.key or "", args.ca or "")
+        except ValueError as e:
+            print(f"crane: {e}", file=sys.stderr)
+            return 2
+        # every client of this process, and the program `crane run` starts, reads them there
+        os.environ.update(tls.env())
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -16,7 +16,8 @@ from rich.table import Table
 
 from crane.cli.inventory import format_bytes
 from crane.v1 import control_pb2, control_pb2_grpc
-from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
+from crane.wire.address import default_address
+from crane.wire.channel import open_channel
 
 __all__ = ["cmd_migrate", "migrate"]
 
@@ -31,8 +32,7 @@ def migrate(
 ) -> list[control_pb2.MigrateProgress]:
     """Run a migration; every progress message (the last is done or failed). Raises RpcError
     when the source refuses to start it."""
-    target = to_grpc_target(daemon or default_address())
-    with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as ch:
+    with open_channel(daemon or default_address()) as ch:
         stub = control_pb2_grpc.MigrationStub(ch)
         req = control_pb2.MigrateRequest(
             session_id=session, to=to, device=device, max_rounds=max_rounds, stop_bytes=stop_bytes
@@ -56,7 +56,6 @@ def _table(p: control_pb2.MigrateProgress, session: str, to: str) -> Table:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    target = to_grpc_target(args.daemon or default_address())
     console = Console(stderr=True)
     last = control_pb2.MigrateProgress()
     req = control_pb2.MigrateRequest(
@@ -69,7 +68,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     )
     try:
         with (
-            grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as ch,
+            open_channel(args.daemon or default_address()) as ch,
             Live(_table(last, args.session, args.to), console=console, transient=True) as live,
         ):
             for last in control_pb2_grpc.MigrationStub(ch).Migrate(req):

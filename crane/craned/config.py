@@ -105,9 +105,29 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
     for k, v in overrides.items():
         if v not in (None, [], ""):
             setattr(cfg, k, v)
+    _check_tls(cfg)
     for k in _SECONDS:
         v = getattr(cfg, k)
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{k} must be a number of seconds >= 0 (0: never expire), not {v!r}")
         setattr(cfg, k, float(v))
     return cfg
+
+
+def _check_tls(cfg: DaemonConfig) -> None:
+    """TLS files come all three or none; a tcp:// listener needs them, or ``insecure_tcp``."""
+    given = {k: getattr(cfg, k) for k in ("tls_cert", "tls_key", "client_ca")}
+    missing = [k for k, v in given.items() if not v]
+    if missing and len(missing) < len(given):
+        raise ValueError(f"TLS needs tls_cert, tls_key and client_ca; missing: {missing}")
+    if not isinstance(cfg.insecure_tcp, bool):
+        raise ValueError(f"insecure_tcp must be true or false, not {cfg.insecure_tcp!r}")
+    if not isinstance(cfg.peers, list) or not all(isinstance(p, str) and p for p in cfg.peers):
+        raise ValueError("peers must be a list of certificate names")
+    tcp = [a for a in cfg.listen if not a.strip().startswith("unix:")]
+    if tcp and missing and not cfg.insecure_tcp:
+        raise ValueError(
+            f"listening on {tcp[0]} needs mutual TLS (tls_cert, tls_key, client_ca; "
+            "--tls-cert/--tls-key/--client-ca), or insecure_tcp = true (--insecure-tcp; "
+            "development only: every tcp caller becomes an operator)"
+        )

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 
 from crane.v1 import control_pb2, control_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 
 __all__ = ["DaemonProcess"]
 
@@ -60,7 +60,7 @@ class DaemonProcess:
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(to_grpc_target(self.address)) as ch:
+        with open_channel(self.address) as ch:
             stub = control_pb2_grpc.ControlStub(ch)
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:

@@ -21,12 +21,14 @@ from pathlib import Path
 
 from crane import __version__
 from crane.craned.config import load_config
-from crane.craned.server import build_server
+from crane.craned.server import ServerTls, build_server
+from crane.daemon.callers import Callers
 from crane.daemon.devices import resolve_devices
 from crane.daemon.sessions import SessionManager
 from crane.daemon.workers import WorkerPool
 from crane.host.lifeline import PidFiles
 from crane.host.malloc import tune_malloc
+from crane.wire.channel import TlsFiles
 
 __all__ = ["main"]
 
@@ -80,6 +82,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep a parked session waiting for its restore this long, then fail its guest; "
         "0: until restored (default 3600)",
     )
+    p.add_argument("--tls-cert", help="this daemon's certificate (PEM) for tcp:// listeners")
+    p.add_argument("--tls-key", help="its private key (PEM)")
+    p.add_argument(
+        "--client-ca", help="CA (PEM) that signs the certificates tcp:// callers must present"
+    )
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="a daemon (certificate CN or SAN) allowed to migrate sessions here (repeatable)",
+    )
+    p.add_argument(
+        "--insecure-tcp",
+        action="store_true",
+        default=None,
+        help="plain TCP without TLS: every tcp caller is tenant 'tcp', an operator "
+        "(development only)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -97,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                 "prespawn": args.prespawn,
                 "moved_ttl_s": args.moved_ttl,
                 "parked_ttl_s": args.parked_ttl,
+                "tls_cert": args.tls_cert,
+                "tls_key": args.tls_key,
+                "client_ca": args.client_ca,
+                "peers": args.peer,
+                "insecure_tcp": args.insecure_tcp,
             },
         )
     except (OSError, ValueError) as e:
@@ -116,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", str(e).strip("\"'"))
         return 2
     log.info("craned %s: %s", __version__, note)
+    tls = ServerTls(cfg.tls_cert, cfg.tls_key, cfg.client_ca) if cfg.tls_cert else None
+    if tls is None and any(a.startswith("tcp://") for a in cfg.listen):
+        log.warning(
+            "insecure_tcp: tcp listeners are plain TCP and every tcp caller is tenant 'tcp', "
+            "an operator; for development only"
+        )
+    callers = Callers(cfg.tenants, cfg.peers, cfg.insecure_tcp)
 
     pids = PidFiles(run_dir / "workers")
     killed = pids.sweep()  # a previous craned's workers, if it died with them still running
@@ -131,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             moved_ttl_s=cfg.moved_ttl_s,
             parked_ttl_s=cfg.parked_ttl_s,
             tenants=cfg.tenants,
+            peer_tls=TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.client_ca),
         )
         refused = sessions.quotas.cuda_refusals([d.backend for d in devices])
         if refused:
@@ -140,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.close()
         return 2
     try:
-        server, bound = build_server(sessions, cfg.listen, note)
+        server, listening = build_server(sessions, cfg.listen, note, callers, tls)
     except (OSError, RuntimeError, ValueError) as e:
         log.error("cannot listen: %s", e)
         pool.close()
@@ -154,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    for b in bound:
+    listening.open_up()
+    for b in listening.bound:
         log.info("listening on %s", b)
     sd_notify("READY=1")
     stop.wait()
@@ -162,9 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     server.stop(grace=1.0)
     sessions.close_all("daemon shutting down")
     pool.close()
-    for b in bound:
-        if b.startswith("unix://"):
-            Path(b[len("unix://") :]).unlink(missing_ok=True)
+    listening.close()
     log.info("stopped")
     return 0
 

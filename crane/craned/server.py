@@ -1,16 +1,24 @@
-"""The one place craned's gRPC server is built and bound, and its services wired."""
+"""The one place craned's gRPC server is built and bound, and its services wired.
+
+unix listeners are plain gRPC sockets with an ident socket beside each (who calls is told by
+the credential it fetched there: :mod:`crane.daemon.ident`); tcp listeners require mutual TLS
+(a client certificate signed by ``client_ca``), or are plain TCP when ``insecure_tcp`` is set.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from crane.daemon.callers import Callers
 from crane.daemon.control_service import ControlServicer, control_handler
 from crane.daemon.guest_service import GuestServicer, guest_handler
+from crane.daemon.ident import IdentServer
 from crane.daemon.sessions import SessionManager
 from crane.host.diagnostics import DiagnosticsServicer, diagnostics_handler
 from crane.migrate.peer_service import (
@@ -20,16 +28,62 @@ from crane.migrate.peer_service import (
     peer_handler,
 )
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.ident import ident_path
 
-__all__ = ["build_server"]
+__all__ = ["Listening", "ServerTls", "build_server"]
 
 log = logging.getLogger("craned")
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM files of tcp:// listeners: the daemon's certificate and key, and the CA that signs
+    its callers' certificates (every caller must present one: mutual TLS)."""
+
+    cert: str
+    key: str
+    client_ca: str
+
+    def credentials(self) -> grpc.ServerCredentials:
+        pair = (Path(self.key).read_bytes(), Path(self.cert).read_bytes())
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=Path(self.client_ca).read_bytes(), require_client_auth=True
+        )
+
+
+@dataclass
+class Listening:
+    """What :func:`build_server` bound: the addresses and the ident sockets beside the unix
+    ones (closed with :meth:`close`)."""
+
+    bound: list[str] = field(default_factory=list)
+    idents: list[IdentServer] = field(default_factory=list)
+
+    def open_up(self) -> None:
+        """unix sockets mode 0666 once they exist (the server started): any local user may
+        connect, what each may do is the daemon's call (who may reach the socket at all is the
+        directory's permissions)."""
+        for b in self.bound:
+            if b.startswith("unix://"):
+                os.chmod(b[len("unix://") :], 0o666)
+
+    def close(self) -> None:
+        for ident in self.idents:
+            ident.close()
+        for b in self.bound:
+            if b.startswith("unix://"):
+                Path(b[len("unix://") :]).unlink(missing_ok=True)
+
+
 def build_server(
-    sessions: SessionManager, listen: list[str], backend_note: str
-) -> tuple[grpc.Server, list[str]]:
-    """Build, bind and return the server (not started) and the addresses actually bound."""
+    sessions: SessionManager,
+    listen: list[str],
+    backend_note: str,
+    callers: Callers,
+    tls: ServerTls | None = None,
+) -> tuple[grpc.Server, Listening]:
+    """Build and bind the server (not started); what it bound. A tcp:// address without
+    ``tls`` is plain TCP: the caller checked that ``insecure_tcp`` allows it."""
     # Each guest's call stream holds one thread for its lifetime; leave room for control RPCs.
     server = grpc.server(
         ThreadPoolExecutor(max_workers=sessions.max_sessions * 2 + 8, thread_name_prefix="rpc"),
@@ -37,27 +91,37 @@ def build_server(
     )
     server.add_generic_rpc_handlers(
         (
-            guest_handler(GuestServicer(sessions)),
-            control_handler(ControlServicer(sessions, backend_note)),
-            diagnostics_handler(DiagnosticsServicer()),
-            peer_handler(PeerServicer(sessions)),
-            migration_handler(MigrationServicer(sessions)),
+            guest_handler(GuestServicer(sessions, callers)),
+            control_handler(ControlServicer(sessions, backend_note, callers)),
+            diagnostics_handler(
+                DiagnosticsServicer(lambda c: callers.operator(c, "transport diagnostics"))
+            ),
+            peer_handler(PeerServicer(sessions, callers)),
+            migration_handler(MigrationServicer(sessions, callers)),
         )
     )
-    bound: list[str] = []
-    for address in listen:
-        target = to_grpc_target(address)
-        if target.startswith("unix:"):
-            path = Path(target[len("unix:") :])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists():
-                os.unlink(path)  # a stale socket from a previous run
-        port = server.add_insecure_port(target)
-        if port == 0 and not target.startswith("unix:"):
-            raise OSError(f"cannot listen on {address}")
-        if target.startswith("unix:"):
-            bound.append("unix://" + target[len("unix:") :])
-        else:
+    out = Listening()
+    try:
+        for address in listen:
+            target = to_grpc_target(address)
+            if target.startswith("unix:"):
+                path = Path(target[len("unix:") :])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.exists():
+                    os.unlink(path)  # a stale socket from a previous run
+                server.add_insecure_port(target)
+                out.bound.append("unix://" + str(path))
+                out.idents.append(IdentServer(Path(ident_path(str(path))), callers.signer))
+                continue
+            if tls is not None:
+                port = server.add_secure_port(target, tls.credentials())
+            else:
+                port = server.add_insecure_port(target)
+            if port == 0:
+                raise OSError(f"cannot listen on {address}")
             host = target.rsplit(":", 1)[0]
-            bound.append(f"tcp://{host}:{port}")
-    return server, bound
+            out.bound.append(f"tcp://{host}:{port}")
+    except BaseException:
+        out.close()
+        raise
+    return server, out

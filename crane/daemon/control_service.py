@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from crane import __version__
+from crane.daemon.callers import Callers
 from crane.daemon.checkpoints import BOUNDARY_WAIT_S
 from crane.daemon.render import device_info, session_info
 from crane.daemon.sessions import SessionManager
@@ -19,11 +20,16 @@ __all__ = ["ControlServicer", "control_handler"]
 
 
 class ControlServicer:
-    def __init__(self, sessions: SessionManager, backend_note: str) -> None:
+    """Devices: any identified caller. Sessions: an operator sees all, a tenant its own.
+    Checkpoint and restore: operators only."""
+
+    def __init__(self, sessions: SessionManager, backend_note: str, callers: Callers) -> None:
         self.sessions = sessions
         self.backend_note = backend_note
+        self.callers = callers
 
     def ListDevices(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.callers.identify(context)
         out = control_pb2.ListDevicesReply(daemon_version=__version__, backend=self.backend_note)
         sessions = self.sessions.list()
         for d in self.sessions.devices:
@@ -32,14 +38,16 @@ class ControlServicer:
         return out
 
     def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:
+        caller = self.callers.identify(context)
         mgr = self.sessions
         return control_pb2.ListSessionsReply(
-            sessions=[session_info(s, mgr.table, mgr.expiry) for s in mgr.listing()]
+            sessions=[session_info(s, mgr.table, mgr.expiry) for s in mgr.listing(caller)]
         )
 
     def Checkpoint(
         self, request: control_pb2.CheckpointRequest, context: grpc.ServicerContext
     ) -> control_pb2.CheckpointReply:
+        self.callers.operator(context, f"checkpoint of session {request.session_id}")
         t0 = time.monotonic()
         counts, state = self.sessions.checkpoint(
             request.session_id, request.path, request.release, _boundary_wait(context)
@@ -54,6 +62,7 @@ class ControlServicer:
     def Restore(
         self, request: control_pb2.RestoreRequest, context: grpc.ServicerContext
     ) -> control_pb2.RestoreReply:
+        self.callers.operator(context, "restore")
         t0 = time.monotonic()
         session, done_seq = self.sessions.restore(request.path, request.device)
         return control_pb2.RestoreReply(

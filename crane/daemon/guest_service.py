@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import grpc
 
 from crane.api.errors import ProtocolError
+from crane.daemon.callers import Callers
 from crane.daemon.lifecycle import AWAY, SessionState
 from crane.daemon.render import opened
 from crane.daemon.sessions import SessionManager
@@ -37,42 +38,50 @@ def _same_build(theirs: str) -> None:
 
 
 class GuestServicer:
-    def __init__(self, sessions: SessionManager) -> None:
+    """Any identified caller may open a session; it is bound to the caller's tenant, and only
+    that tenant (or an operator) may resume it, watch it or carry its calls."""
+
+    def __init__(self, sessions: SessionManager, callers: Callers) -> None:
         self.sessions = sessions
+        self.callers = callers
 
     def OpenSession(
         self, request: guest_pb2.OpenSessionRequest, context: grpc.ServicerContext
     ) -> guest_pb2.OpenSessionReply:
+        caller = self.callers.identify(context)
         _same_build(request.fingerprint)
-        return opened(self.sessions.open(request.device, request.client))
+        return opened(self.sessions.open(request.device, request.client, caller))
 
     def Resume(
         self, request: guest_pb2.ResumeRequest, context: grpc.ServicerContext
     ) -> guest_pb2.OpenSessionReply:
+        caller = self.callers.identify(context)
         _same_build(request.fingerprint)
         sid, token = request.session_id, request.resume_token
         try:
-            return opened(self.sessions.resume(sid, token))
+            return opened(self.sessions.resume(sid, token, caller))
         except ProtocolError as e:
             # stopped for a switchover to another daemon: the redirect is moments away, so
             # wait for it here rather than have the guest back off and poll
             if e.status != "UNAVAILABLE" or not self.sessions.wait_switchover(sid):
                 raise
-        return opened(self.sessions.resume(sid, token))
+        return opened(self.sessions.resume(sid, token, caller))
 
     def Presence(
         self, request: guest_pb2.PresenceRequest, context: grpc.ServicerContext
     ) -> Iterator[guest_pb2.PresenceEvent]:
         """Held open by a direct guest for its life; its end stops the session's worker."""
+        caller = self.callers.identify(context)
         gone = threading.Event()
         context.add_callback(gone.set)
-        self.sessions.watch_guest(request.session_id, request.resume_token, gone)
+        self.sessions.watch_guest(request.session_id, request.resume_token, gone, caller)
         yield from ()
 
     def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        caller = self.callers.identify(context)  # once, at the stream's opening
         md = dict(context.invocation_metadata())
         session = self.sessions.attach(
-            md.get("crane-session"), md.get("crane-token-bin"), context.peer()
+            md.get("crane-session"), md.get("crane-token-bin"), context.peer(), caller
         )
         context.add_callback(lambda: self.sessions.close(session, "stream ended"))
         ch = session.worker.channel

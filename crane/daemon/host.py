@@ -20,6 +20,7 @@ from crane.daemon.registry import SessionTable
 from crane.daemon.session import DaemonSession
 from crane.modules.store import ImageStore
 from crane.state.session_record import SessionRecord
+from crane.wire.channel import TlsFiles
 
 __all__ = ["SessionHost"]
 
@@ -29,6 +30,9 @@ class SessionHost(Protocol):
     images: ImageStore
     table: SessionTable
     changes: Changes
+    #: What this daemon presents to another one it migrates a session to (its certificate and
+    #: key; the CA that signs peers' certificates).
+    peer_tls: TlsFiles
 
     def device(self, index: int) -> Device: ...
 

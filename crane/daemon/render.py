@@ -56,6 +56,7 @@ def session_info(s: DaemonSession, table: SessionTable, expiry: Expiry) -> commo
         va_base=s.va_base,
         va_size=WINDOW_SIZE,
         location=location,
+        tenant=s.tenant,
     )
 
 

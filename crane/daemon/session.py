@@ -59,8 +59,9 @@ class DaemonSession:
     switching: bool = False  # migrating, and the guest is stopped for the switchover
     #: Presence streams its direct guest holds open (SessionManager.watch_guest).
     presences: int = 0
-    #: The tenant whose caller opened the session (crane.craned.config.TenantConfig.name);
-    #: only that tenant's callers (and operators) may act on it.
+    #: The tenant whose caller opened the session (crane.daemon.callers.Caller.tenant: a
+    #: TenantConfig name, or uid:N / cert:NAME without tenants); only that tenant's callers
+    #: (and operators) may act on it. Kept in its record, so restores and migrations keep it.
     tenant: str = ""
 
     @property

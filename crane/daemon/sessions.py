@@ -26,6 +26,7 @@ from typing import Any
 
 from crane.api.errors import ProtocolError
 from crane.daemon import checkpoints
+from crane.daemon.callers import Caller, may_use
 from crane.daemon.changes import Changes
 from crane.daemon.devices import Device
 from crane.daemon.expiry import Expiry
@@ -47,6 +48,7 @@ from crane.host.messages import WorkerConfig
 from crane.host.stats import MODE_DIRECT, SessionStats
 from crane.modules.store import ImageStore
 from crane.state.session_record import SessionRecord
+from crane.wire.channel import TlsFiles
 
 __all__ = ["SWITCHOVER_WAIT_S", "SessionManager"]
 
@@ -71,8 +73,10 @@ class SessionManager:
         moved_ttl_s: float = 600.0,
         parked_ttl_s: float = 3600.0,
         tenants: dict[str, TenantConfig] | None = None,
+        peer_tls: TlsFiles | None = None,
     ) -> None:
         self.attach_timeout_s = attach_timeout_s
+        self.peer_tls = peer_tls or TlsFiles()
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
@@ -103,30 +107,31 @@ class SessionManager:
         return self.devices[index]
 
     # ---- opening and starting ------------------------------------------------------------------
-    def open(self, device_index: int, client: str, tenant: str = "") -> DaemonSession:
-        """A new session of ``tenant`` (its quotas apply: RESOURCE_EXHAUSTED past its
-        ``max_sessions``)."""
+    def open(self, device_index: int, client: str, caller: Caller) -> DaemonSession:
+        """A new session for ``caller``, bound to its tenant (whose quotas apply:
+        RESOURCE_EXHAUSTED past its ``max_sessions``)."""
         device = self.device(device_index)
         self.expire()
-        with self.table.reserve(tenant) as slot:
+        with self.table.reserve(caller.tenant) as slot:
             record = SessionRecord(
                 id=uuid.uuid4().hex[:12],
                 token=secrets.token_bytes(16),
                 slot=slot,
                 uuid_seed=secrets.token_hex(16),
                 client=client,
-                tenant=tenant,
+                tenant=caller.tenant,
             )
             session = self.start(record, device, SessionState.READY)
             with self.table.lock:
                 self.table.add(session)
             self.watch(session)
         log.info(
-            "session %s opened on device %d (%s) for %s, window %#x, worker pid %d",
+            "session %s opened on device %d (%s) for %s, %s, window %#x, worker pid %d",
             session.id,
             device.index,
             device.name,
             client or "?",
+            caller,
             session.va_base,
             session.worker.pid,
         )
@@ -212,14 +217,15 @@ class SessionManager:
             self.close(session, "worker exited")
 
     # ---- the guest's stream --------------------------------------------------------------------
-    def attach(self, sid: str | None, token: bytes | None, peer: str) -> DaemonSession:
+    def attach(
+        self, sid: str | None, token: bytes | None, peer: str, caller: Caller
+    ) -> DaemonSession:
         """Bind the guest's call stream to its session (one stream at a time)."""
         with self.table.lock:
             session = self.table.entries().get(sid or "")
             if session is None:
                 raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
-            if not token or not secrets.compare_digest(token, session.token):
-                raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            _entitled(session, token, caller)
             session.require("attach a call stream")
             if session.stats.read()[3] == MODE_DIRECT:
                 raise ProtocolError(
@@ -229,7 +235,7 @@ class SessionManager:
             session.peer = peer
         return session
 
-    def watch_guest(self, sid: str, token: bytes, gone: threading.Event) -> None:
+    def watch_guest(self, sid: str, token: bytes, gone: threading.Event, caller: Caller) -> None:
         """Hold a direct guest's presence stream: when ``gone`` is set (the stream ended: the
         guest process went away) while the same worker still serves the session and no other
         presence stream of its guest is open, stop that worker.
@@ -243,8 +249,7 @@ class SessionManager:
             session = self.table.entries().get(sid)
             if session is None:
                 raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
-            if not token or not secrets.compare_digest(token, session.token):
-                raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            _entitled(session, token, caller)
             worker = session.worker
             session.presences += 1
         try:
@@ -260,20 +265,18 @@ class SessionManager:
             log.info("session %s: its direct guest went away; stopping its worker", sid)
             self.close(session, "guest went away")
 
-    def resume(self, sid: str, token: bytes) -> DaemonSession:
+    def resume(self, sid: str, token: bytes, caller: Caller) -> DaemonSession:
         """Where a guest whose stream broke stands: ready to attach, parked (retry), moved
         (redirect), or expired (NOT_FOUND with the reason: the guest stops waiting)."""
         self.expire()
         gone = self.table.gone(sid)
         if gone is not None:
-            if not token or not secrets.compare_digest(token, gone.session.token):
-                raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+            _entitled(gone.session, token, caller)
             if gone.to:
                 raise SessionMoved(sid, gone.to)
             raise ProtocolError("NOT_FOUND", gone.why)
         session = self.table.get(sid)
-        if not token or not secrets.compare_digest(token, session.token):
-            raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {sid}")
+        _entitled(session, token, caller)
         if session.state in RETRY_LATER:
             raise ProtocolError(
                 "UNAVAILABLE",
@@ -421,16 +424,28 @@ class SessionManager:
         """Sessions on this daemon (parked ones included; not those that migrated away)."""
         return self.table.sessions()
 
-    def listing(self) -> list[DaemonSession]:
-        """What ``crane ps`` shows: :meth:`list` plus the migrated-away entries still kept."""
+    def listing(self, caller: Caller | None = None) -> list[DaemonSession]:
+        """What ``crane ps`` shows: :meth:`list` plus the migrated-away entries still kept;
+        for a ``caller`` who is no operator, only its tenant's."""
         self.expire()
         with self.table.lock:
-            return list(self.table.entries().values()) + [
+            out = list(self.table.entries().values()) + [
                 g.session for g in self.table.moved.values()
             ]
+        if caller is None or caller.operator:
+            return out
+        return [s for s in out if s.tenant == caller.tenant]
 
     def expire(self, now: float | None = None) -> None:
         self.expiry.expire(now)
+
+
+def _entitled(session: DaemonSession, token: bytes | None, caller: Caller) -> None:
+    """Refuse a guest call on ``session`` without its resume token, or from a caller of
+    another tenant (an operator excepted) even with it."""
+    if not token or not secrets.compare_digest(token, session.token):
+        raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {session.id}")
+    may_use(caller, session.tenant, session.id)
 
 
 def _clear_stale(directory: Path) -> None:

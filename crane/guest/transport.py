@@ -35,6 +35,7 @@ from crane.api.ops import Op
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
 from crane.wire.batch_flags import EXPECTS_REPLY
+from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
 from crane.wire.status import MAX_CHUNK
 
@@ -86,7 +87,7 @@ class Transport:
         self.addresses = list(dict.fromkeys([self.address, *alternates, *env_alt]))
         self.resume_timeout = float(os.environ.get("CRANE_RESUME_TIMEOUT_S", "600"))
         self._direct_pref = direct
-        self._channel = grpc.insecure_channel(to_grpc_target(self.address), options=CHANNEL_OPTIONS)
+        self._channel = open_channel(self.address)
         stub = guest_pb2_grpc.GuestStub(self._channel)
         try:
             self.opened = stub.OpenSession(
@@ -212,11 +213,7 @@ class Transport:
                 # the daemon the stream broke on is connected already: ask it first, on that
                 # channel (a migrated session's redirect comes from it)
                 reuse = addr == self.address
-                ch = (
-                    self._channel
-                    if reuse
-                    else grpc.insecure_channel(to_grpc_target(addr), options=CHANNEL_OPTIONS)
-                )
+                ch = self._channel if reuse else open_channel(addr)
                 stub = guest_pb2_grpc.GuestStub(ch)
                 try:
                     opened = stub.Resume(

@@ -5,7 +5,7 @@ host processes serve, so it lives with what they share)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,12 +18,19 @@ __all__ = ["DiagnosticsServicer", "diagnostics_handler"]
 
 
 class DiagnosticsServicer:
-    """The transport floor, measured on the same server and socket as guests' streams."""
+    """The transport floor, measured on the same server and socket as guests' streams.
+    ``authorize(context)`` refuses a caller that may not use it (craned: operators only; a
+    worker's endpoint is reachable only through its session's socket)."""
+
+    def __init__(self, authorize: Callable[[grpc.ServicerContext], object] | None = None) -> None:
+        self.authorize = authorize or (lambda _context: None)
 
     def Echo(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        self.authorize(context)
         yield from requests
 
     def Drain(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        self.authorize(context)
         total = count = 0
         for raw in requests:
             total += len(raw)
@@ -31,6 +38,7 @@ class DiagnosticsServicer:
         return diag_pb2.DrainReply(bytes=total, messages=count)
 
     def Source(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self.authorize(context)
         size = min(request.size, MAX_CHUNK * 4)
         blob = diag_pb2.Blob(payload=bytes(size)).SerializeToString()
         for _ in range(min(request.count, 1 << 20)):

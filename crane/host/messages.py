@@ -128,6 +128,11 @@ class MigrateRequest:
     wake: str = ""
     #: Seconds the migration waits for the call in progress at each batch boundary it needs.
     boundary_wait_s: float = 60.0
+    #: The source daemon's certificate, key and the CA of its peers (PEM paths; "": none), for
+    #: a tcp:// destination (mutual TLS).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
 
 @dataclass(frozen=True)

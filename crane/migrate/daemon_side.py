@@ -96,6 +96,9 @@ def migrate_out(
         identity=session.record(),  # id, token, window; what the guest was told
         wake=str(wake.path) if wake.path else "",
         boundary_wait_s=boundary_wait_s,
+        tls_cert=host.peer_tls.cert,
+        tls_key=host.peer_tls.key,
+        tls_ca=host.peer_tls.ca,
     )
     # the relay holds the channel while a batch runs: a kernel that never ends must not hold
     # the migration (and the session in "migrating") with it

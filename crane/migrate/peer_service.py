@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from crane.daemon.callers import Callers
 from crane.daemon.host import SessionHost
 from crane.daemon.lifecycle import SessionState
 from crane.migrate import daemon_side
@@ -39,25 +40,36 @@ _FIELDS = [
 
 
 class PeerServicer:
-    def __init__(self, host: SessionHost) -> None:
+    """Daemon to daemon: only peers (a certificate named in ``peers``, or an operator on a
+    unix socket: a daemon on the same host) may hand sessions to this daemon."""
+
+    def __init__(self, host: SessionHost, callers: Callers) -> None:
         self.host = host
+        self.callers = callers
 
     def Preflight(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.callers.peer(context, "migrating a session here")
         return daemon_side.preflight(self.host, request)
 
     def Transfer(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        self.callers.peer(context, "migrating a session here")
         yield from daemon_side.transfer(self.host, requests)
 
     def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.callers.peer(context, "aborting a migration")
         ok = daemon_side.abort_incoming(self.host, request.session_id, request.token)
         return peer_pb2.AbortReply(forgotten=ok)
 
 
 class MigrationServicer:
-    def __init__(self, host: SessionHost) -> None:
+    """``crane migrate``: operators only."""
+
+    def __init__(self, host: SessionHost, callers: Callers) -> None:
         self.host = host
+        self.callers = callers
 
     def Migrate(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self.callers.operator(context, f"migration of session {request.session_id}")
         session = daemon_side.migrate_out(
             self.host,
             request.session_id,

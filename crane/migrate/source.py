@@ -42,7 +42,7 @@ from crane.state.preflight import check_code
 from crane.state.record import save_graph
 from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2, peer_pb2_grpc
-from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
 from crane.worker.attach import TooLate, WorkerSession, WorkerState
 
@@ -144,7 +144,10 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         phase = advance(phase, to)
         st["phase"] = phase.value
 
-    channel = grpc.insecure_channel(to_grpc_target(req.to), options=CHANNEL_OPTIONS)
+    # a tcp:// destination: mutual TLS with the source daemon's own certificate; a unix one (a
+    # daemon on this host): this worker's credential from its ident socket
+    tls = TlsFiles(req.tls_cert, req.tls_key, req.tls_ca) if req.tls_cert else None
+    channel = open_channel(req.to, tls)
     stub = peer_pb2_grpc.PeerStub(channel)
     outbox = Outbox()
     responses = None

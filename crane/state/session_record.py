@@ -1,11 +1,12 @@
 """Who a session is, wherever it runs: the record checkpoints and migrations carry.
 
 A session keeps its id, its resume token, its VA window slot (invariant 2: the same device
-addresses everywhere), the seed of its virtual device UUID and what its guest was told about its
-device (:mod:`crane.state.told`) on every daemon it moves to. The daemon that holds the session
-makes the record; a checkpoint writes it into META's ``session`` as JSON, a migration sends the
-same JSON to the destination, and a restore or an incoming migration reads it back with
-:meth:`SessionRecord.from_meta`, which accepts every checkpoint format still readable.
+addresses everywhere), the seed of its virtual device UUID, what its guest was told about its
+device (:mod:`crane.state.told`) and its tenant on every daemon it moves to. The daemon that
+holds the session makes the record; a checkpoint writes it into META's ``session`` as JSON, a
+migration sends the same JSON to the destination, and a restore or an incoming migration reads
+it back with :meth:`SessionRecord.from_meta`, which accepts every checkpoint format still
+readable.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class SessionRecord:
     told: dict[int, int] = field(default_factory=dict)
     #: The rest of the identity the guest was told (None: not recorded, format 1 files).
     device: common_pb2.DeviceIdentity | None = None
-    #: The tenant the session belongs to ("": none); its quotas follow it to a restore or a
-    #: migration's destination.
+    #: The tenant whose caller opened the session: it stays theirs wherever it moves, and its
+    #: quotas with it ("": not recorded, files made before tenants; only operators may act on
+    #: such a session).
     tenant: str = ""
 
     @property

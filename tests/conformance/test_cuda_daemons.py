@@ -17,7 +17,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from crane.api.generated.cuda_enums import CUdevice_attribute as A
@@ -25,7 +24,7 @@ from crane.craned.launcher import DaemonProcess
 from crane.migrate.source import MigrationFailed, preflight
 from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIN = int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -77,7 +76,7 @@ def _ident(told: dict[int, int], slot: int = 7) -> SessionRecord:
 
 
 def _stub(d: DaemonProcess) -> peer_pb2_grpc.PeerStub:
-    return peer_pb2_grpc.PeerStub(grpc.insecure_channel(to_grpc_target(d.address)))
+    return peer_pb2_grpc.PeerStub(open_channel(d.address))
 
 
 def test_both_daemons_serve_the_gpu_through_the_cuda_backend(

@@ -30,9 +30,10 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
 def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
     """Two daemons of different models (H100, A100), each also listening on a TCP port (see
     ``tests.integration.net.tcp_address``), for checkpoints, migrations and their faults."""
-    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], extra_listen=["tcp://127.0.0.1:0"])
+    tcp = {"extra_listen": ["tcp://127.0.0.1:0"], "extra_args": ["--insecure-tcp"]}
+    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], **tcp)
     try:
-        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], extra_listen=["tcp://127.0.0.1:0"])
+        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], **tcp)
     except BaseException:
         a.stop()
         raise

@@ -18,7 +18,7 @@ from crane.api.results import CudaError
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.v1 import guest_pb2, guest_pb2_grpc, peer_pb2, peer_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
 
 
@@ -83,7 +83,7 @@ def test_malformed_arguments_and_unknown_ops(session: GuestSession) -> None:
 
 
 def _raw_stream(daemon: DaemonProcess):  # type: ignore[no-untyped-def]
-    ch = grpc.insecure_channel(to_grpc_target(daemon.address))
+    ch = open_channel(daemon.address)
     opened = guest_pb2_grpc.GuestStub(ch).OpenSession(
         guest_pb2.OpenSessionRequest(fingerprint=fingerprint(), client="raw")
     )
@@ -123,7 +123,7 @@ def test_wrong_token_and_unknown_session_are_refused(daemon: DaemonProcess) -> N
 
 def test_fingerprint_mismatch_is_refused(daemon: DaemonProcess) -> None:
     with (
-        grpc.insecure_channel(to_grpc_target(daemon.address)) as ch,
+        open_channel(daemon.address) as ch,
         pytest.raises(grpc.RpcError) as e,
     ):
         guest_pb2_grpc.GuestStub(ch).OpenSession(guest_pb2.OpenSessionRequest(fingerprint="0" * 16))
@@ -133,7 +133,7 @@ def test_fingerprint_mismatch_is_refused(daemon: DaemonProcess) -> None:
 
 def test_a_migration_from_another_build_is_refused(daemon: DaemonProcess) -> None:
     """Daemons speak the Peer protocol to each other: its fingerprint is checked too."""
-    with grpc.insecure_channel(to_grpc_target(daemon.address)) as ch:
+    with open_channel(daemon.address) as ch:
         stub = peer_pb2_grpc.PeerStub(ch)
         ok = stub.Preflight(peer_pb2.PreflightRequest(slot=1, fingerprint=fingerprint()))
         assert not ok.refusals

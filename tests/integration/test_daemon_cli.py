@@ -43,8 +43,13 @@ def test_cli_reports_unreachable_daemon(tmp_path: Path) -> None:
 
 
 def test_several_devices_and_tcp_listen(tmp_path: Path) -> None:
+    """Plain TCP is a development setting: craned says so at start (mutual TLS is
+    tests/integration/test_auth.py's)."""
     with DaemonProcess(
-        tmp_path / "run", ["sim:a100-40gb", "sim:l4"], extra_listen=["tcp://127.0.0.1:0"]
+        tmp_path / "run",
+        ["sim:a100-40gb", "sim:l4"],
+        extra_listen=["tcp://127.0.0.1:0"],
+        extra_args=["--insecure-tcp"],
     ) as d:
         with ControlClient(d.address) as ctl:
             devs = ctl.devices().devices
@@ -52,6 +57,7 @@ def test_several_devices_and_tcp_listen(tmp_path: Path) -> None:
         with GuestSession(d.address, device=1) as s:
             assert s.device.cc == (8, 9)
         assert "listening on tcp://127.0.0.1:" in d.log_text()
+        assert "insecure_tcp: tcp listeners are plain TCP" in d.log_text()
 
 
 def test_config_file(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from crane.cli.control_client import ControlClient
@@ -26,7 +25,7 @@ from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from crane.v1 import control_pb2, control_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 from tests.integration.net import CutProxy, tcp_address
 from tests.integration.workload import Workload, reference
 
@@ -167,7 +166,7 @@ def test_destination_killed_during_precopy_finishes_on_source(tmp_path: Path, im
                 req = control_pb2.MigrateRequest(
                     session_id=s.session_id, to=dst.address, max_rounds=30, stop_bytes=1
                 )
-                with grpc.insecure_channel(to_grpc_target(src.address)) as ch:
+                with open_channel(src.address) as ch:
                     for p in control_pb2_grpc.MigrationStub(ch).Migrate(req):
                         out.append(p)
                         if p.phase == "precopy":
@@ -388,7 +387,7 @@ def test_connection_cut_during_precopy_finishes_on_source(
     want = reference(src.address, image, STEPS)
     with (
         GuestSession(src.address, client="cut") as s,
-        CutProxy(dst.address, hold_at=BIG * 5 // 8) as proxy,
+        CutProxy(tcp_address(dst), hold_at=BIG * 5 // 8) as proxy,
     ):
         _fill_random(s)
         g = Guest(s, image, pause_at=10)
@@ -427,7 +426,7 @@ def test_connection_cut_during_the_final_round_finishes_on_source(
     want = reference(src.address, image, STEPS)
     with (
         GuestSession(src.address, client="cut-final") as s,
-        CutProxy(dst.address, hold_at=BIG * 5 // 8, cut_at=BIG + BIG // 2) as proxy,
+        CutProxy(tcp_address(dst), hold_at=BIG * 5 // 8, cut_at=BIG + BIG // 2) as proxy,
     ):
         big = _fill_random(s)
         g = Guest(s, image, pause_at=10, each_step=lambda: s.memset_d8(big, 7, 1))

@@ -22,7 +22,7 @@ from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.state.checkpoint import MAGIC, CheckpointReader, Kind, read_meta
 from crane.v1 import guest_pb2, guest_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
 
 SMEM_OPTIN = int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -94,7 +94,7 @@ def test_too_little_free_memory(
 
 
 def _resume_reply(address: str, sid: str, token: bytes) -> guest_pb2.OpenSessionReply:
-    with grpc.insecure_channel(to_grpc_target(address)) as ch:
+    with open_channel(address) as ch:
         req = guest_pb2.ResumeRequest(session_id=sid, resume_token=token, fingerprint=fingerprint())
         return guest_pb2_grpc.GuestStub(ch).Resume(req, timeout=10)
 

@@ -18,12 +18,12 @@ from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.v1 import guest_pb2, guest_pb2_grpc
-from crane.wire.address import to_grpc_target
+from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
 
 
 def _resume(address: str, sid: str, token: bytes) -> grpc.RpcError:
-    with grpc.insecure_channel(to_grpc_target(address)) as ch:
+    with open_channel(address) as ch:
         stub = guest_pb2_grpc.GuestStub(ch)
         req = guest_pb2.ResumeRequest(session_id=sid, resume_token=token, fingerprint=fingerprint())
         with pytest.raises(grpc.RpcError) as e:

@@ -17,6 +17,7 @@ from crane.api.ops import OPS_BY_NAME as O
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
+from crane.wire.channel import open_channel
 
 
 def wait_for(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -133,7 +134,7 @@ def test_direct_and_relay_paths_are_exclusive(daemon: DaemonProcess) -> None:
         [info] = ctl.sessions().sessions
         assert info.state == "running" and info.peer.startswith("direct")
         # a second stream through the daemon for the same session is refused
-        ch = grpc.insecure_channel(daemon.address.replace("unix://", "unix:"))
+        ch = open_channel(daemon.address)
         calls = ch.stream_stream(
             "/crane.v1.Guest/Calls",
             request_serializer=None,

@@ -74,3 +74,18 @@ def test_sizes(text: object, n: int) -> None:
     from crane.daemon.tenants import parse_size
 
     assert parse_size(text) == n
+
+
+def test_tcp_listeners_need_mutual_tls_or_insecure_tcp(tmp_path: Path) -> None:
+    tcp = {"listen": ["unix:///tmp/x.sock", "tcp://127.0.0.1:7480"]}
+    with pytest.raises(ValueError, match="needs mutual TLS"):
+        load_config(None, tcp)
+    assert load_config(None, {**tcp, "insecure_tcp": True}).insecure_tcp
+    tls = {"tls_cert": "c.pem", "tls_key": "k.pem", "client_ca": "ca.pem"}
+    assert load_config(None, {**tcp, **tls}).client_ca == "ca.pem"
+    with pytest.raises(ValueError, match=r"missing: \['client_ca'\]"):
+        load_config(None, {**tcp, "tls_cert": "c.pem", "tls_key": "k.pem"})
+    f = tmp_path / "craned.toml"
+    f.write_text('listen = "tcp://127.0.0.1:1"\npeers = "craned-b"\ninsecure_tcp = true\n')
+    cfg = load_config(f, {})
+    assert cfg.peers == ["craned-b"] and cfg.insecure_tcp

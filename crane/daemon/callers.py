@@ -1,0 +1,178 @@
+"""Who is calling, and what that caller may do: resolved once per RPC from how it connected.
+
+* **unix socket**: the credential its process got from the ident socket
+  (:mod:`crane.daemon.ident`: uid, gid, groups as the kernel saw them), sent as metadata.
+* **TCP with mutual TLS**: the client certificate's common name and subject alternative names
+  (gRPC verified the chain against ``client_ca`` in the handshake).
+* **plain TCP** (``insecure_tcp``, development only): tenant ``tcp``, operator.
+
+Mapping, without ``[tenants.*]``: a unix caller of uid U is tenant ``uid:U``, operator when U is
+0 or the daemon's own euid; a certificate is tenant ``cert:NAME`` (its CN, else its first SAN).
+With tenants configured: a uid listed in a tenant, else its primary gid, else a supplementary
+group; the daemon's euid and root stay operators; anyone else is refused, naming the uid or the
+certificate's subject, so an unlisted user cannot sidestep a tenant's quotas. A certificate
+whose CN/SAN is in ``peers`` identifies a peer daemon (the Peer service's callers), tenant or
+not. Every refusal is a :class:`~crane.api.errors.ProtocolError` (UNAUTHENTICATED,
+PERMISSION_DENIED) with a one-line reason; the RPC boundary logs it with the method and peer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import grpc
+
+from crane.api.errors import ProtocolError
+from crane.daemon.ident import Signer, UnixIds
+from crane.daemon.tenants import TenantConfig
+from crane.wire.ident import CREDENTIAL_KEY
+
+__all__ = ["INSECURE_TCP_TENANT", "Caller", "Callers", "from_cert", "from_unix", "may_use"]
+
+#: The one tenant of every plain-TCP caller (``insecure_tcp``).
+INSECURE_TCP_TENANT = "tcp"
+_SAN = "x509_subject_alternative_name"  # gRPC's auth context key
+
+
+@dataclass(frozen=True)
+class Caller:
+    """One RPC's caller: its tenant ("": none, a peer daemon only), whether it operates the
+    daemon, how it was identified ("uid 1001", "cert CN=alice", "peer craned-b"), and whether it
+    is a peer daemon (certificate named in ``peers``) or came over a unix socket."""
+
+    tenant: str
+    operator: bool
+    how: str
+    peer: bool = False
+    unix: bool = False
+
+    def __str__(self) -> str:
+        role = ", operator" if self.operator else ""
+        return f"{self.how} (tenant {self.tenant or '-'}{role})"
+
+
+def from_unix(ids: UnixIds, tenants: Mapping[str, TenantConfig], daemon_euid: int) -> Caller | str:
+    """The caller a unix socket's ids make, or why they make none (no tenant lists them)."""
+    how = f"uid {ids.uid}"
+    admin = ids.uid in (0, daemon_euid)
+    if not tenants:
+        return Caller(f"uid:{ids.uid}", admin, how, unix=True)
+    for match in (
+        lambda t: ids.uid in t.uids,
+        lambda t: ids.gid in t.gids,
+        lambda t: any(g in t.gids for g in ids.groups),
+    ):
+        for t in tenants.values():
+            if match(t):
+                return Caller(t.name, admin or t.operator, how, unix=True)
+    if admin:
+        return Caller(f"uid:{ids.uid}", True, how, unix=True)
+    return f"uid {ids.uid} (gid {ids.gid}) is in no tenant of this daemon"
+
+
+def from_cert(
+    common_name: str,
+    alt_names: Iterable[str],
+    tenants: Mapping[str, TenantConfig],
+    peers: Iterable[str],
+) -> Caller | str:
+    """The caller a verified client certificate makes, or why it makes none."""
+    names = [n for n in (common_name, *alt_names) if n]
+    subject = f"CN={common_name}" if common_name else f"SAN={','.join(names) or '?'}"
+    peer = next((n for n in names if n in set(peers)), "")
+    how = f"peer {peer}" if peer else f"cert {subject}"
+    if not tenants:
+        return Caller(f"cert:{names[0]}" if names else "", False, how, peer=bool(peer))
+    for t in tenants.values():
+        if any(n in t.certs for n in names):
+            return Caller(t.name, t.operator, how, peer=bool(peer))
+    if peer:
+        return Caller("", False, how, peer=True)
+    return f"certificate {subject} is in no tenant of this daemon"
+
+
+class Callers:
+    """Resolves the caller of each RPC against this daemon's configuration."""
+
+    def __init__(
+        self,
+        tenants: Mapping[str, TenantConfig] | None = None,
+        peers: Iterable[str] = (),
+        insecure_tcp: bool = False,
+        signer: Signer | None = None,
+    ) -> None:
+        self.tenants = dict(tenants or {})
+        self.peers = list(peers)
+        self.insecure_tcp = insecure_tcp
+        self.signer = signer or Signer()
+        self.euid = os.geteuid()
+
+    def identify(self, context: grpc.ServicerContext, *, tenant: bool = True) -> Caller:
+        """Who is calling (refused: UNAUTHENTICATED or PERMISSION_DENIED with the reason).
+        ``tenant``: the caller must be some tenant (every service but the Peer service)."""
+        caller = self._resolve(context)
+        if tenant and not caller.tenant:
+            raise ProtocolError(
+                "PERMISSION_DENIED", f"{caller.how} is a peer daemon, not a tenant of this daemon"
+            )
+        return caller
+
+    def _resolve(self, context: grpc.ServicerContext) -> Caller:
+        peer = context.peer()
+        if peer.startswith("unix:"):
+            credential = dict(context.invocation_metadata()).get(CREDENTIAL_KEY)
+            if not credential:
+                raise ProtocolError(
+                    "UNAUTHENTICATED",
+                    "unix caller sent no credential (fetch one from the daemon's "
+                    "<socket>.ident socket; crane's clients do)",
+                )
+            try:
+                ids = self.signer.verify(credential)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ProtocolError("UNAUTHENTICATED", f"unix caller refused: {e}") from None
+            found = from_unix(ids, self.tenants, self.euid)
+        else:
+            auth = context.auth_context()
+            if auth.get("transport_security_type") == [b"ssl"]:
+                cn = b"".join(auth.get("x509_common_name", [])).decode(errors="replace")
+                sans = [s.decode(errors="replace") for s in auth.get(_SAN, [])]
+                found = from_cert(cn, sans, self.tenants, self.peers)
+            elif self.insecure_tcp:
+                return Caller(INSECURE_TCP_TENANT, True, f"insecure tcp {peer}", peer=True)
+            else:
+                raise ProtocolError("UNAUTHENTICATED", f"{peer} presented no certificate")
+        if isinstance(found, str):
+            raise ProtocolError("PERMISSION_DENIED", found)
+        return found
+
+    def operator(self, context: grpc.ServicerContext, what: str) -> Caller:
+        """The caller, who must be an operator to do ``what``."""
+        caller = self.identify(context)
+        if not caller.operator:
+            raise ProtocolError(
+                "PERMISSION_DENIED", f"{what} needs the operator role; {caller} is not one"
+            )
+        return caller
+
+    def peer(self, context: grpc.ServicerContext, what: str) -> Caller:
+        """The caller, who must be a peer daemon: a certificate named in ``peers``, or an
+        operator on a unix socket (a daemon on the same host)."""
+        caller = self.identify(context, tenant=False)
+        if not (caller.peer or (caller.unix and caller.operator)):
+            raise ProtocolError(
+                "PERMISSION_DENIED", f"{what} is for peer daemons; {caller} is not one here"
+            )
+        return caller
+
+
+def may_use(caller: Caller, owner: str, sid: str) -> None:
+    """Refuse ``caller`` acting on session ``sid`` of tenant ``owner`` unless it is that
+    tenant's or an operator (the resume token alone is not enough)."""
+    if caller.operator or caller.tenant == owner:
+        return
+    raise ProtocolError(
+        "PERMISSION_DENIED", f"session {sid} belongs to another tenant than {caller}"
+    )
