@@ -15,6 +15,7 @@ from pathlib import Path
 
 from crane.daemon.tenants import TenantConfig
 from crane.device.quota import MAX_TENANTS, TenantLedger
+from crane.v1 import control_pb2
 
 __all__ = ["Quotas"]
 
@@ -60,6 +61,26 @@ class Quotas:
         t = self.tenants.get(tenant)
         used = self.ledger.tenant_used(self.ids[tenant]) if tenant in self.ids else 0
         return (t.memory if t else None), used
+
+    def usage(self, tenants: list[str], sessions: dict[str, int]) -> list[control_pb2.TenantUsage]:
+        """``crane devices``' tenant lines: each configured tenant of ``tenants``, its memory
+        and sessions (``sessions``: how many each holds) against its limits."""
+        out = []
+        for name in tenants:
+            t = self.tenants.get(name)
+            if t is None:
+                continue
+            limit, used = self.memory(name)
+            out.append(
+                control_pb2.TenantUsage(
+                    name=name,
+                    memory_used=used,
+                    memory_limit=-1 if limit is None else limit,
+                    sessions=sessions.get(name, 0),
+                    max_sessions=-1 if t.max_sessions is None else t.max_sessions,
+                )
+            )
+        return out
 
     def cuda_refusals(self, backends: list[str]) -> list[str]:
         """Tenants' kernel time limits that a cuda device cannot enforce (a kernel on a GPU

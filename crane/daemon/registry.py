@@ -102,11 +102,15 @@ class SessionTable:
         most = self.tenant_max.get(tenant)
         if most is None or (sid is not None and sid in self._sessions):
             return ""
-        held = sum(1 for s in self._sessions.values() if s.tenant == tenant)
-        held += sum(1 for t in self._starting_tenant.values() if t == tenant)
-        if held < most:
+        if self.tenant_sessions(tenant) < most:
             return ""
         return f"tenant {tenant} is at its limit of {most} sessions"
+
+    def tenant_sessions(self, tenant: str) -> int:
+        """Sessions of ``tenant`` here: in the table (parked ones too) or on their way in
+        (hold :attr:`lock`)."""
+        held = sum(1 for s in self._sessions.values() if s.tenant == tenant)
+        return held + sum(1 for t in self._starting_tenant.values() if t == tenant)
 
     def claim_slot(self, slot: int, tenant: str = "") -> None:
         self._starting.add(slot)

@@ -305,3 +305,25 @@ def test_a_kernel_past_the_time_limit_fails_with_launch_timeout(
             s.mem_get_info()
         assert e.value.code == CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
         assert "kernel spin ran past the kernel time limit of 1 s" in d.log_text()
+
+
+def test_crane_devices_shows_each_tenants_use_against_its_limits(tmp_path: Path) -> None:
+    with (
+        tenant_daemon(tmp_path, memory="1GiB", max_sessions=3) as d,
+        GuestSession(d.address, client="use") as s,
+    ):
+        s.mem_alloc(600 * MiB)
+        with ControlClient(d.address) as c:
+            (t,) = c.devices().tenants
+        assert (t.name, t.memory_used, t.memory_limit, t.sessions, t.max_sessions) == (
+            "t",
+            600 * MiB,
+            GiB,
+            1,
+            3,
+        )
+        cli = [sys.executable, "-m", "crane.cli.main", "--daemon", d.address, "devices"]
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=60, check=True).stdout
+        lines = out.splitlines()
+        at = lines.index(next(line for line in lines if line.startswith("TENANT")))
+        assert lines[at + 1].split() == ["t", "600.0", "MiB", "1.0", "GiB", "1", "3"]
