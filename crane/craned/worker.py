@@ -117,7 +117,12 @@ def serve(ch: Channel) -> int:
     direct = None
     if cfg.direct_socket:
         direct = start_direct_server(
-            cfg.direct_socket, cfg.session_id, bytes.fromhex(cfg.token), ws, end_session
+            cfg.direct_socket,
+            cfg.session_id,
+            bytes.fromhex(cfg.token),
+            ws,
+            end_session,
+            cfg.direct_uid,
         )
     abandon = _Abandon(ws, cfg.attach_timeout_s, end_session)
     ch.send(Tag.STARTED, snapshot_to_proto(backend.snapshot).SerializeToString())

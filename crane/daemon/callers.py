@@ -47,6 +47,8 @@ class Caller:
     how: str
     peer: bool = False
     unix: bool = False
+    #: A unix caller's uid (None over TCP): it may connect to its session's worker directly.
+    uid: int | None = None
 
     def __str__(self) -> str:
         role = ", operator" if self.operator else ""
@@ -58,7 +60,7 @@ def from_unix(ids: UnixIds, tenants: Mapping[str, TenantConfig], daemon_euid: in
     how = f"uid {ids.uid}"
     admin = ids.uid in (0, daemon_euid)
     if not tenants:
-        return Caller(f"uid:{ids.uid}", admin, how, unix=True)
+        return Caller(f"uid:{ids.uid}", admin, how, unix=True, uid=ids.uid)
     for match in (
         lambda t: ids.uid in t.uids,
         lambda t: ids.gid in t.gids,
@@ -66,9 +68,9 @@ def from_unix(ids: UnixIds, tenants: Mapping[str, TenantConfig], daemon_euid: in
     ):
         for t in tenants.values():
             if match(t):
-                return Caller(t.name, admin or t.operator, how, unix=True)
+                return Caller(t.name, admin or t.operator, how, unix=True, uid=ids.uid)
     if admin:
-        return Caller(f"uid:{ids.uid}", True, how, unix=True)
+        return Caller(f"uid:{ids.uid}", True, how, unix=True, uid=ids.uid)
     return f"uid {ids.uid} (gid {ids.gid}) is in no tenant of this daemon"
 
 
@@ -81,7 +83,8 @@ def from_cert(
     """The caller a verified client certificate makes, or why it makes none."""
     names = [n for n in (common_name, *alt_names) if n]
     subject = f"CN={common_name}" if common_name else f"SAN={','.join(names) or '?'}"
-    peer = next((n for n in names if n in set(peers)), "")
+    peers = set(peers)
+    peer = next((n for n in names if n in peers), "")
     how = f"peer {peer}" if peer else f"cert {subject}"
     if not tenants:
         return Caller(f"cert:{names[0]}" if names else "", False, how, peer=bool(peer))
@@ -90,7 +93,8 @@ def from_cert(
             return Caller(t.name, t.operator, how, peer=bool(peer))
     if peer:
         return Caller("", False, how, peer=True)
-    return f"certificate {subject} is in no tenant of this daemon"
+    nor = " nor one of its peers" if peers else ""
+    return f"certificate {subject} is in no tenant of this daemon{nor}"
 
 
 class Callers:
@@ -160,7 +164,13 @@ class Callers:
     def peer(self, context: grpc.ServicerContext, what: str) -> Caller:
         """The caller, who must be a peer daemon: a certificate named in ``peers``, or an
         operator on a unix socket (a daemon on the same host)."""
-        caller = self.identify(context, tenant=False)
+        try:
+            caller = self.identify(context, tenant=False)
+        except ProtocolError as e:
+            if e.status != "PERMISSION_DENIED":
+                raise
+            why = f"{what} is for peer daemons; {e.message}"
+            raise ProtocolError("PERMISSION_DENIED", why) from None
         if not (caller.peer or (caller.unix and caller.operator)):
             raise ProtocolError(
                 "PERMISSION_DENIED", f"{what} is for peer daemons; {caller} is not one here"

@@ -62,6 +62,7 @@ class SessionHost(Protocol):
         device: Device,
         state: SessionState,
         replenish: bool = True,
+        owner_uid: int = -1,
     ) -> DaemonSession: ...
 
     def admit(self, session: DaemonSession) -> None: ...

@@ -121,7 +121,8 @@ class SessionManager:
                 client=client,
                 tenant=caller.tenant,
             )
-            session = self.start(record, device, SessionState.READY)
+            owner = -1 if caller.uid is None else caller.uid
+            session = self.start(record, device, SessionState.READY, owner_uid=owner)
             with self.table.lock:
                 self.table.add(session)
             self.watch(session)
@@ -143,10 +144,12 @@ class SessionManager:
         device: Device,
         state: SessionState,
         replenish: bool = True,
+        owner_uid: int = -1,
     ) -> DaemonSession:
         """A worker serving ``record``'s session on ``device`` (not yet in the table).
         ``replenish=False``: the caller replenishes the pool once its time-critical work is
-        done (see :meth:`WorkerPool.take`)."""
+        done (see :meth:`WorkerPool.take`). ``owner_uid``: the local user whose guest may
+        reach the worker's socket (-1: only the daemon's user; others use the relay)."""
         sid = record.id
         # a record without a seed (format 1 checkpoints) gets a fresh virtual device identity
         uuid_seed = record.uuid_seed or secrets.token_hex(16)
@@ -168,6 +171,7 @@ class SessionManager:
             stats_path=str(stats_path),
             token=record.token.hex(),
             direct_socket=str(direct) if direct else "",
+            direct_uid=owner_uid,
             attach_timeout_s=self.attach_timeout_s,
             **self.quotas.worker_fields(record.tenant),  # type: ignore[arg-type]
         )
@@ -444,7 +448,9 @@ def _entitled(session: DaemonSession, token: bytes | None, caller: Caller) -> No
     """Refuse a guest call on ``session`` without its resume token, or from a caller of
     another tenant (an operator excepted) even with it."""
     if not token or not secrets.compare_digest(token, session.token):
-        raise ProtocolError("PERMISSION_DENIED", f"wrong resume token for session {session.id}")
+        raise ProtocolError(
+            "PERMISSION_DENIED", f"wrong resume token for session {session.id} from {caller}"
+        )
     may_use(caller, session.tenant, session.id)
 
 

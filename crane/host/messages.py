@@ -84,6 +84,9 @@ class WorkerConfig:
     stats_path: str
     token: str = ""  # hex resume token, checked by the worker's direct endpoint
     direct_socket: str = ""  # unix socket path for guests on this host ("" = relay only)
+    #: Who may connect to ``direct_socket`` besides the worker's own user: the uid of the
+    #: local process that opened the session (-1: nobody else; its guest uses the relay).
+    direct_uid: int = -1
     attach_timeout_s: float = 60.0  # end a session whose guest never attaches
     #: The daemon's tenant ledger (crane.device.quota; "": no tenant accounting), the
     #: session's tenant, and its kernel time limit in seconds (0: none).

@@ -101,6 +101,8 @@ def preflight(
             timeout=30,
         )
     except grpc.RpcError as e:
+        if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            raise MigrationFailed(f"destination {to} refused this daemon: {e.details()}") from None
         raise MigrationFailed(f"destination {to} unreachable: {e.details()}") from None
     refusals = list(pf.refusals)
     missing = {bytes(d).hex() for d in pf.missing_digests}

@@ -10,6 +10,7 @@ port, a remote host) use the daemon's address and its relay; both paths run the 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +30,16 @@ log = logging.getLogger("crane.worker")
 
 
 def start_direct_server(
-    path: str, session_id: str, token: bytes, ws: WorkerSession, on_end: Callable[[], None]
+    path: str,
+    session_id: str,
+    token: bytes,
+    ws: WorkerSession,
+    on_end: Callable[[], None],
+    owner_uid: int = -1,
 ) -> grpc.Server:
-    """Serve ``crane.v1.Guest/Calls`` for this one session on ``unix:path``."""
+    """Serve ``crane.v1.Guest/Calls`` for this one session on ``unix:path``, which only this
+    process's user and ``owner_uid`` (the session's opener, -1: none) may connect to: the
+    daemon checked the opener's tenant, the token alone must not let another user in."""
 
     def Calls(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         md = dict(context.invocation_metadata())
@@ -70,4 +78,10 @@ def start_direct_server(
     )
     server.add_insecure_port(f"unix:{path}")
     server.start()
+    os.chmod(path, 0o600)
+    if owner_uid >= 0 and owner_uid != os.geteuid():
+        try:
+            os.chown(path, owner_uid, -1)
+        except OSError as e:  # a daemon not running as root: its own user's guests only
+            log.warning("direct socket %s stays this user's: %s", path, e)
     return server

@@ -7,16 +7,18 @@ one JSON line of results; ``open`` then holds its session until its stdin closes
 
 Actions (the daemon address is ``$CRANE_DAEMON``):
 
-* ``open``: open a session through the relay and allocate 1 MiB; prints ``id`` and ``token``.
-* ``probe SID TOKEN``: what each operation on that session answers this user: ``ps`` (the
-  sessions it sees), ``devices``, ``resume``, ``checkpoint``, ``migrate``, each as
-  ``[code, details]`` (``["OK", ...]`` when it was allowed).
+* ``open``: open a session, write and read back 1 MiB; prints ``id``, ``token``, the ``path``
+  its calls took (direct or relay) and whether the memory read back ``ok``.
+* ``probe SID TOKEN [DIRECT]``: what each operation on that session answers this user: ``ps``
+  (the sessions it sees), ``devices``, ``resume``, ``checkpoint``, ``migrate``, and connecting
+  to the worker's socket ``DIRECT``, each as ``[code, details]`` (``["OK", ...]``: allowed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 
 import grpc
@@ -38,8 +40,18 @@ def _outcome(fn) -> list[str]:  # type: ignore[no-untyped-def]
         return ["ERROR", str(e)]
 
 
-def probe(address: str, sid: str, token: bytes) -> dict[str, object]:
-    out: dict[str, object] = {}
+def probe(address: str, sid: str, token: bytes, direct: str = "") -> dict[str, list[str]]:
+    """Every operation on session ``sid`` as this process's identity (its uid on a unix socket,
+    its ``$CRANE_TLS_*`` certificate on TCP): ``[code, details]`` each; ``direct``: the path of
+    the session worker's socket, to try connecting there too."""
+    out: dict[str, list[str]] = {}
+    if direct:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(direct)
+            out["direct"] = ["OK", direct]
+        except OSError as e:
+            out["direct"] = [type(e).__name__, str(e)]
     with ControlClient(address) as c:
         out["devices"] = _outcome(lambda: len(c.devices().devices))
         out["ps"] = _outcome(lambda: [(s.id, s.tenant) for s in c.sessions().sessions])
@@ -50,6 +62,8 @@ def probe(address: str, sid: str, token: bytes) -> dict[str, object]:
         stub = guest_pb2_grpc.GuestStub(ch)
         req = guest_pb2.ResumeRequest(session_id=sid, resume_token=token, fingerprint=fingerprint())
         out["resume"] = _outcome(lambda: stub.Resume(req, timeout=10).session_id)
+        req = guest_pb2.ResumeRequest(session_id=sid, fingerprint=fingerprint())
+        out["resume_without_token"] = _outcome(lambda: stub.Resume(req, timeout=10).session_id)
 
     def open_and_close() -> str:
         with GuestSession(address, client="probe", direct=False) as s:
@@ -66,15 +80,18 @@ def main() -> int:
     os.setuid(int(uid))
     address = os.environ["CRANE_DAEMON"]
     if action == "open":
-        s = GuestSession(address, client="as-user", direct=False)
-        s.mem_alloc(1 << 20)
-        print(json.dumps({"id": s.session_id, "token": s._t.opened.resume_token.hex()}))
+        s = GuestSession(address, client="as-user")
+        p = s.mem_alloc(1 << 20)
+        s.memset_d8(p, 3, 1 << 20)
+        ok = s.memcpy_dtoh(p, 4) == b"\x03" * 4
+        token = s._t.opened.resume_token.hex()
+        print(json.dumps({"id": s.session_id, "token": token, "path": s._t.path, "ok": ok}))
         sys.stdout.flush()
         sys.stdin.read()
         s.close()
         return 0
-    sid, token = rest
-    print(json.dumps(probe(address, sid, bytes.fromhex(token))))
+    sid, token, *direct = rest
+    print(json.dumps(probe(address, sid, bytes.fromhex(token), *direct)))
     return 0
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
+from tests.integration.pki import Pki
 from tests.integration.workload import SRC
 
 
@@ -29,16 +30,30 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+def pki(tmp_path: Path) -> Pki:
+    """A CA for this test, issuing daemons' and clients' certificates."""
+    return Pki(tmp_path / "pki")
+
+
+@pytest.fixture
+def daemons(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
     """Two daemons of different models (H100, A100), each also listening on a TCP port (see
-    ``tests.integration.net.tcp_address``), for checkpoints, migrations and their faults."""
-    tcp = {"extra_listen": ["tcp://127.0.0.1:0"], "extra_args": ["--insecure-tcp"]}
-    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], **tcp)
+    ``tests.integration.net.tcp_address``) with mutual TLS, each the other's peer, for
+    checkpoints, migrations and their faults. This process's clients reach them over TCP with
+    the certificate of a guest ($CRANE_TLS_*, tenant ``cert:guest``)."""
+    tcp = ["tcp://127.0.0.1:0"]
+    args_a = pki.daemon_args("craned-a", peers=["craned-b"])
+    args_b = pki.daemon_args("craned-b", peers=["craned-a"])
+    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], extra_listen=tcp, extra_args=args_a)
     try:
-        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], **tcp)
+        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], extra_listen=tcp, extra_args=args_b)
     except BaseException:
         a.stop()
         raise
+    for k, v in pki.issue("guest").env().items():
+        monkeypatch.setenv(k, v)
     try:
         yield a, b
     finally:

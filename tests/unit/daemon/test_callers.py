@@ -24,10 +24,11 @@ TENANTS = {
 
 
 def test_without_tenants_each_uid_is_its_own_tenant_and_root_or_the_daemon_operates() -> None:
-    assert from_unix(ids(1001), {}, DAEMON) == Caller("uid:1001", False, "uid 1001", unix=True)
-    assert from_unix(ids(0), {}, DAEMON) == Caller("uid:0", True, "uid 0", unix=True)
+    user = Caller("uid:1001", False, "uid 1001", unix=True, uid=1001)
+    assert from_unix(ids(1001), {}, DAEMON) == user
+    assert from_unix(ids(0), {}, DAEMON) == Caller("uid:0", True, "uid 0", unix=True, uid=0)
     assert from_unix(ids(DAEMON), {}, DAEMON) == Caller(
-        f"uid:{DAEMON}", True, f"uid {DAEMON}", unix=True
+        f"uid:{DAEMON}", True, f"uid {DAEMON}", unix=True, uid=DAEMON
     )
 
 
@@ -70,6 +71,9 @@ def test_certificates_without_tenants_and_peer_daemons() -> None:
     assert peer == Caller("", False, "peer craned-b", peer=True)  # a peer, no tenant
     peer_no_tenants = from_cert("x", ["craned-b"], {}, ["craned-b"])
     assert isinstance(peer_no_tenants, Caller) and peer_no_tenants.peer
+    assert from_cert("craned-c", [], TENANTS, ["craned-b"]) == (
+        "certificate CN=craned-c is in no tenant of this daemon nor one of its peers"
+    )
 
 
 def test_credentials_verify_only_with_the_issuing_key_and_until_they_expire() -> None:
