@@ -21,6 +21,7 @@ import pytest
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.cli.control_client import ControlClient
+from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
 from crane.device.quota import TenantLedger
 from crane.guest.session import GuestSession
@@ -327,3 +328,22 @@ def test_crane_devices_shows_each_tenants_use_against_its_limits(tmp_path: Path)
         lines = out.splitlines()
         at = lines.index(next(line for line in lines if line.startswith("TENANT")))
         assert lines[at + 1].split() == ["t", "600.0", "MiB", "1.0", "GiB", "1", "3"]
+
+
+def test_max_sessions_refuses_an_incoming_migration(tmp_path: Path) -> None:
+    """A destination where the tenant is at its limit refuses the session by name; the session
+    carries on at its source."""
+    with (
+        tenant_daemon(tmp_path, "a", max_sessions=1, operator=True) as a,
+        tenant_daemon(tmp_path, "b", max_sessions=1, operator=True) as b,
+        GuestSession(a.address, client="mover", alternates=[b.address]) as s,
+        GuestSession(b.address, client="there"),
+    ):
+        x = s.mem_alloc(4096)
+        s.memset_d32(x, 9, 4)
+        s.synchronize()
+        last = migrate(a.address, s.session_id, b.address)[-1]
+        assert last.phase == "failed"
+        assert "tenant t is at its limit of 1 sessions" in last.error, last
+        assert np.frombuffer(s.memcpy_dtoh(x, 16), np.uint32).tolist() == [9] * 4
+        assert s._t.address == a.address
