@@ -12,6 +12,7 @@ way in as well.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from crane.daemon.tenants import TenantConfig
 from crane.device.quota import MAX_TENANTS, TenantLedger
@@ -46,7 +47,7 @@ class Quotas:
     def clear(self, slot: int) -> None:
         self.ledger.clear(slot)
 
-    def worker_fields(self, tenant: str) -> dict[str, object]:
+    def worker_fields(self, tenant: str) -> dict[str, Any]:
         """What a worker of ``tenant``'s session is configured with
         (:class:`crane.host.messages.WorkerConfig`)."""
         t = self.tenants.get(tenant)

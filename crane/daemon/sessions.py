@@ -173,7 +173,7 @@ class SessionManager:
             direct_socket=str(direct) if direct else "",
             direct_uid=owner_uid,
             attach_timeout_s=self.attach_timeout_s,
-            **self.quotas.worker_fields(record.tenant),  # type: ignore[arg-type]
+            **self.quotas.worker_fields(record.tenant),
         )
         # the slot's tenant is known to the ledger before the worker can charge anything
         self.quotas.assign(record.slot, record.tenant)
