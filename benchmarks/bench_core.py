@@ -14,6 +14,10 @@ batching, the relay (if any), decoding and executing the call.
 * ``async_rate``: 100k one-byte ``cuMemsetD8`` then one synchronize. Target: >= 100k calls/s.
 * ``htod_*``/``dtoh_*``: bandwidth at 1 MiB and 256 MiB vs streaming the same bytes one way
   (Drain / Source) in the same 4 MiB messages. Target: ratio >= 0.8.
+* ``tcp``: what mutual TLS costs a guest reaching craned over TCP (a VM, a remote host): the
+  sync round trip and the async call rate of a relayed session on a plain-TCP daemon
+  (``insecure_tcp``) and on an mTLS one (certificates made for the run with trustme), blocks
+  interleaved. Target: overhead <= 5%.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.v1 import diag_pb2
-from crane.wire.channel import open_channel
+from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.status import MAX_CHUNK
 
 MiB = 1 << 20
@@ -166,6 +170,73 @@ def measure_path(s: GuestSession, bare: Bare, quick: bool) -> dict:
     return results
 
 
+def sync_and_async(s: GuestSession, n_rtt: int, n_async: int) -> tuple[list[float], float]:
+    """``n_rtt`` synchronize round trips (seconds each) and the rate of ``n_async`` memsets."""
+    stream = s.stream_create()
+    times = []
+    for _ in range(n_rtt):
+        t = time.perf_counter()
+        s.stream_synchronize(stream)
+        times.append(time.perf_counter() - t)
+    p = s.mem_alloc(4096)
+    t = time.perf_counter()
+    for _ in range(n_async):
+        s.memset_d8(p, 1, 1)
+    s.synchronize()
+    rate = n_async / (time.perf_counter() - t)
+    s.mem_free(p)
+    s.stream_destroy(stream)
+    return times, rate
+
+
+def measure_tls(tmp: Path, quick: bool) -> dict:
+    """Relayed sessions over plain TCP and over mutual TLS, measured in interleaved blocks."""
+    import trustme
+
+    ca = trustme.CA()
+    files: dict[str, str] = {}
+    for cn in ("craned", "bench"):
+        cert = ca.issue_cert(cn, "127.0.0.1", common_name=cn)
+        files[cn] = str(tmp / f"{cn}.pem")
+        cert.cert_chain_pems[0].write_to_path(files[cn])
+        cert.private_key_pem.write_to_path(files[cn] + ".key")
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    tls_args = ["--tls-cert", files["craned"], "--tls-key", files["craned"] + ".key"]
+    tls_args += ["--client-ca", str(tmp / "ca.pem")]
+    client = TlsFiles(files["bench"], files["bench"] + ".key", str(tmp / "ca.pem"))
+    tcp = ["tcp://127.0.0.1:0"]
+    n_rtt, n_async, blocks = (300, 5_000, 3) if quick else (1000, 20_000, 5)
+    with (
+        DaemonProcess(tmp / "plain", extra_listen=tcp, extra_args=["--insecure-tcp"]) as plain,
+        DaemonProcess(tmp / "mtls", extra_listen=tcp, extra_args=tls_args) as mtls,
+        GuestSession(plain.tcp_address(), client="bench_tls", tls=TlsFiles()) as sp,
+        GuestSession(mtls.tcp_address(), client="bench_tls", tls=client) as sm,
+    ):
+        rtt: dict[str, list[float]] = {"plain": [], "mtls": []}
+        rate: dict[str, list[float]] = {"plain": [], "mtls": []}
+        for _ in range(blocks):
+            for name, s in (("plain", sp), ("mtls", sm)):
+                times, r = sync_and_async(s, n_rtt, n_async)
+                rtt[name] += times
+                rate[name].append(r)
+    p_rtt, m_rtt = statistics.median(rtt["plain"]), statistics.median(rtt["mtls"])
+    p_rate, m_rate = max(rate["plain"]), max(rate["mtls"])
+    return {
+        "sync_rtt": {
+            "plain_us": p_rtt * 1e6,
+            "mtls_us": m_rtt * 1e6,
+            "overhead": m_rtt / p_rtt - 1,
+            "target": "<= 0.05",
+        },
+        "async_rate": {
+            "plain_calls_per_s": p_rate,
+            "mtls_calls_per_s": m_rate,
+            "overhead": p_rate / m_rate - 1,
+            "target": "<= 0.05",
+        },
+    }
+
+
 def run(quick: bool) -> dict:
     results: dict = {"device": "sim:h100-80gb", "transport": "unix socket"}
     with (
@@ -178,6 +249,7 @@ def run(quick: bool) -> dict:
                 bare = Bare(s._t.opened.direct_address if path == "direct" else daemon.address)
                 results[path] = measure_path(s, bare, quick)
                 bare.ch.close()
+        results["tcp"] = measure_tls(Path(tmp), quick)
     return results
 
 
@@ -190,7 +262,7 @@ def main() -> int:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    for path in ("direct", "relay"):
+    for path in ("direct", "relay", "tcp"):
         for k, v in results[path].items():
             cells = [
                 f"{kk}={vv:.3f}" if isinstance(vv, float) else f"{kk}={vv}" for kk, vv in v.items()

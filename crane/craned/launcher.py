@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,16 @@ class DaemonProcess:
                     time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"craned did not become ready in {timeout} s")
+
+    def tcp_address(self, timeout: float = 10.0) -> str:
+        """The ``tcp://`` address it bound for an ``extra_listen`` of ``tcp://HOST:0`` (the
+        port the system chose), from the line it logs just after it starts serving."""
+        deadline = time.monotonic() + timeout
+        while not (m := re.search(r"listening on (tcp://[^\s]+:\d+)", self.log_text())):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the daemon does not listen on TCP")
+            time.sleep(0.02)
+        return m.group(1)
 
     def log_text(self) -> str:
         if not self._log.closed:

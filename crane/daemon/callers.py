@@ -82,12 +82,14 @@ def from_cert(
 ) -> Caller | str:
     """The caller a verified client certificate makes, or why it makes none."""
     names = [n for n in (common_name, *alt_names) if n]
-    subject = f"CN={common_name}" if common_name else f"SAN={','.join(names) or '?'}"
+    if not names:
+        return "the client certificate names no one (no CN, no SAN)"
+    subject = f"CN={common_name}" if common_name else f"SAN={','.join(names)}"
     peers = set(peers)
     peer = next((n for n in names if n in peers), "")
     how = f"peer {peer}" if peer else f"cert {subject}"
     if not tenants:
-        return Caller(f"cert:{names[0]}" if names else "", False, how, peer=bool(peer))
+        return Caller(f"cert:{names[0]}", False, how, peer=bool(peer))
     for t in tenants.values():
         if any(n in t.certs for n in names):
             return Caller(t.name, t.operator, how, peer=bool(peer))

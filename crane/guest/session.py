@@ -37,6 +37,7 @@ from crane.guest.mirror import PAGE, HostMirrors, Mirror, MirrorError, map_fixed
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
 from crane.guest.vmm import Vmm
+from crane.wire.channel import TlsFiles
 from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
 
 __all__ = ["Function", "GuestSession", "KernelLayout", "Module"]
@@ -99,10 +100,12 @@ class GuestSession:
         client: str = "",
         direct: bool | None = None,
         alternates: Sequence[str] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
-        """``alternates``: other daemons where this session may be restored after a park."""
+        """``alternates``: other daemons where this session may be restored after a park.
+        ``tls``: the certificate for ``tcp://`` daemons (None: ``$CRANE_TLS_*``)."""
         try:
-            self._t = Transport(address, device, client, direct, alternates)
+            self._t = Transport(address, device, client, direct, alternates, tls)
         except TransportError as e:
             raise e.as_cuda_error() from e
         o = self._t.opened

@@ -35,7 +35,7 @@ from crane.api.ops import Op
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
 from crane.wire.batch_flags import EXPECTS_REPLY
-from crane.wire.channel import open_channel
+from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
 from crane.wire.status import MAX_CHUNK
 
@@ -78,16 +78,19 @@ class Transport:
         client: str = "",
         direct: bool | None = None,
         alternates: Sequence[str] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
         """Open a session. ``direct``: carry calls straight to the session's worker (True),
         through the daemon (False), or directly when reachable (None; ``CRANE_DIRECT=0``
-        forces the relay). ``alternates``: daemons where the session may be restored."""
+        forces the relay). ``alternates``: daemons where the session may be restored. ``tls``:
+        certificate and CA for tcp:// daemons (None: from ``$CRANE_TLS_*``)."""
         self.address = address or default_address()
         env_alt = [a for a in os.environ.get("CRANE_DAEMON_ALTERNATES", "").split(",") if a]
         self.addresses = list(dict.fromkeys([self.address, *alternates, *env_alt]))
         self.resume_timeout = float(os.environ.get("CRANE_RESUME_TIMEOUT_S", "600"))
         self._direct_pref = direct
-        self._channel = open_channel(self.address)
+        self._tls = tls  # for tcp:// daemons (None: $CRANE_TLS_*), the first and any other
+        self._channel = open_channel(self.address, tls)
         stub = guest_pb2_grpc.GuestStub(self._channel)
         try:
             self.opened = stub.OpenSession(
@@ -213,7 +216,7 @@ class Transport:
                 # the daemon the stream broke on is connected already: ask it first, on that
                 # channel (a migrated session's redirect comes from it)
                 reuse = addr == self.address
-                ch = self._channel if reuse else open_channel(addr)
+                ch = self._channel if reuse else open_channel(addr, self._tls)
                 stub = guest_pb2_grpc.GuestStub(ch)
                 try:
                     opened = stub.Resume(

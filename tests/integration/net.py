@@ -12,10 +12,8 @@ lands in a transfer is deterministic.
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 import threading
-import time
 from pathlib import Path
 
 from crane.craned.launcher import DaemonProcess
@@ -25,11 +23,7 @@ __all__ = ["CutProxy", "tcp_address"]
 
 def tcp_address(d: DaemonProcess) -> str:
     """The TCP address a daemon started with ``extra_listen=["tcp://127.0.0.1:0"]`` bound."""
-    deadline = time.monotonic() + 10  # it logs the line just after it starts serving
-    while not (m := re.search(r"listening on (tcp://127\.0\.0\.1:\d+)", d.log_text())):
-        assert time.monotonic() < deadline, "the daemon does not listen on TCP"
-        time.sleep(0.02)
-    return m.group(1)
+    return d.tcp_address()
 
 
 class CutProxy:

@@ -65,6 +65,7 @@ def test_certificates_by_common_name_or_any_alternative_name() -> None:
 
 
 def test_certificates_without_tenants_and_peer_daemons() -> None:
+    assert from_cert("", [], {}, []) == "the client certificate names no one (no CN, no SAN)"
     bob = from_cert("bob", ["bob"], {}, ["craned-b"])
     assert bob == Caller("cert:bob", False, "cert CN=bob")
     peer = from_cert("craned-b", ["craned-b", "127.0.0.1"], TENANTS, ["craned-b"])
