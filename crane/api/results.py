@@ -58,6 +58,8 @@ STICKY = frozenset(
         CUresult.CUDA_ERROR_HARDWARE_STACK_ERROR,
         CUresult.CUDA_ERROR_INVALID_PC,
         CUresult.CUDA_ERROR_INVALID_ADDRESS_SPACE,
+        # a watchdog (a display's, or a tenant's kernel time limit) ended a kernel
+        CUresult.CUDA_ERROR_LAUNCH_TIMEOUT,
     }
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from crane.backends.base import Backend
 from crane.device.ledger import Ledger
+from crane.device.quota import TenantLedger
 
 __all__ = ["make_backend"]
 
@@ -15,16 +16,33 @@ def make_backend(
     uuid_seed: bytes,
     ledger_path: str,
     ledger_slot: int,
+    *,
+    tenant_ledger: str = "",
+    tenant: str = "",
+    kernel_time_limit_s: float = 0.0,
 ) -> Backend:
     """The backend of one session: ``kind`` "sim" (``arg`` a model key) or "cuda" (``arg``
-    the CUDA ordinal), over the session's VA ``window``, charging the device's ledger."""
+    the CUDA ordinal), over the session's VA ``window``, charging the device's ledger and, with
+    ``tenant_ledger``, its ``tenant``'s quota (:mod:`crane.device.quota`).
+    ``kernel_time_limit_s`` (0: none): a launch running longer fails with
+    CUDA_ERROR_LAUNCH_TIMEOUT (the simulated GPU only; craned refuses it for cuda devices)."""
+    tenants = TenantLedger(tenant_ledger) if tenant_ledger else None
     if kind == "sim":
         from crane.backends.catalog import builtin_model
         from crane.backends.sim.backend import SimBackend
 
         model = builtin_model(arg)
         ledger = Ledger(ledger_path, model.total_mem)
-        return SimBackend(model, model.snapshot(uuid_seed), window, ledger, ledger_slot)
+        return SimBackend(
+            model,
+            model.snapshot(uuid_seed),
+            window,
+            ledger,
+            ledger_slot,
+            tenants=tenants,
+            tenant=tenant,
+            kernel_time_limit_s=kernel_time_limit_s or None,
+        )
     if kind == "cuda":
         from crane.backends.cuda import driver
         from crane.backends.cuda.backend import CudaBackend
@@ -35,5 +53,7 @@ def make_backend(
         ordinal = int(arg or 0)
         snapshot = device_snapshot(drv, ordinal, uuid_seed)
         ledger = Ledger(ledger_path, snapshot.total_mem)
-        return CudaBackend(drv, ordinal, snapshot, window, ledger, ledger_slot)
+        return CudaBackend(
+            drv, ordinal, snapshot, window, ledger, ledger_slot, tenants=tenants, tenant=tenant
+        )
     raise ValueError(f"backend {kind!r} is not available in this build")

@@ -44,8 +44,11 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _show(args: argparse.Namespace, what: str, headers: list[str], rows) -> int:  # type: ignore[no-untyped-def]
-    """Fetch ``what`` from the daemon and print it as JSON or as a table of ``rows(reply)``."""
+def _show(  # type: ignore[no-untyped-def]
+    args: argparse.Namespace, what: str, headers: list[str], rows, more=(), more_rows=None
+) -> int:
+    """Fetch ``what`` from the daemon and print it as JSON or as a table of ``rows(reply)``
+    (and, when ``more_rows(reply)`` has any, a second table with the headers ``more``)."""
     with ControlClient(args.daemon) as c:
         try:
             reply = c.devices() if what == "devices" else c.sessions()
@@ -56,6 +59,10 @@ def _show(args: argparse.Namespace, what: str, headers: list[str], rows) -> int:
         print(json.dumps(MessageToDict(reply, always_print_fields_with_no_presence=True), indent=2))
     else:
         print(_table(headers, rows(reply)))
+        extra = more_rows(reply) if more_rows is not None else []
+        if extra:
+            print()
+            print(_table(list(more), extra))
     return 0
 
 
@@ -73,6 +80,7 @@ _DEVICE_COLUMNS = [
     "DRIVER",
     "UUID",
 ]
+_TENANT_COLUMNS = ["TENANT", "MEMORY", "LIMIT", "SESSIONS", "MAX"]
 _SESSION_COLUMNS = [
     "SESSION",
     "TENANT",
@@ -106,7 +114,22 @@ def cmd_devices(args: argparse.Namespace) -> int:
             for d in reply.devices
         ]
 
-    return _show(args, "devices", _DEVICE_COLUMNS, rows)
+    def tenants(reply):  # type: ignore[no-untyped-def]
+        def limit(n: int, fmt) -> str:  # type: ignore[no-untyped-def]
+            return "-" if n < 0 else fmt(n)
+
+        return [
+            [
+                t.name,
+                format_bytes(t.memory_used),
+                limit(t.memory_limit, format_bytes),
+                str(t.sessions),
+                limit(t.max_sessions, str),
+            ]
+            for t in reply.tenants
+        ]
+
+    return _show(args, "devices", _DEVICE_COLUMNS, rows, _TENANT_COLUMNS, tenants)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:

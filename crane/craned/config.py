@@ -26,7 +26,7 @@ Example ``/etc/crane/craned.toml``::
     operator = false                       # may use the control API on every tenant's sessions
     memory = "16GiB"                       # device memory across the tenant's sessions
     max_sessions = 4
-    kernel_time_limit_s = 30               # a launch running longer fails LAUNCH_TIMEOUT
+    kernel_time_limit_s = 30               # simulated GPU: a longer launch fails LAUNCH_TIMEOUT
 
 Flags given on the command line replace the file's value for that key.
 

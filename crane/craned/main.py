@@ -154,15 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     if killed:
         log.warning("killed %d worker(s) of a previous run: %s", len(killed), killed)
     pool = WorkerPool(cfg.prespawn, cfg.log_level, pids)
-    sessions = SessionManager(
-        devices,
-        run_dir,
-        pool,
-        cfg.max_sessions,
-        moved_ttl_s=cfg.moved_ttl_s,
-        parked_ttl_s=cfg.parked_ttl_s,
-        peer_tls=TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.client_ca),
-    )
+    try:
+        sessions = SessionManager(
+            devices,
+            run_dir,
+            pool,
+            cfg.max_sessions,
+            moved_ttl_s=cfg.moved_ttl_s,
+            parked_ttl_s=cfg.parked_ttl_s,
+            tenants=cfg.tenants,
+            peer_tls=TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.client_ca),
+        )
+        refused = sessions.quotas.cuda_refusals([d.backend for d in devices])
+        if refused:
+            raise ValueError("; ".join(refused) + " (see README, Limits)")
+    except ValueError as e:
+        log.error("%s", e)
+        pool.close()
+        return 2
     try:
         server, listening = build_server(sessions, cfg.listen, note, callers, tls)
     except (OSError, RuntimeError, ValueError) as e:

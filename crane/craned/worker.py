@@ -99,6 +99,9 @@ def serve(ch: Channel) -> int:
             bytes.fromhex(cfg.uuid_seed),
             cfg.ledger_path,
             cfg.ledger_slot,
+            tenant_ledger=cfg.tenant_ledger,
+            tenant=cfg.tenant,
+            kernel_time_limit_s=cfg.kernel_time_limit_s,
         )
     except Exception as e:
         log.exception("cannot start the backend")

@@ -145,7 +145,10 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
             raise ProtocolError(
                 "RESOURCE_EXHAUSTED", f"daemon is at its limit of {mgr.max_sessions} sessions"
             )
-        mgr.table.claim_slot(record.slot)
+        over = mgr.table.tenant_refusal(record.tenant, sid)
+        if over:
+            raise ProtocolError("RESOURCE_EXHAUSTED", f"restore of {sid} refused: {over}")
+        mgr.table.claim_slot(record.slot, record.tenant)
         if old is not None:
             old.move(SessionState.RESTORING)
     try:

@@ -29,12 +29,17 @@ class ControlServicer:
         self.callers = callers
 
     def ListDevices(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.callers.identify(context)
+        caller = self.callers.identify(context)
         out = control_pb2.ListDevicesReply(daemon_version=__version__, backend=self.backend_note)
-        sessions = self.sessions.list()
-        for d in self.sessions.devices:
+        mgr = self.sessions
+        sessions = mgr.list()
+        for d in mgr.devices:
             count = sum(1 for s in sessions if s.device is d)
             out.devices.append(device_info(d, d.ledger.used(), count))
+        names = sorted(mgr.quotas.tenants) if caller.operator else [caller.tenant]
+        with mgr.table.lock:
+            held = {n: mgr.table.tenant_sessions(n) for n in names}
+        out.tenants.extend(mgr.quotas.usage(names, held))
         return out
 
     def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:

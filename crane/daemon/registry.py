@@ -24,11 +24,14 @@ __all__ = ["SessionTable"]
 
 
 class SessionTable:
-    def __init__(self, max_sessions: int) -> None:
+    def __init__(self, max_sessions: int, tenant_max: dict[str, int] | None = None) -> None:
         self.max_sessions = min(max_sessions, WINDOW_SLOTS)
+        #: Tenant -> the most sessions it may hold here (tenants without a limit are absent).
+        self.tenant_max = dict(tenant_max or {})
         self.lock = threading.Lock()
         self._sessions: dict[str, DaemonSession] = {}
         self._starting: set[int] = set()  # window slots of sessions being opened or arriving
+        self._starting_tenant: dict[int, str] = {}  # their tenants
         #: Sessions migrated away, for Resume redirects and ``crane ps`` (until moved_ttl_s).
         self.moved: dict[str, Gone] = {}
         #: Parked sessions whose entry expired: their guest's Resume is told why.
@@ -93,11 +96,29 @@ class SessionTable:
             return False
         return len(self._sessions) + len(self._starting) >= self.max_sessions
 
-    def claim_slot(self, slot: int) -> None:
+    def tenant_refusal(self, tenant: str, sid: str | None = None) -> str:
+        """Why ``tenant`` cannot have one more session here ("" when it can; ``sid``'s own
+        parked entry would be reused). Parked sessions count: each holds a session slot."""
+        most = self.tenant_max.get(tenant)
+        if most is None or (sid is not None and sid in self._sessions):
+            return ""
+        if self.tenant_sessions(tenant) < most:
+            return ""
+        return f"tenant {tenant} is at its limit of {most} sessions"
+
+    def tenant_sessions(self, tenant: str) -> int:
+        """Sessions of ``tenant`` here: in the table (parked ones too) or on their way in
+        (hold :attr:`lock`)."""
+        held = sum(1 for s in self._sessions.values() if s.tenant == tenant)
+        return held + sum(1 for t in self._starting_tenant.values() if t == tenant)
+
+    def claim_slot(self, slot: int, tenant: str = "") -> None:
         self._starting.add(slot)
+        self._starting_tenant[slot] = tenant
 
     def unclaim_slot(self, slot: int) -> None:
         self._starting.discard(slot)
+        self._starting_tenant.pop(slot, None)
 
     def add(self, session: DaemonSession) -> None:
         self._sessions[session.id] = session
@@ -117,8 +138,9 @@ class SessionTable:
 
     # ---- slots ---------------------------------------------------------------------------------
     @contextmanager
-    def reserve(self) -> Iterator[int]:
-        """A random free window slot, held for a new session until it joins the table."""
+    def reserve(self, tenant: str = "") -> Iterator[int]:
+        """A random free window slot, held for a new session of ``tenant`` until it joins the
+        table (RESOURCE_EXHAUSTED when the daemon or the tenant is at its limit)."""
         with self.lock:
             used = {s.slot for s in self._sessions.values()} | self._starting
             free = [i for i in range(WINDOW_SLOTS) if i not in used]
@@ -126,10 +148,13 @@ class SessionTable:
                 raise ProtocolError(
                     "RESOURCE_EXHAUSTED", f"daemon is at its limit of {self.max_sessions} sessions"
                 )
+            why = self.tenant_refusal(tenant)
+            if why:
+                raise ProtocolError("RESOURCE_EXHAUSTED", why)
             slot = random.choice(free)
-            self._starting.add(slot)
+            self.claim_slot(slot, tenant)
         try:
             yield slot
         finally:
             with self.lock:
-                self._starting.discard(slot)
+                self.unclaim_slot(slot)

@@ -36,8 +36,10 @@ from crane.daemon.lifecycle import (
     WORKER_MAY_EXIT,
     SessionState,
 )
+from crane.daemon.quotas import Quotas
 from crane.daemon.registry import SessionTable
 from crane.daemon.session import DaemonSession, SessionMoved
+from crane.daemon.tenants import TenantConfig
 from crane.daemon.worker_control import configure
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
@@ -70,6 +72,7 @@ class SessionManager:
         attach_timeout_s: float = 60.0,
         moved_ttl_s: float = 600.0,
         parked_ttl_s: float = 3600.0,
+        tenants: dict[str, TenantConfig] | None = None,
         peer_tls: TlsFiles | None = None,
     ) -> None:
         self.attach_timeout_s = attach_timeout_s
@@ -77,7 +80,8 @@ class SessionManager:
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
-        self.table = SessionTable(max_sessions)
+        self.quotas = Quotas(tenants or {}, run_dir)
+        self.table = SessionTable(max_sessions, self.quotas.max_sessions())
         self.images = ImageStore(run_dir / "modules")
         self.images.root.mkdir(parents=True, exist_ok=True)
         (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
@@ -104,10 +108,11 @@ class SessionManager:
 
     # ---- opening and starting ------------------------------------------------------------------
     def open(self, device_index: int, client: str, caller: Caller) -> DaemonSession:
-        """A new session for ``caller``, bound to its tenant."""
+        """A new session for ``caller``, bound to its tenant (whose quotas apply:
+        RESOURCE_EXHAUSTED past its ``max_sessions``)."""
         device = self.device(device_index)
         self.expire()
-        with self.table.reserve() as slot:
+        with self.table.reserve(caller.tenant) as slot:
             record = SessionRecord(
                 id=uuid.uuid4().hex[:12],
                 token=secrets.token_bytes(16),
@@ -168,7 +173,10 @@ class SessionManager:
             direct_socket=str(direct) if direct else "",
             direct_uid=owner_uid,
             attach_timeout_s=self.attach_timeout_s,
+            **self.quotas.worker_fields(record.tenant),
         )
+        # the slot's tenant is known to the ledger before the worker can charge anything
+        self.quotas.assign(record.slot, record.tenant)
         worker = self.pool.take(replenish)
         identity = configure(worker, cfg)
         return DaemonSession(
@@ -313,6 +321,7 @@ class SessionManager:
         try:
             code = session.worker.stop()
             session.device.ledger.clear(session.slot)
+            self.quotas.clear(session.slot)
             session.stats.close()
             for path in (session.stats_path, session.direct_socket):
                 if path is not None:

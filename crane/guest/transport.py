@@ -491,6 +491,10 @@ def _transport_error(e: grpc.RpcError, what: str) -> TransportError:
     )
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         result = CUresult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # the daemon, or the caller's tenant, is at its limit of sessions: the device is busy,
+        # as a GPU in exclusive-process mode answers a second process
+        result = CUresult.CUDA_ERROR_DEVICE_UNAVAILABLE
     return TransportError(result, f"{what}: {code.name if code else '?'}: {details}")
 
 

@@ -88,6 +88,11 @@ class WorkerConfig:
     #: local process that opened the session (-1: nobody else; its guest uses the relay).
     direct_uid: int = -1
     attach_timeout_s: float = 60.0  # end a session whose guest never attaches
+    #: The daemon's tenant ledger (crane.device.quota; "": no tenant accounting), the
+    #: session's tenant, and its kernel time limit in seconds (0: none).
+    tenant_ledger: str = ""
+    tenant: str = ""
+    kernel_time_limit_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -304,9 +304,14 @@ def transfer(
                 why = _device_refusals(host, 0, record.told, device)
                 with host.table.lock:
                     why = [w for _, w in host.table.slot_refusals(record.id, record.slot)] + why
-                    if not why:
+                    over = host.table.tenant_refusal(record.tenant, record.id)
+                    if not why and not over:
                         claimed = record.slot
-                        host.table.claim_slot(claimed)
+                        host.table.claim_slot(claimed, record.tenant)
+                if over:
+                    raise ProtocolError(
+                        "RESOURCE_EXHAUSTED", f"incoming migration of {record.id} refused: {over}"
+                    )
                 if why:
                     raise ProtocolError("FAILED_PRECONDITION", "; ".join(why))
             if not in_round:

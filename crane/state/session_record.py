@@ -33,8 +33,9 @@ class SessionRecord:
     told: dict[int, int] = field(default_factory=dict)
     #: The rest of the identity the guest was told (None: not recorded, format 1 files).
     device: common_pb2.DeviceIdentity | None = None
-    #: The tenant whose caller opened the session: it stays theirs wherever it moves ("": not
-    #: recorded, files made before tenants; only operators may act on such a session).
+    #: The tenant whose caller opened the session: it stays theirs wherever it moves, and its
+    #: quotas with it ("": not recorded, files made before tenants; only operators may act on
+    #: such a session).
     tenant: str = ""
 
     @property

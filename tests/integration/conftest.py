@@ -7,6 +7,8 @@ forwarded port, or a remote guest, connects).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,3 +84,15 @@ def image_sm90_only(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
     return cuda_build(
         SRC, "-fatbin", "-gencode", "arch=compute_90,code=compute_90", suffix=".fatbin"
     ).read_bytes()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory other users can reach (pytest's tmp_path is root's alone), for daemons
+    whose guests run as other uids."""
+    d = Path(tempfile.mkdtemp(prefix="crane-shared-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

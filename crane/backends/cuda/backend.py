@@ -18,9 +18,10 @@ is unchanged. What a real device adds:
 * **Device printf** is written by the driver to the process's stdout at synchronization points;
   the worker's fd 1 is a pipe drained by a thread, and :meth:`take_stdout` hands what arrived to
   the guest, as the simulator does.
-* **Memory accounting**: each chunk is also charged to the daemon's per-device ledger, so
-  ``crane devices`` and ``crane ps`` show what each session holds; the driver has the last word
-  on out-of-memory.
+* **Memory accounting**: each chunk, and each module's variables, is also charged to the
+  daemon's per-device ledger and to the session's tenant (:mod:`crane.device.quota`), so
+  ``crane devices`` and ``crane ps`` show what each session holds and a tenant's limit covers
+  them; the driver has the last word on out-of-memory.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from crane.backends.cuda.staging import StagingRing
 from crane.backends.cuda.va_window import VaWindow
 from crane.device.identity import DeviceSnapshot
 from crane.device.ledger import Ledger
+from crane.device.quota import MemoryAccount, TenantLedger
 from crane.modules.image import ModuleImage
 
 __all__ = ["CudaBackend", "CudaModule"]
@@ -62,6 +64,7 @@ class CudaModule:
     handle: Any
     functions: dict[str, Any] = field(default_factory=dict)
     dynamic_shared: dict[str, int] = field(default_factory=dict)  # limit set on each function
+    charged: int = 0  # bytes of its variables charged to the session's memory account
 
 
 class CudaBackend(Backend):
@@ -75,11 +78,15 @@ class CudaBackend(Backend):
         window: tuple[int, int],
         ledger: Ledger,
         slot: int,
+        *,
+        tenants: TenantLedger | None = None,
+        tenant: str = "",
     ) -> None:
         self.drv = drv
         self.snapshot = snapshot
         self.ledger = ledger
         self.slot = slot
+        self.account = MemoryAccount(ledger, slot, tenants, tenant)
         self.device = unwrap("cuDeviceGet", drv.cuDeviceGet(ordinal))
         self.context = unwrap("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(self.device))
         self._tls = threading.local()
@@ -110,22 +117,16 @@ class CudaBackend(Backend):
     # ---- memory -------------------------------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:
         self._bind()
-        if not self.ledger.charge(self.slot, size):
-            free, total = self.mem_info()
-            raise CudaError(
-                CUresult.CUDA_ERROR_OUT_OF_MEMORY,
-                f"cannot commit {size} bytes: the device's Crane ledger is full "
-                f"({free} of {total} bytes free)",
-            )
+        self.account.charge(size)
         try:
             self.window.map(addr, size)
         except CudaError:
-            self.ledger.release(self.slot, size)
+            self.account.release(size)
             raise
 
     def unmap_chunk(self, addr: int) -> None:
         self._bind()
-        self.ledger.release(self.slot, self.window.unmap(addr))
+        self.account.release(self.window.unmap(addr))
 
     def mem_alloc(self, addr: int, size: int) -> None:
         """Nothing to do on the device: the chunk is mapped, and allocation bookkeeping
@@ -137,7 +138,7 @@ class CudaBackend(Backend):
     def mem_info(self) -> tuple[int, int]:
         self._bind()
         free, total = unwrap("cuMemGetInfo", self.drv.cuMemGetInfo())
-        return int(free), int(total)
+        return self.account.view(int(free), int(total))
 
     def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None:
         self._bind()
@@ -252,7 +253,17 @@ class CudaBackend(Backend):
                 self.drv.cuModuleGetGlobal(handle, name.encode()),
             )
             globals_[name] = GlobalVar(name, int(dptr), int(size) or g.size)
-        return LoadedModule(image=image, native=CudaModule(handle), globals=globals_)
+        # the driver placed the module's variables: charged like any device memory (a tenant's
+        # limit covers them), and released with the module
+        charged = sum(g.size for g in globals_.values())
+        try:
+            self.account.charge(charged)
+        except CudaError:
+            self.drv.cuModuleUnload(handle)
+            raise
+        return LoadedModule(
+            image=image, native=CudaModule(handle, charged=charged), globals=globals_
+        )
 
     def _load_jit(self, code: bytes, image: ModuleImage) -> Any:
         """cuModuleLoadDataEx with an error log, so a failed PTX JIT says which line."""
@@ -299,6 +310,8 @@ class CudaBackend(Backend):
         for addr in told & self.aliases.keys():
             del self.aliases[addr]
         unwrap("cuModuleUnload", self.drv.cuModuleUnload(module.native.handle))
+        self.account.release(module.native.charged)
+        module.native.charged = 0
 
     def alias_global(self, told: int, real: int, size: int) -> None:
         """After a restore: the guest keeps using ``told`` for a module variable that the driver
@@ -426,7 +439,8 @@ class CudaBackend(Backend):
             self.staging.close()
             self.window.close()
         finally:
-            self.ledger.clear(self.slot)
+            self.account.clear()
+            self.account.close()
             self.drv.cuDevicePrimaryCtxRelease(self.device)
 
 

@@ -25,6 +25,7 @@ from crane.device.identity import DeviceSnapshot
 from crane.device.layout import CHUNK_GRANULARITY
 from crane.device.ledger import Ledger
 from crane.device.model import DeviceModel
+from crane.device.quota import MemoryAccount, TenantLedger
 from crane.modules.image import ModuleImage
 
 __all__ = ["SimBackend", "SimEvent", "SimStream"]
@@ -75,12 +76,19 @@ class SimBackend(Backend):
         window: tuple[int, int],
         ledger: Ledger,
         slot: int,
+        *,
+        tenants: TenantLedger | None = None,
+        tenant: str = "",
+        kernel_time_limit_s: float | None = None,
     ) -> None:
         self.profile = profile
         self.snapshot = snapshot
         self.memory = SimMemory(*window)
         self.ledger = ledger
         self.slot = slot
+        self.account = MemoryAccount(ledger, slot, tenants, tenant)
+        #: A launch running longer fails with CUDA_ERROR_LAUNCH_TIMEOUT (the tenant's limit).
+        self.kernel_time_limit_s = kernel_time_limit_s
         self._stdout: list[bytes] = []
         self._heap: Any = None  # the device heap, on the first launch calling malloc/free
         self._heap_bytes = DEVICE_HEAP_BYTES  # CU_LIMIT_MALLOC_HEAP_SIZE
@@ -88,16 +96,11 @@ class SimBackend(Backend):
 
     # ---- memory -------------------------------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:
-        if not self.ledger.charge(self.slot, size):
-            free, total = self.mem_info()
-            raise CudaError(
-                CUresult.CUDA_ERROR_OUT_OF_MEMORY,
-                f"cannot commit {size} bytes: {free} of {total} bytes free on the device",
-            )
+        self.account.charge(size)
         try:
             self.memory.map_chunk(addr, size)
         except MemoryFault as e:
-            self.ledger.release(self.slot, size)
+            self.account.release(size)
             raise _fault(e) from None
 
     def unmap_chunk(self, addr: int) -> None:
@@ -105,7 +108,7 @@ class SimBackend(Backend):
             size = self.memory.unmap_chunk(addr)
         except MemoryFault as e:
             raise _fault(e) from None
-        self.ledger.release(self.slot, size)
+        self.account.release(size)
 
     def mem_alloc(self, addr: int, size: int) -> None:
         try:
@@ -121,7 +124,7 @@ class SimBackend(Backend):
 
     def mem_info(self) -> tuple[int, int]:
         total = self.ledger.capacity
-        return max(total - self.ledger.used(), 0), total
+        return self.account.view(max(total - self.ledger.used(), 0), total)
 
     def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None:
         try:
@@ -259,6 +262,8 @@ class SimBackend(Backend):
             raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, sim.why_no_ptx)
         from crane.backends.sim.ptx import KernelFault
 
+        limit = self.kernel_time_limit_s
+        deadline = time.monotonic() + limit if limit else None
         try:
             sim.program.launch(
                 kernel,
@@ -277,8 +282,22 @@ class SimBackend(Backend):
                 max_pending=self._pending_launches,
                 cluster=cluster,
                 non_portable_cluster=non_portable_cluster,
+                deadline=deadline,
             )
         except KernelFault as e:
+            timed_out = deadline is not None and time.monotonic() > deadline
+            if timed_out and e.code == CUresult.CUDA_ERROR_LAUNCH_TIMEOUT:
+                log.warning(
+                    "tenant %s: kernel %s ran past the kernel time limit of %g s; "
+                    "the context fails with CUDA_ERROR_LAUNCH_TIMEOUT",
+                    self.account.tenant or "?",
+                    kernel,
+                    limit,
+                )
+                raise CudaError(
+                    CUresult.CUDA_ERROR_LAUNCH_TIMEOUT,
+                    f"kernel {kernel} ran past the kernel time limit of {limit:g} s: {e}",
+                ) from None
             raise CudaError(CUresult(e.code), str(e)) from None
 
     def _grid_workspace(self) -> int:
@@ -351,7 +370,8 @@ class SimBackend(Backend):
         return out
 
     def close(self) -> None:
-        self.ledger.clear(self.slot)
+        self.account.clear()
+        self.account.close()
         self.memory.close()
 
 

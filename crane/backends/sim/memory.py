@@ -165,11 +165,15 @@ class SimMemory:
 
     # ---- allocations ------------------------------------------------------------------------
     def alloc(self, addr: int, size: int) -> None:
-        """Record a guest allocation; it must lie inside one mapped chunk."""
+        """Record a guest allocation; it must lie inside mapped memory: one chunk, or chunks
+        mapped back to back (the worker commits a module variable larger than 2 MiB, or one
+        that crosses a chunk boundary, as consecutive 2 MiB chunks)."""
         if size <= 0:
             raise MemoryFault(f"allocation of {size} bytes at {addr:#x}", addr)
         chunk = self._chunks.containing(addr)
-        if chunk is None or addr + size > chunk[1]:
+        while chunk is not None and chunk[1] < addr + size:
+            chunk = self._chunks.containing(chunk[1])  # the next one, if it starts right there
+        if chunk is None:
             raise MemoryFault(f"allocation {addr:#x}+{size:#x} is not inside a mapped chunk", addr)
         try:
             self._allocs.add(addr, addr + size)

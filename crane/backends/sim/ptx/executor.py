@@ -44,6 +44,8 @@ reaches the grid barrier, and the spinning lanes see it on their next load.
 
 from __future__ import annotations
 
+from time import monotonic
+
 import numpy as np
 
 from crane.backends.sim.memory import MemoryFault
@@ -53,7 +55,7 @@ from .errors import KernelFault, fault_code
 from .frames import Frames
 from .instr import BAR, BRA, CALL, CLUSTER_WAIT, EXIT, MWAIT, PLAIN, RET, TRAP, WBAR
 
-__all__ = ["MAX_STALLS", "SPIN_BRANCHES", "merge", "run_batch"]
+__all__ = ["MAX_STALLS", "SPIN_BRANCHES", "check_deadline", "merge", "run_batch"]
 
 _NONE = object()
 #: rounds in a row in which only mbarrier waits were left, none could complete and no mbarrier
@@ -115,6 +117,7 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
     mparked: dict[tuple, object] = {}  # lanes at an mbarrier wait whose phase is not complete
     stalls, stall_epoch = 0, -1
     frames = Frames()  # saved activations of recursive functions
+    deadline = st.deadline  # a kernel time limit: checked on backward branches (every loop)
     ins = None
     try:
         while True:
@@ -195,9 +198,12 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
                 if kind == BRA:
                     back = ins.x <= pc
                     pc = ins.x
-                    if back and spin_left > 0:
-                        spin_left -= 1
-                        coop = spin_left == 0  # blocks may be waiting on each other
+                    if back:
+                        if spin_left > 0:
+                            spin_left -= 1
+                            coop = spin_left == 0  # blocks may be waiting on each other
+                        if deadline is not None and monotonic() > deadline:
+                            check_deadline(deadline, ins)
                     if groups and _rejoin(groups, (*stack, pc), idx, n, True):
                         break
                     if (
@@ -288,6 +294,15 @@ def run_batch(code: list, entry_pc: int, st, funcs_by_fid: dict) -> None:
         raise KernelFault(fault_code(e.kind), f"{e} in {where}") from None
     except KernelFault:
         raise
+
+
+def check_deadline(deadline: float | None, ins=None) -> None:
+    """Fail the launch with CUDA_ERROR_LAUNCH_TIMEOUT (702) once ``deadline`` (monotonic
+    time) has passed, as a display watchdog ends a kernel that runs too long."""
+    if deadline is None or monotonic() <= deadline:
+        return
+    where = f" at `{ins.text}` (PTX line {ins.line})" if ins is not None else ""
+    raise KernelFault(702, f"the launch ran past its time limit{where}")
 
 
 def _trap(ins) -> None:

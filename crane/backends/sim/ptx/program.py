@@ -27,7 +27,7 @@ from .decode import Decoded, FuncInfo, decode_module
 from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .device_launch import MAX_PENDING, DeviceLaunches
 from .errors import KernelFault, PtxError
-from .executor import run_batch
+from .executor import check_deadline, run_batch
 from .ops_cluster import uses_cluster_barrier
 from .parser import SUPPORTED_VERSION, parse_module
 from .state import LaunchGeometry, State
@@ -159,8 +159,13 @@ class PtxProgram:
         max_pending: int = MAX_PENDING,
         cluster: tuple[int, int, int] | None = None,
         non_portable_cluster: bool = False,
+        deadline: float | None = None,
     ) -> None:
         """Run kernel ``name`` to completion; raise :class:`KernelFault` if the launch fails.
+
+        ``deadline`` (``time.monotonic()``; None: none): past it the launch fails with
+        CUDA_ERROR_LAUNCH_TIMEOUT, checked before each batch of blocks and at each backward
+        branch, so a kernel that loops forever is ended (a kernel time limit).
 
         ``cluster`` is the launch's cluster dimensions (None or zeros: the kernel's compiled
         ones if any, else no clusters), checked as the driver does
@@ -296,6 +301,7 @@ class PtxProgram:
                 launch_env,
                 heap,
                 launches,
+                deadline,
             )
             for child in launches.ordered() if launches is not None else ():
                 self.launch(
@@ -312,6 +318,7 @@ class PtxProgram:
                     heap=heap,
                     depth=depth + 1,
                     max_pending=max_pending,
+                    deadline=deadline,
                 )
         except KernelFault as e:
             msg = e.message
@@ -355,9 +362,11 @@ class PtxProgram:
         launch_env,
         heap=None,
         launches=None,
+        deadline=None,
     ) -> None:
         with np.errstate(all="ignore"):
             for first in range(0, geo.blocks, per_batch):
+                check_deadline(deadline)
                 nb = min(per_batch, geo.blocks - first)
                 st = State(
                     geometry=geo,
@@ -380,6 +389,7 @@ class PtxProgram:
                 st.local_frames = k.local_frames
                 st.heap = heap
                 st.device_launches = launches
+                st.deadline = deadline
                 run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
 
 

@@ -249,6 +249,9 @@ class State:
         self.heap = None
         #: what the grid's threads launched (device_launch.DeviceLaunches), if it can launch
         self.device_launches = None
+        #: time.monotonic() past which the launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (None:
+        #: no limit); checked at each backward branch and before each batch
+        self.deadline: float | None = None
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         #: the carry flag of add.cc / addc, per lane
         self.cc = np.zeros(n, np.uint64)

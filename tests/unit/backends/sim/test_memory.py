@@ -65,6 +65,19 @@ def test_chunk_rules(mem: SimMemory) -> None:
     assert mem.unmap_chunk(BASE) == 4 * MiB
 
 
+def test_an_allocation_may_span_chunks_mapped_back_to_back(mem: SimMemory) -> None:
+    """Module variables larger than 2 MiB are committed as consecutive 2 MiB chunks."""
+    mem.map_chunk(BASE + 4 * MiB, 2 * MiB)
+    mem.alloc(BASE + 3 * MiB, 3 * MiB)  # crosses into the chunk mapped right after
+    mem.write(BASE + 5 * MiB, b"x")
+    mem.free(BASE + 3 * MiB)
+    mem.map_chunk(BASE + 8 * MiB, 2 * MiB)  # a gap at 6-8 MiB
+    with pytest.raises(MemoryFault, match="not inside a mapped chunk"):
+        mem.alloc(BASE + 5 * MiB, 4 * MiB)
+    with pytest.raises(MemoryFault, match="not inside a mapped chunk"):
+        mem.alloc(BASE + 9 * MiB, 2 * MiB)  # past the last chunk
+
+
 def test_lane_offsets(mem: SimMemory) -> None:
     mem.alloc(BASE, 1024)
     mem.alloc(BASE + 2048, 1024)
