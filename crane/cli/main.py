@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="longest wait for the session's call in progress each time the migration needs a "
-        "call boundary; past it the migration fails and the session carries on here "
-        "(default %(default)g)",
+        help="longest the migration waits on anyone: the session's call in progress each time "
+        "it needs a call boundary, and the destination (its pre-flight answer, draining the "
+        "transfer, acknowledging a round: no progress for this long); past it the migration "
+        "fails and the session carries on here (default %(default)g)",
     )
     v.set_defaults(func=migrate.cmd_migrate)
     return p

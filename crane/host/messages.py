@@ -123,6 +123,9 @@ class MigrateRequest:
     wake: str = ""
     #: Seconds the migration waits for the call in progress at each batch boundary it needs.
     boundary_wait_s: float = 60.0
+    #: Seconds the destination may make no progress (answer, drain the stream, acknowledge)
+    #: while the source waits on it; past them the source aborts (crane.migrate.deadline).
+    peer_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)

@@ -41,15 +41,16 @@ _FIELDS = [
 class PeerServicer:
     def __init__(self, host: SessionHost) -> None:
         self.host = host
+        self.incoming = daemon_side.Incoming()
 
     def Preflight(self, request: Any, context: grpc.ServicerContext) -> Any:
         return daemon_side.preflight(self.host, request)
 
     def Transfer(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        yield from daemon_side.transfer(self.host, requests)
+        yield from daemon_side.transfer(self.host, requests, self.incoming)
 
     def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
-        ok = daemon_side.abort_incoming(self.host, request.session_id, request.token)
+        ok = daemon_side.abort_incoming(self.host, request.session_id, request.token, self.incoming)
         return peer_pb2.AbortReply(forgotten=ok)
 
 

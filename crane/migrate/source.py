@@ -23,7 +23,6 @@ rounds only resend it), or the rounds run out; then the guest stops for the fina
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -34,6 +33,7 @@ from typing import Any
 import grpc
 
 from crane.host.messages import MigrateRequest
+from crane.migrate.deadline import Stall
 from crane.migrate.phases import Phase, advance
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
 from crane.state.checkpoint import CheckpointWriter, Kind
@@ -60,6 +60,11 @@ CONVERGENCE = 0.8
 INCOMPRESSIBLE = 0.9
 #: Fixed cost of a switchover beyond copying (graph, acknowledgement), for the estimate.
 SWITCH_OVERHEAD_S = 0.02
+#: Longest wait for the destination's answer to an abort before it is retried on a thread.
+ABORT_WAIT_S = 1.0
+#: How long, and how often, an unanswered abort is retried.
+ABORT_RETRY_S = 600.0
+ABORT_RETRY_EVERY_S = 1.0
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -82,6 +87,7 @@ def preflight(
     mem_needed: int,
     device: int,
     image_of: Callable[[str], bytes | None],
+    timeout_s: float = 30.0,
 ) -> set[str]:
     """Ask the destination whether it can take the session (its own rules: window, memory,
     the limits the guest was told, code in the images it holds), and check the images it
@@ -98,9 +104,13 @@ def preflight(
                 device=device,
                 fingerprint=fingerprint(),
             ),
-            timeout=30,
+            timeout=timeout_s,
         )
     except grpc.RpcError as e:
+        if e.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise MigrationFailed(
+                f"destination {to} unresponsive: no answer to the pre-flight within {timeout_s:g} s"
+            ) from None
         raise MigrationFailed(f"destination {to} unreachable: {e.details()}") from None
     refusals = list(pf.refusals)
     missing = {bytes(d).hex() for d in pf.missing_digests}
@@ -125,6 +135,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     """Run one migration to ``req.to``; raises :class:`MigrationFailed` (source intact)."""
     dev, calls = ws.engine.device, ws.engine.log
     t0 = time.monotonic()
+    _ABORTS.begin()  # an earlier attempt's abort retries stop here
     st: dict[str, Any] = {
         "phase": Phase.PREFLIGHT.value,
         "round": 0,
@@ -146,7 +157,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
 
     channel = grpc.insecure_channel(to_grpc_target(req.to), options=CHANNEL_OPTIONS)
     stub = peer_pb2_grpc.PeerStub(channel)
-    outbox = Outbox()
+    stall = Stall(req.to, req.peer_timeout_s)
+    outbox = Outbox(stall=stall)
     responses = None
     held = False
     try:
@@ -166,6 +178,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             mem_needed,
             req.device,
             lambda d: dev.image(bytes.fromhex(d)),
+            stall.limit_s,
         )
         # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
@@ -182,15 +195,27 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         )
         responses = transfer(iter(outbox))
         responses.add_done_callback(lambda _call: outbox.closed.set())
+        stall.cancel = responses.cancel
 
         def ack(round_: int) -> peer_pb2.TransferAck:
+            stall.step = (
+                f"waiting for the acknowledgement of the final round {round_} (switchover)"
+                if phase is Phase.STOPPING
+                else f"waiting for the acknowledgement of round {round_} (pre-copy)"
+            )
             try:
-                a = next(responses)
+                with stall.waiting():
+                    a = next(responses)
+                stall.touch()
             except grpc.RpcError as e:
+                if stall.reason:
+                    raise MigrationFailed(stall.reason) from None
                 raise MigrationFailed(
                     f"destination failed in round {round_}: {e.code().name}: {e.details()}"
                 ) from None
             except StopIteration:
+                if stall.reason:
+                    raise MigrationFailed(stall.reason) from None
                 raise MigrationFailed(f"destination ended the transfer in round {round_}") from None
             return a
 
@@ -243,6 +268,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 regions = dev.memory_regions()
                 base_allocs = {a["addr"]: a["size"] for a in graph0["allocations"]}
             sink.begin(0, True, False)
+            stall.step = "sending round 0 (pre-copy)"
             r0 = time.monotonic()
             w = CheckpointWriter(sink)  # type: ignore[arg-type]
             base(w, graph0, replies0)
@@ -276,6 +302,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 last_dirty = st["dirty_bytes"]
                 st["round"] = round_
                 sink.begin(round_, False, False)
+                stall.step = f"sending round {round_} (pre-copy)"
                 r0 = time.monotonic()
                 w = CheckpointWriter(sink)  # type: ignore[arg-type]
                 w.json(Kind.META, {"format": "crane-checkpoint", "mode": "delta", "round": round_})
@@ -300,6 +327,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         graph1 = save_graph(dev, calls)
         fresh = graph0 is None or structure(graph1) != structure(graph0)
         sink.begin(round_, fresh, True)
+        stall.step = f"sending the final round {round_} (switchover; the guest is stopped)"
         waited = outbox.waited
         # what changed did not compress while the guest ran: do not even sample it now
         level = None if packed > INCOMPRESSIBLE else 1
@@ -356,20 +384,23 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             st["total"],
         )
     except MigrationFailed:
-        _abort(stub, ident, responses)
+        _abort(req.to, ident, responses, stall.limit_s)
         raise
     except TooLate as e:  # the guest's call in progress never returned: it carries on here
-        _abort(stub, ident, responses)
+        _abort(req.to, ident, responses, stall.limit_s)
         raise MigrationFailed(f"{e}; the session stays here as it was") from None
     except StreamClosed:  # the call ended under us: say why it did
-        _abort(stub, ident, responses)
+        _abort(req.to, ident, responses, stall.limit_s)
+        if stall.reason:
+            raise MigrationFailed(stall.reason) from None
         why = _why(responses)
         raise MigrationFailed(f"destination failed in round {st['round']}: {why}") from None
     except Exception as e:
-        _abort(stub, ident, responses)
+        _abort(req.to, ident, responses, stall.limit_s)
         log.exception("migration to %s failed", req.to)
         raise MigrationFailed(f"internal error: {e!r}") from None
     finally:
+        stall.close()
         outbox.end()
         if held:
             ws.lock.release()
@@ -398,15 +429,58 @@ def _why(responses: Any) -> str:
         return "the transfer stream ended"
 
 
-def _abort(stub: peer_pb2_grpc.PeerStub, ident: SessionRecord, responses: Any) -> None:
-    """Best effort: end the stream and ask the destination to forget what it received."""
-    if responses is not None:
-        responses.cancel()
-    with contextlib.suppress(grpc.RpcError):
-        stub.Abort(
-            peer_pb2.AbortRequest(session_id=ident.id, token=ident.token),
-            timeout=5,
-        )
+def _abort(to: str, ident: SessionRecord, responses: Any, limit_s: float) -> None:
+    """End the stream and ask the destination to forget what it received. A destination that
+    does not answer at once (stopped, partitioned) is asked again on a thread until it answers
+    (:data:`ABORT_RETRY_S` at most): woken up, it could otherwise commit a final round this
+    source gave up on, and hold a session no guest will ever use."""
+    if responses is None:  # nothing was sent: nothing to forget there
+        return
+    responses.cancel()
+    request = peer_pb2.AbortRequest(session_id=ident.id, token=ident.token)
+    gen = _ABORTS.begin()  # a later migration of this session stops these retries
+    if _ask_abort(to, request, min(ABORT_WAIT_S, limit_s)):
+        return
+    log.warning("destination %s did not answer the abort; asking again until it does", to)
+    threading.Thread(
+        target=_abort_later, args=(to, request, gen), name="migrate-abort", daemon=True
+    ).start()
+
+
+class _Generation:
+    """Counts migrations out of this worker, so that retries of an old abort stop once a new
+    migration of the session starts (the destination would take them for the new one)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def begin(self) -> int:
+        with self.lock:
+            self.n += 1
+            return self.n
+
+
+_ABORTS = _Generation()
+
+
+def _ask_abort(to: str, request: peer_pb2.AbortRequest, timeout_s: float) -> bool:
+    """One Abort; True when the destination answered."""
+    with grpc.insecure_channel(to_grpc_target(to), options=CHANNEL_OPTIONS) as ch:
+        try:
+            peer_pb2_grpc.PeerStub(ch).Abort(request, timeout=timeout_s)
+            return True
+        except grpc.RpcError:
+            return False
+
+
+def _abort_later(to: str, request: peer_pb2.AbortRequest, gen: int) -> None:
+    deadline = time.monotonic() + ABORT_RETRY_S
+    while time.monotonic() < deadline and _ABORTS.n == gen:
+        if _ask_abort(to, request, ABORT_WAIT_S):
+            log.info("destination %s answered the abort of session %s", to, request.session_id)
+            return
+        time.sleep(ABORT_RETRY_EVERY_S)
 
 
 def start(ws: WorkerSession, req: MigrateRequest, write_progress: Progress) -> threading.Thread:
