@@ -36,7 +36,7 @@ from crane.daemon.lifecycle import (
     SessionState,
 )
 from crane.daemon.registry import SessionTable
-from crane.daemon.session import DaemonSession, SessionMoved
+from crane.daemon.session import DaemonSession, Gone, SessionMoved
 from crane.daemon.worker_control import configure
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
@@ -198,7 +198,17 @@ class SessionManager:
         if session.state not in WORKER_MAY_EXIT:
             if code:
                 log.error("session %s: worker exited with status %s", session.id, code)
+                self.worker_died(session)
             self.close(session, "worker exited")
+
+    def worker_died(self, session: DaemonSession) -> None:
+        """Remember that ``session`` ended because its worker died, so that its guest's Resume
+        hears why (the same answer as before the reaping) until moved_ttl_s, whichever of the
+        reaper and the relay noticed first."""
+        with self.table.lock:
+            if self.table.entries().get(session.id) in (session, None):
+                why = worker_exited(session.id)
+                self.table.expired[session.id] = Gone(session, time.monotonic(), why=why)
 
     # ---- the guest's stream --------------------------------------------------------------------
     def attach(self, sid: str | None, token: bytes | None, peer: str) -> DaemonSession:
@@ -269,6 +279,8 @@ class SessionManager:
                 f"session {sid} is {session.state.value}; retry",
                 trailers=(("crane-parked", "1"),),
             )
+        if _worker_died(session):  # not reaped yet: the same answer as once it is
+            raise ProtocolError("NOT_FOUND", worker_exited(sid))
         session.require("resume")
         return session
 
@@ -419,6 +431,21 @@ class SessionManager:
 
     def expire(self, now: float | None = None) -> None:
         self.expiry.expire(now)
+
+
+def worker_exited(sid: str) -> str:
+    """Why a session whose worker died is gone: the one reason every path gives its guest
+    (which fails the call with CUDA_ERROR_NO_DEVICE and this text; docs/design.md, Errors)."""
+    return f"session {sid} ended: its worker process exited"
+
+
+def _worker_died(session: DaemonSession) -> bool:
+    """The session's worker is gone though the daemon did not stop it (killed, crashed), or
+    the session is being torn down; a reaped or zombie worker counts as gone."""
+    if session.state in (SessionState.CLOSING, SessionState.CLOSED):
+        return True
+    proc = session.worker.proc
+    return proc.returncode is not None or not alive(proc.pid)
 
 
 def _clear_stale(directory: Path) -> None:
