@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep a parked session waiting for its restore this long, then fail its guest; "
         "0: until restored (default 3600)",
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="the only directory checkpoint files are written to and restored from "
+        "(default RUN_DIR/checkpoints)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prespawn": args.prespawn,
                 "moved_ttl_s": args.moved_ttl,
                 "parked_ttl_s": args.parked_ttl,
+                "checkpoint_dir": args.checkpoint_dir,
             },
         )
     except (OSError, ValueError) as e:
@@ -129,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg.max_sessions,
         moved_ttl_s=cfg.moved_ttl_s,
         parked_ttl_s=cfg.parked_ttl_s,
+        checkpoint_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"),
     )
+    log.info("checkpoint directory: %s", sessions.checkpoints.root)
     try:
         server, bound = build_server(sessions, cfg.listen, note)
     except (OSError, RuntimeError, ValueError) as e:

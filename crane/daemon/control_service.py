@@ -41,7 +41,7 @@ class ControlServicer:
         self, request: control_pb2.CheckpointRequest, context: grpc.ServicerContext
     ) -> control_pb2.CheckpointReply:
         t0 = time.monotonic()
-        counts, state = self.sessions.checkpoint(
+        counts, state, path = self.sessions.checkpoint(
             request.session_id, request.path, request.release, _boundary_wait(context)
         )
         return control_pb2.CheckpointReply(
@@ -49,6 +49,7 @@ class ControlServicer:
             memory_bytes=counts.memory_bytes,
             seconds=time.monotonic() - t0,
             state=state.value,
+            path=str(path),
         )
 
     def Restore(

@@ -40,6 +40,7 @@ from crane.daemon.session import DaemonSession, Gone, SessionMoved
 from crane.daemon.worker_control import configure
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
+from crane.host.checkpoint_dir import CheckpointDir
 from crane.host.lifeline import alive
 from crane.host.messages import WorkerConfig
 from crane.host.stats import MODE_DIRECT, SessionStats
@@ -68,8 +69,13 @@ class SessionManager:
         attach_timeout_s: float = 60.0,
         moved_ttl_s: float = 600.0,
         parked_ttl_s: float = 3600.0,
+        checkpoint_dir: Path | None = None,
     ) -> None:
+        """``checkpoint_dir``: the only directory checkpoints are written to and read from
+        (None: ``run_dir/checkpoints``), created 0700."""
         self.attach_timeout_s = attach_timeout_s
+        self.checkpoints = CheckpointDir(checkpoint_dir or run_dir / "checkpoints")
+        self.checkpoints.ensure()
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
@@ -407,7 +413,7 @@ class SessionManager:
     # ---- checkpoint and restore ------------------------------------------------------------------
     def checkpoint(
         self, sid: str, path: str, release: bool, wait_s: float = checkpoints.BOUNDARY_WAIT_S
-    ) -> tuple[checkpoints.Checkpointed, SessionState]:
+    ) -> tuple[checkpoints.Checkpointed, SessionState, Path]:
         return checkpoints.checkpoint(self, sid, path, release, wait_s)
 
     def restore(self, path: str, device_index: int) -> tuple[DaemonSession, int]:

@@ -99,6 +99,8 @@ class CheckpointRequest:
     release: bool
     identity: SessionRecord
     deadline: float = 0.0
+    #: The checkpoint directory; ``path`` is relative to it (crane.host.checkpoint_dir).
+    directory: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ class RestoreRequest:
 
     TAG: ClassVar[Tag] = Tag.RESTORE
     path: str
+    #: The checkpoint directory; ``path`` is relative to it (crane.host.checkpoint_dir).
+    directory: str = ""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tests.integration.workload import SRC
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path / "run", ["sim:h100-80gb"])
+    d = DaemonProcess(tmp_path / "run", ["sim:h100-80gb"], checkpoint_dir=tmp_path)
     try:
         yield d
     finally:
@@ -29,10 +29,14 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
 @pytest.fixture
 def daemons(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
     """Two daemons of different models (H100, A100), each also listening on a TCP port (see
-    ``tests.integration.net.tcp_address``), for checkpoints, migrations and their faults."""
-    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], extra_listen=["tcp://127.0.0.1:0"])
+    ``tests.integration.net.tcp_address``), for checkpoints, migrations and their faults. Both
+    keep checkpoints in ``tmp_path`` (a file one writes, the other restores)."""
+    tcp = ["tcp://127.0.0.1:0"]
+    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], extra_listen=tcp, checkpoint_dir=tmp_path)
     try:
-        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], extra_listen=["tcp://127.0.0.1:0"])
+        b = DaemonProcess(
+            tmp_path / "b", ["sim:a100-80gb"], extra_listen=tcp, checkpoint_dir=tmp_path
+        )
     except BaseException:
         a.stop()
         raise
