@@ -129,15 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     if killed:
         log.warning("killed %d worker(s) of a previous run: %s", len(killed), killed)
     pool = WorkerPool(cfg.prespawn, cfg.log_level, pids)
-    sessions = SessionManager(
-        devices,
-        run_dir,
-        pool,
-        cfg.max_sessions,
-        moved_ttl_s=cfg.moved_ttl_s,
-        parked_ttl_s=cfg.parked_ttl_s,
-        checkpoint_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"),
-    )
+    try:
+        sessions = SessionManager(
+            devices,
+            run_dir,
+            pool,
+            cfg.max_sessions,
+            moved_ttl_s=cfg.moved_ttl_s,
+            parked_ttl_s=cfg.parked_ttl_s,
+            checkpoint_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"),
+        )
+    except OSError as e:  # the checkpoint directory (or the run directory's) cannot be made
+        log.error("cannot prepare %s: %s", e.filename or "a directory", e.strerror or e)
+        pool.close()
+        return 2
     log.info("checkpoint directory: %s", sessions.checkpoints.root)
     try:
         server, bound = build_server(sessions, cfg.listen, note)

@@ -77,6 +77,7 @@ def checkpoint(
             session.channel_lock.release()
     except ChannelClosed as e:
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
+        mgr.worker_died(session)  # its guest's Resume hears why
         mgr.close(session, "worker exited during a checkpoint")
         raise ProtocolError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
     if not isinstance(answer, Checkpointed):

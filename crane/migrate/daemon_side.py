@@ -231,6 +231,7 @@ def _settle(
     host.give_back(session, SessionState.MIGRATING, before)
     host.publish(session, st, switching=False)
     if session.worker.proc.poll() is not None:
+        host.worker_died(session)  # its guest's Resume hears why
         host.close(session, "worker exited during a migration")
 
 

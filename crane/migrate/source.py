@@ -404,7 +404,12 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         outbox.end()
         if held:
             ws.lock.release()
-        channel.close()
+        if stall.reason:
+            # closing waits until the cancelled call's frames are out, which a destination
+            # that reads nothing may never allow: the session carries on meanwhile
+            threading.Thread(target=channel.close, name="migrate-close", daemon=True).start()
+        else:
+            channel.close()
 
 
 def _packed(w: CheckpointWriter, last: float) -> float:

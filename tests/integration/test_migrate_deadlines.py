@@ -85,7 +85,8 @@ def test_stopped_destination_fails_the_migration_and_the_guest_carries_on(
             t.join(TIMEOUT_S + SLACK_S + 30)
             took = time.monotonic() - t0
             assert rc == [1], "crane migrate still blocks on the stopped destination"
-            print(f"{mode}: migration failed {took:.2f} s after the destination stopped")
+            with capsys.disabled():
+                print(f"\n{mode}: migration failed {took:.2f} s after the destination stopped")
             assert took < TIMEOUT_S + SLACK_S
             err = capsys.readouterr().err.strip()
             line = err.splitlines()[-1]
