@@ -487,6 +487,7 @@ def _gone(cause: TransportError, sid: str, why: list[str]) -> TransportError:
     it found out (its direct socket closed, its relay stream ended, or a Resume told it).
     ``CUDA_ERROR_NO_DEVICE`` (cudart: cudaErrorNoDevice) on every path, with the daemon's
     reason when one gave it (a dead worker's is "session S ended: its worker process exited")."""
+    # a daemon that never knew the session says "no session ... on this daemon": no reason
     known = [w for w in why if not w.startswith("no session ")]
     if known:
         return TransportError(CUresult.CUDA_ERROR_NO_DEVICE, "; ".join(dict.fromkeys(known)))

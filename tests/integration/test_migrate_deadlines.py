@@ -140,3 +140,32 @@ def test_source_killed_mid_transfer_leaves_nothing_on_the_destination(
         g.go.set()
     _wait_no_sessions(dst, timeout=20)
     _only_the_spare_worker(dst)
+
+
+def test_stopped_destination_fails_the_preflight_within_the_deadline(
+    daemons: tuple[DaemonProcess, DaemonProcess], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped before the migration starts: its pre-flight gets no answer, nothing moved."""
+    dst, src = daemons
+    os.kill(dst.proc.pid, signal.SIGSTOP)
+    try:
+        with GuestSession(src.address, client="hung-preflight") as s:
+            p = s.mem_alloc(1 << 20)
+            s.memset_d8(p, 3, 1 << 20)
+            argv = ["--daemon", src.address, "migrate", "--session", s.session_id]
+            argv += ["--to", dst.address, "--timeout", "3"]
+            t0 = time.monotonic()
+            assert crane_main(argv) == 1
+            took = time.monotonic() - t0
+            assert took < 3 + SLACK_S, took
+            line = capsys.readouterr().err.strip().splitlines()[-1]
+            assert f"destination {dst.address} unresponsive" in line, line
+            assert "no answer to the pre-flight within 3 s" in line, line
+            with ControlClient(src.address) as c:
+                (info,) = c.sessions().sessions
+            assert info.state in ("ready", "running") and not info.location
+            assert s.memcpy_dtoh(p + 4096, 2) == b"\x03\x03"
+    finally:
+        os.kill(dst.proc.pid, signal.SIGCONT)
+    _wait_no_sessions(dst)
+    _only_the_spare_worker(dst)
