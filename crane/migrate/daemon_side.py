@@ -20,6 +20,7 @@ worker: nothing is left.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import secrets
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -312,9 +313,21 @@ class Incoming:
             self._aborted.add(sid)
             return True
 
-    def aborted(self, sid: str) -> bool:
+    def commit(self, sid: str, admit: Callable[[], None]) -> None:
+        """Admit the arrived session unless its source aborted it; either way it no longer
+        arrives. One lock with :meth:`abort`, so an abort lands either before (refused here)
+        or after (it finds the session admitted, which :func:`abort_incoming` closes)."""
         with self._lock:
-            return sid in self._aborted
+            aborted = sid in self._aborted
+            self._tokens.pop(sid, None)
+            self._aborted.discard(sid)
+            if not aborted:
+                admit()
+        if aborted:
+            raise ProtocolError(
+                "ABORTED",
+                f"the source aborted the migration of session {sid} before its switchover",
+            )
 
 
 def transfer(
@@ -372,13 +385,7 @@ def transfer(
                 why = reason(answer)
                 raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {why}")
             if chunk.final:
-                if incoming.aborted(session.id):
-                    raise ProtocolError(
-                        "ABORTED",
-                        f"the source aborted the migration of session {session.id} before "
-                        "its switchover",
-                    )
-                host.admit(session)
+                incoming.commit(session.id, functools.partial(host.admit, session))
                 committed = True
                 log.info(
                     "session %s migrated in (round %d), window %#x",

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from crane.cli.control_client import ControlClient
 from crane.cli.main import main as crane_main
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
+from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from tests.integration.net import CutProxy
 from tests.integration.test_migrate import (
     BIG,
@@ -33,6 +35,7 @@ from tests.integration.test_migrate import (
     _fill_random,
     _finishes_on_source,
     _wait_held,
+    _wait_log,
     _wait_no_sessions,
 )
 from tests.integration.workload import reference
@@ -169,3 +172,42 @@ def test_stopped_destination_fails_the_preflight_within_the_deadline(
         os.kill(dst.proc.pid, signal.SIGCONT)
     _wait_no_sessions(dst)
     _only_the_spare_worker(dst)
+
+
+def test_destination_hung_at_the_switchover_keeps_nothing(
+    tmp_path: Path, image: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The destination commits the final round and then does not acknowledge it (held by the
+    test-only delay for far longer than the deadline): the stopped guest resumes on the source
+    within the deadline, and the source's abort makes the destination drop the session it had
+    committed, long before its acknowledgement would have gone out."""
+    src = DaemonProcess(tmp_path / "s", ["sim:h100-80gb"])
+    monkeypatch.setenv(TEST_DELAY_FINAL_ACK_ENV, "60")
+    dst = DaemonProcess(tmp_path / "d", ["sim:h100-80gb"])
+    monkeypatch.delenv(TEST_DELAY_FINAL_ACK_ENV)
+    try:
+        want = reference(src.address, image, STEPS)
+        with GuestSession(src.address, client="hung-switchover") as s:
+            g = Guest(s, image)
+            g.wait_steps(5)
+            argv = ["--daemon", src.address, "migrate", "--session", s.session_id]
+            argv += ["--to", dst.address, "--timeout", "3"]
+            t0 = time.monotonic()
+            assert crane_main(argv) == 1
+            took = time.monotonic() - t0
+            assert "delaying the final acknowledgement" in dst.log_text()
+            assert took < 3 + SLACK_S + 5, took  # pre-copy of a small session included
+            line = capsys_line(src)
+            assert "waiting for the acknowledgement of the final round" in line, line
+            _finishes_on_source(g, src, want)
+        _wait_log(dst, "its migration was aborted by the source")
+        _wait_no_sessions(dst)
+        _only_the_spare_worker(dst)
+    finally:
+        src.stop()
+        dst.stop()
+
+
+def capsys_line(src: DaemonProcess) -> str:
+    """The source daemon's line saying why the migration failed."""
+    return next(ln for ln in reversed(src.log_text().splitlines()) if "failed: destination" in ln)
