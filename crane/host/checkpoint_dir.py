@@ -33,6 +33,8 @@ class CheckpointDir:
     """``root``: the configured checkpoint directory (created 0700 when missing)."""
 
     def __init__(self, root: str | Path) -> None:
+        if not str(root):  # never "the current directory" by accident
+            raise ValueError("no checkpoint directory given")
         self.root = Path(os.path.abspath(root))
 
     def ensure(self) -> None:

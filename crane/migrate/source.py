@@ -12,7 +12,9 @@ Explicit phases (:mod:`crane.migrate.phases`): ``preflight → precopy (rounds) 
 done | failed``. The guest is quiesced only in ``stopping`` (the batch lock is held from the
 last mark until the destination acknowledges). Until that acknowledgement the source stays
 authoritative (invariant 6): any failure releases the lock and the guest carries on here, with
-nothing lost.
+nothing lost. No wait on the destination is unbounded: the pre-flight has a deadline, and the
+transfer's waits (room in the outbox, an acknowledgement) a deadline on the destination's
+progress (:mod:`crane.migrate.deadline`), ``req.peer_timeout_s`` (``crane migrate --timeout``).
 
 Rounds: ``max_rounds`` counts them all, the stopped one included, so 1 is a true stop-and-copy
 (nothing moves while the guest runs; the stopped round carries the whole session). Otherwise

@@ -34,7 +34,10 @@ log = logging.getLogger("crane.worker")
 def checkpoint(ws: WorkerSession, req: CheckpointRequest) -> ControlAnswer:
     """Write the session to ``req.path`` inside ``req.directory`` (complete or absent, 0600,
     never through a link); park it with ``release``."""
-    where = CheckpointDir(req.directory)
+    try:
+        where = CheckpointDir(req.directory)
+    except ValueError as e:
+        return Refused(str(e))
     path = where.root / req.path
     try:
         ws.acquire_by(req.deadline, "checkpoint")
@@ -58,7 +61,10 @@ def checkpoint(ws: WorkerSession, req: CheckpointRequest) -> ControlAnswer:
 def restore(ws: WorkerSession, req: RestoreRequest) -> ControlAnswer:
     """Replay the checkpoint at ``req.path`` inside ``req.directory`` onto this fresh
     session (never through a link)."""
-    where = CheckpointDir(req.directory)
+    try:
+        where = CheckpointDir(req.directory)
+    except ValueError as e:
+        return Refused(str(e))
     path = where.root / req.path
     with ws.lock:
         try:

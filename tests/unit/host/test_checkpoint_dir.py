@@ -63,3 +63,8 @@ def test_links_lead_nowhere(where: CheckpointDir, tmp_path: Path) -> None:
             f.write(b"x")
     assert (out / "secret").read_bytes() == b"secret"
     assert sorted(p.name for p in out.iterdir()) == ["secret"]
+
+
+def test_no_directory_is_never_the_current_one() -> None:
+    with pytest.raises(ValueError, match="no checkpoint directory"):
+        CheckpointDir("")
