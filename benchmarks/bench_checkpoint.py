@@ -172,8 +172,8 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="crane-bench-ckpt-", dir=os.environ.get("TMPDIR")) as d:
         work = Path(d)
-        a = DaemonProcess(work / "a", ["sim:a100-80gb"])
-        b = DaemonProcess(work / "b", ["sim:h100-80gb"])
+        a = DaemonProcess(work / "a", ["sim:a100-80gb"], checkpoint_dir=work)
+        b = DaemonProcess(work / "b", ["sim:h100-80gb"], checkpoint_dir=work)
         try:
             for size in sizes:
                 runs = []

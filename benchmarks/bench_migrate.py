@@ -275,7 +275,9 @@ def main() -> int:
         work = Path(d)
         logs = Path(args.logs) if args.logs else work
         logs.mkdir(parents=True, exist_ok=True)
-        a = DaemonProcess(work / "a", ["sim:h100-80gb"], log_path=logs / "craned-a.log")
+        a = DaemonProcess(
+            work / "a", ["sim:h100-80gb"], log_path=logs / "craned-a.log", checkpoint_dir=work
+        )
         b = DaemonProcess(work / "b", ["sim:h100-80gb"], log_path=logs / "craned-b.log")
         try:
             for size in sizes:

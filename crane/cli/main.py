@@ -60,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=run.cmd_guest_lib)
     c = sub.add_parser("checkpoint", help="write a session's state to a file on the daemon host")
     c.add_argument("--session", required=True, help="session id (see crane ps)")
-    c.add_argument("-o", "--output", required=True, help="checkpoint file to write")
+    c.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="checkpoint file to write: a name in the daemon's checkpoint directory, or an "
+        "absolute path inside it",
+    )
     c.add_argument(
         "--release", action="store_true", help="free its GPU state: the session is parked"
     )
@@ -74,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(func=park.cmd_checkpoint)
     t = sub.add_parser("restore", help="recreate a checkpointed session on a daemon")
-    t.add_argument("file", help="checkpoint file (on the daemon's host)")
+    t.add_argument(
+        "file", help="checkpoint file: a name in the daemon's checkpoint directory, or a path in it"
+    )
     t.add_argument("--daemon", dest="restore_daemon", help="daemon address (as crane --daemon)")
     t.add_argument("--device", type=int, default=-1, help="device index on that daemon")
     t.add_argument(
@@ -103,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="longest wait for the session's call in progress each time the migration needs a "
-        "call boundary; past it the migration fails and the session carries on here "
-        "(default %(default)g)",
+        help="longest the migration waits on anyone: the session's call in progress each time "
+        "it needs a call boundary, and the destination (its pre-flight answer, draining the "
+        "transfer, acknowledging a round: no progress for this long); past it the migration "
+        "fails and the session carries on here (default %(default)g)",
     )
     v.set_defaults(func=migrate.cmd_migrate)
     return p

@@ -1,13 +1,14 @@
 """``crane checkpoint`` and ``crane restore``: park a session to a file, bring it back anywhere.
 
 The file is written and read by the daemon's host (the session's worker streams its device
-memory straight to it), so paths are absolute paths on that host.
+memory straight to it), and only inside that daemon's checkpoint directory (craned
+``--checkpoint-dir``): a name is taken relative to it, an absolute path must lie in it. The
+daemon answers where the file went.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import grpc
@@ -38,21 +39,20 @@ def _fail(e: grpc.RpcError, what: str, timeout: float) -> int:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    path = os.path.abspath(args.output)
     with ControlClient(args.daemon, timeout=args.timeout) as c:
         try:
-            r = c.checkpoint(args.session, path, args.release)
+            r = c.checkpoint(args.session, args.output, args.release)
         except grpc.RpcError as e:
             return _fail(e, f"checkpoint of session {args.session} failed", args.timeout)
     print(
         f"session {args.session}: {format_bytes(r.memory_bytes)} of device memory written to "
-        f"{path} ({format_bytes(r.bytes)}) in {r.seconds:.2f} s; session is {r.state}"
+        f"{r.path} ({format_bytes(r.bytes)}) in {r.seconds:.2f} s; session is {r.state}"
     )
     return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    path = os.path.abspath(args.file)
+    path = args.file
     with ControlClient(args.restore_daemon or args.daemon, timeout=args.timeout) as c:
         try:
             r = c.restore(path, args.device)

@@ -30,9 +30,12 @@ class DaemonProcess:
         prespawn: int = 1,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        checkpoint_dir: Path | str | None = None,
     ) -> None:
         """``extra_args``: more craned flags (``--parked-ttl 2``, ...); ``env``: the daemon's
-        environment (default: this process's), which its workers inherit."""
+        environment (default: this process's), which its workers inherit;
+        ``checkpoint_dir``: where it writes and reads checkpoints (default: its run
+        directory's ``checkpoints``)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.address = f"unix://{self.run_dir / 'crane.sock'}"
@@ -52,6 +55,8 @@ class DaemonProcess:
             cmd += ["--listen", extra]
         for b in backends or ["sim:h100-80gb"]:
             cmd += ["--backend", b]
+        if checkpoint_dir is not None:
+            cmd += ["--checkpoint-dir", str(checkpoint_dir)]
         cmd += extra_args or []
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

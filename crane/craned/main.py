@@ -100,6 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="plain TCP without TLS: every tcp caller is tenant 'tcp', an operator "
         "(development only)",
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="the only directory checkpoint files are written to and restored from "
+        "(default RUN_DIR/checkpoints)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 "client_ca": args.client_ca,
                 "peers": args.peer,
                 "insecure_tcp": args.insecure_tcp,
+                "checkpoint_dir": args.checkpoint_dir,
             },
         )
     except (OSError, ValueError) as e:
@@ -164,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             parked_ttl_s=cfg.parked_ttl_s,
             tenants=cfg.tenants,
             peer_tls=TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.client_ca),
+            checkpoint_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"),
         )
         refused = sessions.quotas.cuda_refusals([d.backend for d in devices])
         if refused:
@@ -172,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         pool.close()
         return 2
+    except OSError as e:  # the checkpoint directory (or the run directory's) cannot be made
+        log.error("cannot prepare %s: %s", e.filename or "a directory", e.strerror or e)
+        pool.close()
+        return 2
+    log.info("checkpoint directory: %s", sessions.checkpoints.root)
     try:
         server, listening = build_server(sessions, cfg.listen, note, callers, tls)
     except (OSError, RuntimeError, ValueError) as e:

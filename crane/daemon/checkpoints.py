@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from crane.api.errors import ProtocolError
@@ -25,6 +26,7 @@ from crane.daemon.session import DaemonSession
 from crane.daemon.worker_control import reason, request
 from crane.device.layout import module_area_base
 from crane.host.channel import ChannelClosed
+from crane.host.checkpoint_dir import PathRefused
 from crane.host.messages import Checkpointed, CheckpointRequest, Refused, Restored, RestoreRequest
 from crane.state.checkpoint import CheckpointError, Head, read_head
 from crane.state.preflight import check_code, refusals
@@ -44,17 +46,17 @@ BOUNDARY_WAIT_S = 30.0
 
 def checkpoint(
     mgr: SessionManager, sid: str, path: str, release: bool, wait_s: float = BOUNDARY_WAIT_S
-) -> tuple[Checkpointed, SessionState]:
-    """Write the session's state to ``path``; with ``release`` park it. Returns the worker's
-    counts and the session's state afterwards.
+) -> tuple[Checkpointed, SessionState, Path]:
+    """Write the session's state to ``path`` (a name inside the checkpoint directory, see
+    :mod:`crane.host.checkpoint_dir`); with ``release`` park it. Returns the worker's counts,
+    the session's state afterwards and the file's path.
 
     ``wait_s``: how long the session's call in progress may take to return before the
     checkpoint gives up (it can only start between two batches). A kernel that never ends
     would otherwise hold the request, and the session in ``checkpointing``, forever: past it
     the session goes back to the state it had and the caller gets DEADLINE_EXCEEDED with the
     reason. Writing, once started, is not limited (it makes progress by itself)."""
-    if not os.path.isabs(path):
-        raise ProtocolError("INVALID_ARGUMENT", f"checkpoint path {path!r} is not absolute")
+    rel, full = _confined(mgr, path, write=True)
     session, before = mgr.claim(sid, "checkpoint", SessionState.CHECKPOINTING)
     deadline = time.monotonic() + wait_s
     try:
@@ -68,12 +70,14 @@ def checkpoint(
                 f"{wait_s:.1f} s (a kernel that does not finish?); the session is left as it was",
             )
         try:
-            msg = CheckpointRequest(path, release, session.record(), deadline)
+            where = str(mgr.checkpoints.root)
+            msg = CheckpointRequest(str(rel), release, session.record(), deadline, where)
             answer = request(session, msg)
         finally:
             session.channel_lock.release()
     except ChannelClosed as e:
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
+        mgr.worker_died(session)  # its guest's Resume hears why
         mgr.close(session, "worker exited during a checkpoint")
         raise ProtocolError("ABORTED", f"session {sid} ended in the checkpoint: {e}") from None
     if not isinstance(answer, Checkpointed):
@@ -85,10 +89,10 @@ def checkpoint(
         raise ProtocolError("FAILED_PRECONDITION", f"checkpoint of {sid} failed: {reason(answer)}")
     if not release:
         mgr.give_back(session, SessionState.CHECKPOINTING, before)
-        return answer, before
+        return answer, before, full
     with mgr.table.lock:
         session.move(SessionState.PARKED)
-        session.parked_at = path
+        session.parked_at = str(full)
         session.parked_since = time.monotonic()
         session.peer = ""
     mgr.release(session)
@@ -96,15 +100,34 @@ def checkpoint(
     log.info(
         "session %s parked to %s; its device memory is released; its entry waits %s for a restore",
         sid,
-        path,
+        full,
         f"{ttl:g} s" if ttl else "without limit",
     )
-    return answer, SessionState.PARKED
+    return answer, SessionState.PARKED, full
+
+
+def _confined(mgr: SessionManager, name: str, write: bool) -> tuple[PurePosixPath, Path]:
+    """``name`` relative to the checkpoint directory and as a full path; PERMISSION_DENIED by
+    name for anything outside it, decided before the file system is asked anything about it
+    (so the refusal says nothing about whether such a file exists)."""
+    where = mgr.checkpoints
+    try:
+        rel = where.relative(name)
+        if write:
+            where.check_writable(name)  # inside: a link or a directory there is refused too
+    except PathRefused as e:
+        log.warning("refused a checkpoint path: %s", e)
+        raise ProtocolError("PERMISSION_DENIED", str(e)) from None
+    except OSError as e:  # inside the directory: a missing sub-directory, say
+        raise ProtocolError("NOT_FOUND", f"{where.root / name}: {e.strerror or e}") from None
+    return rel, where.root / rel
 
 
 def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSession, int]:
     """Recreate a checkpointed session here; refuses precisely, leaves nothing behind. Returns
     the session and the sequence number its guest's calls ran to."""
+    rel, full = _confined(mgr, path, write=False)
+    path = str(full)
     device = mgr.device(device_index)
     dest = device.destination()
     name = os.path.basename(path)
@@ -116,10 +139,12 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
             code_refusals.append(f"{msg} (CUDA_ERROR_{kind})")
 
     try:
-        with open(path, "rb") as f:
+        with mgr.checkpoints.open_read(str(rel)) as f:
             head = read_head(f, name, on_image)
         record, note = SessionRecord.from_meta(head.meta, head.version, name)
         needed = _mem_needed(head)
+    except PathRefused as e:  # a link, a directory: inside, but no checkpoint file
+        raise ProtocolError("PERMISSION_DENIED", str(e)) from None
     except OSError as e:
         raise ProtocolError("NOT_FOUND", f"cannot read {path}: {e.strerror or e}") from None
     except CheckpointError as e:
@@ -162,7 +187,7 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
         session = mgr.start(record, device, SessionState.RESTORING, replenish=False)
         try:
             with session.channel_lock:
-                answer = request(session, RestoreRequest(path))
+                answer = request(session, RestoreRequest(str(rel), str(mgr.checkpoints.root)))
         except ChannelClosed as e:
             answer = Refused(f"the worker exited: {e}")
         if not isinstance(answer, Restored):

@@ -54,7 +54,7 @@ class ControlServicer:
     ) -> control_pb2.CheckpointReply:
         self.callers.operator(context, f"checkpoint of session {request.session_id}")
         t0 = time.monotonic()
-        counts, state = self.sessions.checkpoint(
+        counts, state, path = self.sessions.checkpoint(
             request.session_id, request.path, request.release, _boundary_wait(context)
         )
         return control_pb2.CheckpointReply(
@@ -62,6 +62,7 @@ class ControlServicer:
             memory_bytes=counts.memory_bytes,
             seconds=time.monotonic() - t0,
             state=state.value,
+            path=str(path),
         )
 
     def Restore(

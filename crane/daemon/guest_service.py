@@ -18,7 +18,7 @@ from crane.api.errors import ProtocolError
 from crane.daemon.callers import Callers
 from crane.daemon.lifecycle import AWAY, SessionState
 from crane.daemon.render import opened
-from crane.daemon.sessions import SessionManager
+from crane.daemon.sessions import SessionManager, worker_exited
 from crane.host.channel import ChannelClosed
 from crane.host.messages import Tag
 from crane.v1 import guest_pb2
@@ -114,9 +114,10 @@ class GuestServicer:
                 raise ProtocolError("UNAVAILABLE", f"session {session.id} is parked") from None
             if session.state is SessionState.RUNNING:
                 log.error("session %s: worker exited unexpectedly", session.id)
-                raise ProtocolError(
-                    "UNAVAILABLE", f"session {session.id}: its worker process exited"
-                ) from None
+            self.sessions.worker_died(session)
+            # whoever noticed first (this stream or the reaper, which may have closed the
+            # session already), the guest hears the same: it resumes and is told why
+            raise ProtocolError("UNAVAILABLE", worker_exited(session.id)) from None
         finally:
             self.sessions.close(session, "stream ended")
 

@@ -38,11 +38,12 @@ from crane.daemon.lifecycle import (
 )
 from crane.daemon.quotas import Quotas
 from crane.daemon.registry import SessionTable
-from crane.daemon.session import DaemonSession, SessionMoved
+from crane.daemon.session import DaemonSession, Gone, SessionMoved
 from crane.daemon.tenants import TenantConfig
 from crane.daemon.worker_control import configure
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
+from crane.host.checkpoint_dir import CheckpointDir
 from crane.host.lifeline import alive
 from crane.host.messages import WorkerConfig
 from crane.host.stats import MODE_DIRECT, SessionStats
@@ -74,9 +75,14 @@ class SessionManager:
         parked_ttl_s: float = 3600.0,
         tenants: dict[str, TenantConfig] | None = None,
         peer_tls: TlsFiles | None = None,
+        checkpoint_dir: Path | None = None,
     ) -> None:
+        """``checkpoint_dir``: the only directory checkpoints are written to and read from
+        (None: ``run_dir/checkpoints``), created 0700."""
         self.attach_timeout_s = attach_timeout_s
         self.peer_tls = peer_tls or TlsFiles()
+        self.checkpoints = CheckpointDir(checkpoint_dir or run_dir / "checkpoints")
+        self.checkpoints.ensure()
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
@@ -218,7 +224,17 @@ class SessionManager:
         if session.state not in WORKER_MAY_EXIT:
             if code:
                 log.error("session %s: worker exited with status %s", session.id, code)
+                self.worker_died(session)
             self.close(session, "worker exited")
+
+    def worker_died(self, session: DaemonSession) -> None:
+        """Remember that ``session`` ended because its worker died, so that its guest's Resume
+        hears why (the same answer as before the reaping) until moved_ttl_s, whichever of the
+        reaper and the relay noticed first."""
+        with self.table.lock:
+            if self.table.entries().get(session.id) in (session, None):
+                why = worker_exited(session.id)
+                self.table.expired[session.id] = Gone(session, time.monotonic(), why=why)
 
     # ---- the guest's stream --------------------------------------------------------------------
     def attach(
@@ -287,6 +303,8 @@ class SessionManager:
                 f"session {sid} is {session.state.value}; retry",
                 trailers=(("crane-parked", "1"),),
             )
+        if _worker_died(session):  # not reaped yet: the same answer as once it is
+            raise ProtocolError("NOT_FOUND", worker_exited(sid))
         session.require("resume")
         return session
 
@@ -414,7 +432,7 @@ class SessionManager:
     # ---- checkpoint and restore ------------------------------------------------------------------
     def checkpoint(
         self, sid: str, path: str, release: bool, wait_s: float = checkpoints.BOUNDARY_WAIT_S
-    ) -> tuple[checkpoints.Checkpointed, SessionState]:
+    ) -> tuple[checkpoints.Checkpointed, SessionState, Path]:
         return checkpoints.checkpoint(self, sid, path, release, wait_s)
 
     def restore(self, path: str, device_index: int) -> tuple[DaemonSession, int]:
@@ -452,6 +470,21 @@ def _entitled(session: DaemonSession, token: bytes | None, caller: Caller) -> No
             "PERMISSION_DENIED", f"wrong resume token for session {session.id} from {caller}"
         )
     may_use(caller, session.tenant, session.id)
+
+
+def worker_exited(sid: str) -> str:
+    """Why a session whose worker died is gone: the one reason every path gives its guest
+    (which fails the call with CUDA_ERROR_NO_DEVICE and this text; docs/design.md, Errors)."""
+    return f"session {sid} ended: its worker process exited"
+
+
+def _worker_died(session: DaemonSession) -> bool:
+    """The session's worker is gone though the daemon did not stop it (killed, crashed), or
+    the session is being torn down; a reaped or zombie worker counts as gone."""
+    if session.state in (SessionState.CLOSING, SessionState.CLOSED):
+        return True
+    proc = session.worker.proc
+    return proc.returncode is not None or not alive(proc.pid)
 
 
 def _clear_stale(directory: Path) -> None:

@@ -237,8 +237,9 @@ class Transport:
                             addrs.insert(i, to)
                             if to not in self.addresses:
                                 self.addresses.append(to)
-                        elif not to and "expired" in (e.details() or ""):
-                            gone.append(e.details())  # its parked entry timed out there
+                        elif not to and e.details():
+                            # why it left: its parked entry timed out, its worker died
+                            gone.append(e.details())
                         continue
                     if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         # parked there (retry), or that daemon is down: only worth waiting for
@@ -251,10 +252,7 @@ class Transport:
                 self._switch(addr, ch, stub, opened)
                 return None
             if not waiting:
-                why = f" ({'; '.join(gone)})" if gone else ""
-                return TransportError(
-                    cause.result, f"{cause.message}; no daemon knows session {sid} any more{why}"
-                )
+                return _gone(cause, sid, gone)
             if time.monotonic() > self._resume_deadline:
                 return TransportError(
                     cause.result, f"{cause.message}; session {sid} was not restored in time"
@@ -418,9 +416,12 @@ class Transport:
                 if e.code() in _RESUMABLE and not self._closed:
                     broken = self._resume(broken)
             except StopIteration:
+                # not closed by us: the session ended there; its daemon says why on Resume
                 broken = TransportError(
-                    CUresult.CUDA_ERROR_DEINITIALIZED, "the daemon ended the session"
+                    CUresult.CUDA_ERROR_NO_DEVICE, "the daemon ended the session's call stream"
                 )
+                if not self._closed:
+                    broken = self._resume(broken)
             with self._cv:
                 self._reading = False
                 if broken is not None:
@@ -479,6 +480,20 @@ class Transport:
         if self._direct_channel is not None:
             self._direct_channel.close()
         self._channel.close()
+
+
+def _gone(cause: TransportError, sid: str, why: list[str]) -> TransportError:
+    """The session no longer exists anywhere: the device is lost to this guest, whichever way
+    it found out (its direct socket closed, its relay stream ended, or a Resume told it).
+    ``CUDA_ERROR_NO_DEVICE`` (cudart: cudaErrorNoDevice) on every path, with the daemon's
+    reason when one gave it (a dead worker's is "session S ended: its worker process exited")."""
+    # a daemon that never knew the session says "no session ... on this daemon": no reason
+    known = [w for w in why if not w.startswith("no session ")]
+    if known:
+        return TransportError(CUresult.CUDA_ERROR_NO_DEVICE, "; ".join(dict.fromkeys(known)))
+    return TransportError(
+        CUresult.CUDA_ERROR_NO_DEVICE, f"{cause.message}; no daemon knows session {sid} any more"
+    )
 
 
 def _transport_error(e: grpc.RpcError, what: str) -> TransportError:

@@ -107,6 +107,8 @@ class CheckpointRequest:
     release: bool
     identity: SessionRecord
     deadline: float = 0.0
+    #: The checkpoint directory; ``path`` is relative to it (crane.host.checkpoint_dir).
+    directory: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class RestoreRequest:
 
     TAG: ClassVar[Tag] = Tag.RESTORE
     path: str
+    #: The checkpoint directory; ``path`` is relative to it (crane.host.checkpoint_dir).
+    directory: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ class MigrateRequest:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    #: Seconds the destination may make no progress (answer, drain the stream, acknowledge)
+    #: while the source waits on it; past them the source aborts (crane.migrate.deadline).
+    peer_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ worker: nothing is left.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import secrets
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2
 from crane.wire.fingerprint import mismatch
 
-__all__ = ["abort_incoming", "migrate_out", "preflight", "transfer"]
+__all__ = ["Incoming", "abort_incoming", "migrate_out", "preflight", "transfer"]
 
 log = logging.getLogger("craned")
 
@@ -99,6 +100,8 @@ def migrate_out(
         tls_cert=host.peer_tls.cert,
         tls_key=host.peer_tls.key,
         tls_ca=host.peer_tls.ca,
+        # one knob (crane migrate --timeout): the guest's call at a boundary, the destination
+        peer_timeout_s=boundary_wait_s,
     )
     # the relay holds the channel while a batch runs: a kernel that never ends must not hold
     # the migration (and the session in "migrating") with it
@@ -232,6 +235,7 @@ def _settle(
     host.give_back(session, SessionState.MIGRATING, before)
     host.publish(session, st, switching=False)
     if session.worker.proc.poll() is not None:
+        host.worker_died(session)  # its guest's Resume hears why
         host.close(session, "worker exited during a migration")
 
 
@@ -280,8 +284,57 @@ def preflight(host: SessionHost, req: peer_pb2.PreflightRequest) -> peer_pb2.Pre
     return reply
 
 
+class Incoming:
+    """The sessions arriving here (a transfer in progress) and which of them their source
+    aborted. Why: a source that gave up on a destination that stopped answering (SIGSTOP, a
+    partition) asks it to abort, and keeps asking until it answers; woken up, the destination
+    may hear that abort before its transfer handler (also woken up) commits the final round it
+    had received, and that commit must then be refused rather than leave a session no guest
+    will ever use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[str, bytes] = {}
+        self._aborted: set[str] = set()
+
+    def arrive(self, sid: str, token: bytes) -> None:
+        with self._lock:
+            self._tokens[sid] = token
+            self._aborted.discard(sid)
+
+    def leave(self, sid: str) -> None:
+        with self._lock:
+            self._tokens.pop(sid, None)
+            self._aborted.discard(sid)
+
+    def abort(self, sid: str, token: bytes) -> bool:
+        """Mark an arriving session aborted; False when none of that id and token arrives."""
+        with self._lock:
+            have = self._tokens.get(sid)
+            if have is None or not secrets.compare_digest(have, token):
+                return False
+            self._aborted.add(sid)
+            return True
+
+    def commit(self, sid: str, admit: Callable[[], None]) -> None:
+        """Admit the arrived session unless its source aborted it; either way it no longer
+        arrives. One lock with :meth:`abort`, so an abort lands either before (refused here)
+        or after (it finds the session admitted, which :func:`abort_incoming` closes)."""
+        with self._lock:
+            aborted = sid in self._aborted
+            self._tokens.pop(sid, None)
+            self._aborted.discard(sid)
+            if not aborted:
+                admit()
+        if aborted:
+            raise ProtocolError(
+                "ABORTED",
+                f"the source aborted the migration of session {sid} before its switchover",
+            )
+
+
 def transfer(
-    host: SessionHost, requests: Iterator[peer_pb2.TransferChunk]
+    host: SessionHost, requests: Iterator[peer_pb2.TransferChunk], incoming: Incoming
 ) -> Iterator[peer_pb2.TransferAck]:
     """Relay rounds to a worker for the incoming session; acknowledge each once applied."""
     session: DaemonSession | None = None
@@ -314,6 +367,7 @@ def transfer(
                     )
                 if why:
                     raise ProtocolError("FAILED_PRECONDITION", "; ".join(why))
+                incoming.arrive(record.id, record.token)
             if not in_round:
                 if chunk.fresh:
                     if session is not None:
@@ -339,7 +393,7 @@ def transfer(
                 why = reason(answer)
                 raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {why}")
             if chunk.final:
-                host.admit(session)
+                incoming.commit(session.id, functools.partial(host.admit, session))
                 committed = True
                 log.info(
                     "session %s migrated in (round %d), window %#x",
@@ -361,10 +415,16 @@ def transfer(
         if claimed is not None:
             with host.table.lock:
                 host.table.unclaim_slot(claimed)
+        if record is not None and claimed is not None:
+            incoming.leave(record.id)
 
 
-def abort_incoming(host: SessionHost, sid: str, token: bytes) -> bool:
-    """Forget a session that switched over here but whose source never heard the ack."""
+def abort_incoming(host: SessionHost, sid: str, token: bytes, incoming: Incoming) -> bool:
+    """Forget a session that switched over here but whose source never heard the ack, or
+    refuse the switchover of one still arriving."""
+    if incoming.abort(sid, token):
+        log.info("incoming migration of %s aborted by its source", sid)
+        return True
     s = host.table.find(sid)
     if s is None or not secrets.compare_digest(token, s.token) or s.state is not SessionState.READY:
         return False

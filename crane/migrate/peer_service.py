@@ -46,6 +46,7 @@ class PeerServicer:
     def __init__(self, host: SessionHost, callers: Callers) -> None:
         self.host = host
         self.callers = callers
+        self.incoming = daemon_side.Incoming()
 
     def Preflight(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.callers.peer(context, "migrating a session here")
@@ -53,11 +54,11 @@ class PeerServicer:
 
     def Transfer(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         self.callers.peer(context, "migrating a session here")
-        yield from daemon_side.transfer(self.host, requests)
+        yield from daemon_side.transfer(self.host, requests, self.incoming)
 
     def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.callers.peer(context, "aborting a migration")
-        ok = daemon_side.abort_incoming(self.host, request.session_id, request.token)
+        ok = daemon_side.abort_incoming(self.host, request.session_id, request.token, self.incoming)
         return peer_pb2.AbortReply(forgotten=ok)
 
 

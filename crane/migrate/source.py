@@ -12,7 +12,9 @@ Explicit phases (:mod:`crane.migrate.phases`): ``preflight → precopy (rounds) 
 done | failed``. The guest is quiesced only in ``stopping`` (the batch lock is held from the
 last mark until the destination acknowledges). Until that acknowledgement the source stays
 authoritative (invariant 6): any failure releases the lock and the guest carries on here, with
-nothing lost.
+nothing lost. No wait on the destination is unbounded: the pre-flight has a deadline, and the
+transfer's waits (room in the outbox, an acknowledgement) a deadline on the destination's
+progress (:mod:`crane.migrate.deadline`), ``req.peer_timeout_s`` (``crane migrate --timeout``).
 
 Rounds: ``max_rounds`` counts them all, the stopped one included, so 1 is a true stop-and-copy
 (nothing moves while the guest runs; the stopped round carries the whole session). Otherwise
@@ -23,7 +25,6 @@ rounds only resend it), or the rounds run out; then the guest stops for the fina
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -34,6 +35,7 @@ from typing import Any
 import grpc
 
 from crane.host.messages import MigrateRequest
+from crane.migrate.deadline import Stall
 from crane.migrate.phases import Phase, advance
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
 from crane.state.checkpoint import CheckpointWriter, Kind
@@ -60,6 +62,11 @@ CONVERGENCE = 0.8
 INCOMPRESSIBLE = 0.9
 #: Fixed cost of a switchover beyond copying (graph, acknowledgement), for the estimate.
 SWITCH_OVERHEAD_S = 0.02
+#: Longest wait for the destination's answer to an abort before it is retried on a thread.
+ABORT_WAIT_S = 1.0
+#: How long, and how often, an unanswered abort is retried.
+ABORT_RETRY_S = 600.0
+ABORT_RETRY_EVERY_S = 1.0
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -82,6 +89,7 @@ def preflight(
     mem_needed: int,
     device: int,
     image_of: Callable[[str], bytes | None],
+    timeout_s: float = 30.0,
 ) -> set[str]:
     """Ask the destination whether it can take the session (its own rules: window, memory,
     the limits the guest was told, code in the images it holds), and check the images it
@@ -98,11 +106,15 @@ def preflight(
                 device=device,
                 fingerprint=fingerprint(),
             ),
-            timeout=30,
+            timeout=timeout_s,
         )
     except grpc.RpcError as e:
         if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
             raise MigrationFailed(f"destination {to} refused this daemon: {e.details()}") from None
+        if e.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise MigrationFailed(
+                f"destination {to} unresponsive: no answer to the pre-flight within {timeout_s:g} s"
+            ) from None
         raise MigrationFailed(f"destination {to} unreachable: {e.details()}") from None
     refusals = list(pf.refusals)
     missing = {bytes(d).hex() for d in pf.missing_digests}
@@ -127,6 +139,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     """Run one migration to ``req.to``; raises :class:`MigrationFailed` (source intact)."""
     dev, calls = ws.engine.device, ws.engine.log
     t0 = time.monotonic()
+    _ABORTS.begin()  # an earlier attempt's abort retries stop here
     st: dict[str, Any] = {
         "phase": Phase.PREFLIGHT.value,
         "round": 0,
@@ -151,7 +164,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     tls = TlsFiles(req.tls_cert, req.tls_key, req.tls_ca) if req.tls_cert else None
     channel = open_channel(req.to, tls)
     stub = peer_pb2_grpc.PeerStub(channel)
-    outbox = Outbox()
+    stall = Stall(req.to, req.peer_timeout_s)
+    outbox = Outbox(stall=stall)
     responses = None
     held = False
     try:
@@ -171,6 +185,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             mem_needed,
             req.device,
             lambda d: dev.image(bytes.fromhex(d)),
+            stall.limit_s,
         )
         # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
@@ -187,15 +202,27 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         )
         responses = transfer(iter(outbox))
         responses.add_done_callback(lambda _call: outbox.closed.set())
+        stall.cancel = responses.cancel
 
         def ack(round_: int) -> peer_pb2.TransferAck:
+            stall.step = (
+                f"waiting for the acknowledgement of the final round {round_} (switchover)"
+                if phase is Phase.STOPPING
+                else f"waiting for the acknowledgement of round {round_} (pre-copy)"
+            )
             try:
-                a = next(responses)
+                with stall.waiting():
+                    a = next(responses)
+                stall.touch()
             except grpc.RpcError as e:
+                if stall.reason:
+                    raise MigrationFailed(stall.reason) from None
                 raise MigrationFailed(
                     f"destination failed in round {round_}: {e.code().name}: {e.details()}"
                 ) from None
             except StopIteration:
+                if stall.reason:
+                    raise MigrationFailed(stall.reason) from None
                 raise MigrationFailed(f"destination ended the transfer in round {round_}") from None
             return a
 
@@ -248,6 +275,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 regions = dev.memory_regions()
                 base_allocs = {a["addr"]: a["size"] for a in graph0["allocations"]}
             sink.begin(0, True, False)
+            stall.step = "sending round 0 (pre-copy)"
             r0 = time.monotonic()
             w = CheckpointWriter(sink)  # type: ignore[arg-type]
             base(w, graph0, replies0)
@@ -281,6 +309,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 last_dirty = st["dirty_bytes"]
                 st["round"] = round_
                 sink.begin(round_, False, False)
+                stall.step = f"sending round {round_} (pre-copy)"
                 r0 = time.monotonic()
                 w = CheckpointWriter(sink)  # type: ignore[arg-type]
                 w.json(Kind.META, {"format": "crane-checkpoint", "mode": "delta", "round": round_})
@@ -305,6 +334,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         graph1 = save_graph(dev, calls)
         fresh = graph0 is None or structure(graph1) != structure(graph0)
         sink.begin(round_, fresh, True)
+        stall.step = f"sending the final round {round_} (switchover; the guest is stopped)"
         waited = outbox.waited
         # what changed did not compress while the guest ran: do not even sample it now
         level = None if packed > INCOMPRESSIBLE else 1
@@ -361,24 +391,32 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             st["total"],
         )
     except MigrationFailed:
-        _abort(stub, ident, responses)
+        _abort(req.to, tls, ident, responses, stall.limit_s)
         raise
     except TooLate as e:  # the guest's call in progress never returned: it carries on here
-        _abort(stub, ident, responses)
+        _abort(req.to, tls, ident, responses, stall.limit_s)
         raise MigrationFailed(f"{e}; the session stays here as it was") from None
     except StreamClosed:  # the call ended under us: say why it did
-        _abort(stub, ident, responses)
+        _abort(req.to, tls, ident, responses, stall.limit_s)
+        if stall.reason:
+            raise MigrationFailed(stall.reason) from None
         why = _why(responses)
         raise MigrationFailed(f"destination failed in round {st['round']}: {why}") from None
     except Exception as e:
-        _abort(stub, ident, responses)
+        _abort(req.to, tls, ident, responses, stall.limit_s)
         log.exception("migration to %s failed", req.to)
         raise MigrationFailed(f"internal error: {e!r}") from None
     finally:
+        stall.close()
         outbox.end()
         if held:
             ws.lock.release()
-        channel.close()
+        if stall.reason:
+            # closing waits until the cancelled call's frames are out, which a destination
+            # that reads nothing may never allow: the session carries on meanwhile
+            threading.Thread(target=channel.close, name="migrate-close", daemon=True).start()
+        else:
+            channel.close()
 
 
 def _packed(w: CheckpointWriter, last: float) -> float:
@@ -403,15 +441,63 @@ def _why(responses: Any) -> str:
         return "the transfer stream ended"
 
 
-def _abort(stub: peer_pb2_grpc.PeerStub, ident: SessionRecord, responses: Any) -> None:
-    """Best effort: end the stream and ask the destination to forget what it received."""
-    if responses is not None:
-        responses.cancel()
-    with contextlib.suppress(grpc.RpcError):
-        stub.Abort(
-            peer_pb2.AbortRequest(session_id=ident.id, token=ident.token),
-            timeout=5,
-        )
+def _abort(
+    to: str, tls: TlsFiles | None, ident: SessionRecord, responses: Any, limit_s: float
+) -> None:
+    """End the stream and ask the destination to forget what it received. A destination that
+    does not answer at once (stopped, partitioned) is asked again on a thread until it answers
+    (:data:`ABORT_RETRY_S` at most): woken up, it could otherwise commit a final round this
+    source gave up on, and hold a session no guest will ever use."""
+    if responses is None:  # nothing was sent: nothing to forget there
+        return
+    responses.cancel()
+    request = peer_pb2.AbortRequest(session_id=ident.id, token=ident.token)
+    gen = _ABORTS.begin()  # a later migration of this session stops these retries
+    if _ask_abort(to, tls, request, min(ABORT_WAIT_S, limit_s)):
+        return
+    log.warning("destination %s did not answer the abort; asking again until it does", to)
+    threading.Thread(
+        target=_abort_later, args=(to, tls, request, gen), name="migrate-abort", daemon=True
+    ).start()
+
+
+class _Generation:
+    """Counts migrations out of this worker, so that retries of an old abort stop once a new
+    migration of the session starts (the destination would take them for the new one)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def begin(self) -> int:
+        with self.lock:
+            self.n += 1
+            return self.n
+
+
+_ABORTS = _Generation()
+
+
+def _ask_abort(
+    to: str, tls: TlsFiles | None, request: peer_pb2.AbortRequest, timeout_s: float
+) -> bool:
+    """One Abort (over the same kind of channel as the transfer: mutual TLS on tcp); True
+    when the destination answered, a refusal included (it then took nothing from us)."""
+    with open_channel(to, tls) as ch:
+        try:
+            peer_pb2_grpc.PeerStub(ch).Abort(request, timeout=timeout_s)
+            return True
+        except grpc.RpcError as e:
+            return e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _abort_later(to: str, tls: TlsFiles | None, request: peer_pb2.AbortRequest, gen: int) -> None:
+    deadline = time.monotonic() + ABORT_RETRY_S
+    while time.monotonic() < deadline and _ABORTS.n == gen:
+        if _ask_abort(to, tls, request, ABORT_WAIT_S):
+            log.info("destination %s answered the abort of session %s", to, request.session_id)
+            return
+        time.sleep(ABORT_RETRY_EVERY_S)
 
 
 def start(ws: WorkerSession, req: MigrateRequest, write_progress: Progress) -> threading.Thread:

@@ -26,11 +26,14 @@ chunk under the batch lock instead (the checksum must be of the bytes that are s
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
+from crane.migrate.deadline import Stall
 from crane.state.checkpoint import MEMORY_CHUNK
 from crane.v1 import peer_pb2
 
@@ -141,10 +144,13 @@ class Outbox:
     a stream that nobody drains.
     """
 
-    def __init__(self, depth: int = 8) -> None:
+    def __init__(self, depth: int = 8, stall: Stall | None = None) -> None:
+        """``stall``: told of every message the stream takes, and of every wait for room (the
+        source's deadline on a destination that stopped draining)."""
         self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
         self.closed = threading.Event()
         self.waited = 0.0  # seconds the source spent waiting for room (the link is slower)
+        self.stall = stall
 
     def put(self, msg: bytes) -> None:
         try:
@@ -153,13 +159,15 @@ class Outbox:
         except queue.Full:
             pass
         t = time.perf_counter()
+        waiting = self.stall.waiting() if self.stall else contextlib.nullcontext()
         try:
-            while not self.closed.is_set():
-                try:
-                    self.q.put(msg, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
+            with waiting:
+                while not self.closed.is_set():
+                    try:
+                        self.q.put(msg, timeout=0.2)
+                        return
+                    except queue.Full:
+                        continue
         finally:
             self.waited += time.perf_counter() - t
         raise StreamClosed("the transfer stream is closed")
@@ -171,8 +179,11 @@ class Outbox:
         except queue.Full:
             self.closed.set()
 
-    def __iter__(self) -> Any:
-        return iter(self.q.get, None)
+    def __iter__(self) -> Iterator[bytes]:
+        while (msg := self.q.get()) is not None:
+            if self.stall is not None:
+                self.stall.touch()
+            yield msg
 
 
 class WireSink:

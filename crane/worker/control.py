@@ -10,10 +10,10 @@ daemon discards.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from crane.api.results import CudaError
+from crane.host.checkpoint_dir import CheckpointDir, PathRefused
 from crane.host.messages import (
     Checkpointed,
     CheckpointRequest,
@@ -32,24 +32,22 @@ log = logging.getLogger("crane.worker")
 
 
 def checkpoint(ws: WorkerSession, req: CheckpointRequest) -> ControlAnswer:
-    """Write the session to ``req.path`` (complete or absent); park it with ``release``."""
-    path = Path(req.path)
+    """Write the session to ``req.path`` inside ``req.directory`` (complete or absent, 0600,
+    never through a link); park it with ``release``."""
+    try:
+        where = CheckpointDir(req.directory)
+    except ValueError as e:
+        return Refused(str(e))
+    path = where.root / req.path
     try:
         ws.acquire_by(req.deadline, "checkpoint")
     except TooLate as e:
         return Refused(str(e), late=True)
     try:
         ws.require("checkpoint")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
         eng = ws.engine
-        try:
-            with open(tmp, "wb", buffering=1 << 20) as f:
-                counts = write_checkpoint(eng.device, eng.log, f, req.identity.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(path)  # a checkpoint file is complete or absent
-        finally:
-            tmp.unlink(missing_ok=True)
+        with where.open_write(req.path) as f:  # a checkpoint file is complete or absent
+            counts = write_checkpoint(eng.device, eng.log, f, req.identity.to_json())
         if req.release:
             ws.move(WorkerState.PARKED)
         log.info("checkpoint written to %s (%d bytes)", path, counts["bytes"])
@@ -61,12 +59,17 @@ def checkpoint(ws: WorkerSession, req: CheckpointRequest) -> ControlAnswer:
 
 
 def restore(ws: WorkerSession, req: RestoreRequest) -> ControlAnswer:
-    """Replay the checkpoint at ``req.path`` onto this fresh session."""
-    path = Path(req.path)
+    """Replay the checkpoint at ``req.path`` inside ``req.directory`` onto this fresh
+    session (never through a link)."""
+    try:
+        where = CheckpointDir(req.directory)
+    except ValueError as e:
+        return Refused(str(e))
+    path = where.root / req.path
     with ws.lock:
         try:
             ws.require("restore")
-            with open(path, "rb", buffering=1 << 20) as f:
+            with where.open_read(req.path) as f:
                 meta = restore_checkpoint(ws.engine.device, ws.engine.log, f, path.name)
             ws.publish_stats()
             log.info("restored from %s", path)
@@ -77,7 +80,7 @@ def restore(ws: WorkerSession, req: RestoreRequest) -> ControlAnswer:
 
 def _refused(what: str, path: Path, e: Exception) -> Refused:
     """The reason an operator reads; a bug is logged with its traceback, not hidden."""
-    if isinstance(e, CheckpointError | NotAllowed):
+    if isinstance(e, CheckpointError | NotAllowed | PathRefused):
         return Refused(str(e))
     if isinstance(e, CudaError):
         return Refused(f"{e.name}: {e.message}")

@@ -147,9 +147,15 @@ def gpu_build(
         b.close()
 
 
-def _start_daemon(run_dir: Path, backend: str) -> DaemonProcess:
+def _checkpoints(factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint directory both daemons share (one parks, the other restores); tests
+    name their files in it."""
+    return factory.getbasetemp() / "checkpoints"
+
+
+def _start_daemon(run_dir: Path, backend: str, checkpoint_dir: Path) -> DaemonProcess:
     try:
-        return DaemonProcess(run_dir, [backend])
+        return DaemonProcess(run_dir, [backend], checkpoint_dir=checkpoint_dir)
     except RuntimeError as e:  # craned exited at start
         text = str(e)
         if "not part of this build" in text or "not available in this build" in text:
@@ -163,7 +169,9 @@ def _start_daemon(run_dir: Path, backend: str) -> DaemonProcess:
 @pytest.fixture(scope="session")
 def daemon_a(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """The daemon the Crane side of each comparison runs on."""
-    d = _start_daemon(tmp_path_factory.mktemp("craned-a") / "run", target.backend)
+    d = _start_daemon(
+        tmp_path_factory.mktemp("craned-a") / "run", target.backend, _checkpoints(tmp_path_factory)
+    )
     try:
         yield d
     finally:
@@ -173,7 +181,9 @@ def daemon_a(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="session")
 def daemon_b(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A second daemon on the same device: the destination of migrations and restores."""
-    d = _start_daemon(tmp_path_factory.mktemp("craned-b") / "run", target.backend)
+    d = _start_daemon(
+        tmp_path_factory.mktemp("craned-b") / "run", target.backend, _checkpoints(tmp_path_factory)
+    )
     try:
         yield d
     finally:

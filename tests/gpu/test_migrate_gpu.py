@@ -99,7 +99,7 @@ def test_checkpoint_restore_on_the_other_daemon_is_bit_identical(
 ) -> None:
     steps = _steps(target)
     want = reference(daemon_a.address, image, steps)
-    ckpt = tmp_path / "s.ckpt"
+    ckpt = "s.ckpt"  # in the daemons' checkpoint directory
     with GuestSession(daemon_a.address, client="gpu-ckpt", alternates=[daemon_b.address]) as s:
         w = Workload(s, image)
         w.run(steps // 2)
@@ -251,7 +251,7 @@ def test_program_checkpointed_and_restored_elsewhere_matches_native(
 ) -> None:
     args = _iterate_args(target)
     prog = Program(iterate, args, daemon_a, {"CRANE_DAEMON_ALTERNATES": daemon_b.address})
-    ckpt = tmp_path / "prog.ckpt"
+    ckpt = "prog.ckpt"  # in the daemons' checkpoint directory
     try:
         prog.wait_line("step 0")
         sid = prog.session_id(daemon_a)

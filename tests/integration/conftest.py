@@ -22,7 +22,7 @@ from tests.integration.workload import SRC
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path / "run", ["sim:h100-80gb"])
+    d = DaemonProcess(tmp_path / "run", ["sim:h100-80gb"], checkpoint_dir=tmp_path)
     try:
         yield d
     finally:
@@ -42,13 +42,26 @@ def daemons(
     """Two daemons of different models (H100, A100), each also listening on a TCP port (see
     ``tests.integration.net.tcp_address``) with mutual TLS, each the other's peer, for
     checkpoints, migrations and their faults. This process's clients reach them over TCP with
-    the certificate of a guest ($CRANE_TLS_*, tenant ``cert:guest``)."""
+    the certificate of a guest ($CRANE_TLS_*, tenant ``cert:guest``). Both keep checkpoints in
+    ``tmp_path`` (a file one writes, the other restores)."""
     tcp = ["tcp://127.0.0.1:0"]
     args_a = pki.daemon_args("craned-a", peers=["craned-b"])
     args_b = pki.daemon_args("craned-b", peers=["craned-a"])
-    a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], extra_listen=tcp, extra_args=args_a)
+    a = DaemonProcess(
+        tmp_path / "a",
+        ["sim:h100-80gb"],
+        extra_listen=tcp,
+        extra_args=args_a,
+        checkpoint_dir=tmp_path,
+    )
     try:
-        b = DaemonProcess(tmp_path / "b", ["sim:a100-80gb"], extra_listen=tcp, extra_args=args_b)
+        b = DaemonProcess(
+            tmp_path / "b",
+            ["sim:a100-80gb"],
+            extra_listen=tcp,
+            extra_args=args_b,
+            checkpoint_dir=tmp_path,
+        )
     except BaseException:
         a.stop()
         raise

@@ -41,7 +41,9 @@ def test_parked_entry_expires_and_the_waiting_guest_fails_at_once(
     tmp_path: Path, direct: bool
 ) -> None:
     ttl = 3.0
-    with DaemonProcess(tmp_path / "d", extra_args=["--parked-ttl", str(ttl)]) as d:
+    with DaemonProcess(
+        tmp_path / "d", extra_args=["--parked-ttl", str(ttl)], checkpoint_dir=tmp_path
+    ) as d:
         s = GuestSession(d.address, client="waits", direct=direct)
         try:
             p = s.mem_alloc(1 << 20)
@@ -92,7 +94,9 @@ def test_parked_entry_expires_and_the_waiting_guest_fails_at_once(
 
 
 def test_restored_in_time_is_not_expired(tmp_path: Path) -> None:
-    with DaemonProcess(tmp_path / "d", extra_args=["--parked-ttl", "2"]) as d:
+    with DaemonProcess(
+        tmp_path / "d", extra_args=["--parked-ttl", "2"], checkpoint_dir=tmp_path
+    ) as d:
         with GuestSession(d.address, client="back in time") as s:
             p = s.mem_alloc(4096)
             s.memset_d8(p, 3, 4096)

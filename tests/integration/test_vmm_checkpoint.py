@@ -20,8 +20,8 @@ PROP_DEV0 = PROP.pack(1, 0, 1, 0, 0, 0, 0, 0)  # pinned, device 0
 def test_vmm_memory_survives_checkpoint_and_restore_elsewhere(tmp_path: Path) -> None:
     with (
         # A100 -> H100: a restore refuses a device offering less than the guest was told
-        DaemonProcess(tmp_path / "a", ["sim:a100-80gb"]) as a,
-        DaemonProcess(tmp_path / "b", ["sim:h100-80gb"]) as b,
+        DaemonProcess(tmp_path / "a", ["sim:a100-80gb"], checkpoint_dir=tmp_path) as a,
+        DaemonProcess(tmp_path / "b", ["sim:h100-80gb"], checkpoint_dir=tmp_path) as b,
         GuestSession(a.address, client="vmm", alternates=[b.address]) as s,
     ):
         v = s.vmm

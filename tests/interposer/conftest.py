@@ -121,8 +121,8 @@ def run_moved(guest_lib: Path, tmp_path: Path) -> Callable[[Path, str], Moved]:
 
     def run(exe: Path, how: str) -> Moved:
         with (
-            DaemonProcess(tmp_path / "a", ["sim:a100-80gb"]) as a,
-            DaemonProcess(tmp_path / "b", ["sim:h100-80gb"]) as b,
+            DaemonProcess(tmp_path / "a", ["sim:a100-80gb"], checkpoint_dir=tmp_path) as a,
+            DaemonProcess(tmp_path / "b", ["sim:h100-80gb"], checkpoint_dir=tmp_path) as b,
         ):
             env = dict(os.environ, CRANE_DAEMON_ALTERNATES=b.address)
             env.pop("CRANE_TRACE", None)

@@ -68,8 +68,8 @@ def test_program_parked_mid_run_resumes_on_another_model(
     assert f"checksum {reference_checksum()} (no error)" in unmoved.stdout
     ckpt = tmp_path / "prog.ckpt"
     with (
-        DaemonProcess(tmp_path / "a", ["sim:a100-40gb"]) as a,
-        DaemonProcess(tmp_path / "b", ["sim:h100-80gb"]) as b,
+        DaemonProcess(tmp_path / "a", ["sim:a100-40gb"], checkpoint_dir=tmp_path) as a,
+        DaemonProcess(tmp_path / "b", ["sim:h100-80gb"], checkpoint_dir=tmp_path) as b,
     ):
         env = {k: v for k, v in os.environ.items() if k != "CRANE_TRACE"}
         env["CRANE_DAEMON_ALTERNATES"] = b.address  # where the guest looks once it is parked
@@ -119,8 +119,8 @@ def test_pointer_table_program_migrated_live_is_bit_identical(
     assert f"result steps_done={ITERATE_ARGS[0]} " in unmoved.stdout
     assert "err=cudaSuccess" in unmoved.stdout
     with (
-        DaemonProcess(tmp_path / "a", ["sim:a100-40gb"]) as a,
-        DaemonProcess(tmp_path / "b", ["sim:h100-80gb"]) as b,
+        DaemonProcess(tmp_path / "a", ["sim:a100-40gb"], checkpoint_dir=tmp_path) as a,
+        DaemonProcess(tmp_path / "b", ["sim:h100-80gb"], checkpoint_dir=tmp_path) as b,
     ):
         env = {k: v for k, v in os.environ.items() if k != "CRANE_TRACE"}
         cmd = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", a.address, "--"]
