@@ -265,9 +265,7 @@ def test_tenants_by_certificate_are_kept_apart(
             become("ops")
             with ControlClient(tcp) as c:
                 (info,) = c.sessions().sessions
-            ops_ckpt = ControlClient(tcp, timeout=60).checkpoint(
-                s.session_id, str(tmp_path / "ops.ckpt"), False
-            )
+            ops_ckpt = ControlClient(tcp, timeout=60).checkpoint(s.session_id, "ops.ckpt", False)
             become("mallory")
             mallory = _devices(tcp, pki.issue("mallory"))
             become("alice")

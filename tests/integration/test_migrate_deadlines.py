@@ -25,7 +25,7 @@ from crane.cli.main import main as crane_main
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
-from tests.integration.net import CutProxy
+from tests.integration.net import CutProxy, tcp_address
 from tests.integration.test_migrate import (
     BIG,
     STEPS,
@@ -67,7 +67,7 @@ def test_stopped_destination_fails_the_migration_and_the_guest_carries_on(
     try:
         with (
             GuestSession(src.address, client="hung-dst") as s,
-            CutProxy(dst.address, hold_at=BIG * 5 // 8) as proxy,
+            CutProxy(tcp_address(dst), hold_at=BIG * 5 // 8) as proxy,
         ):
             _fill_random(s)
             g = Guest(s, image, pause_at=10)
@@ -124,7 +124,7 @@ def test_source_killed_mid_transfer_leaves_nothing_on_the_destination(
     dst, src = daemons
     with (
         GuestSession(src.address, client="vanishing-src") as s,
-        CutProxy(dst.address, hold_at=BIG * 5 // 8) as proxy,
+        CutProxy(tcp_address(dst), hold_at=BIG * 5 // 8) as proxy,
     ):
         _fill_random(s)
         g = Guest(s, image, pause_at=10)
