@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep a parked session waiting for its restore this long, then fail its guest; "
         "0: until restored (default 3600)",
     )
+    p.add_argument(
+        "--module-cache-bytes",
+        metavar="SIZE",
+        help="bound of the run directory's module image cache, e.g. 512MiB; least recently used "
+        "images no session has loaded are evicted past it; 0: no bound (default 1GiB)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prespawn": args.prespawn,
                 "moved_ttl_s": args.moved_ttl,
                 "parked_ttl_s": args.parked_ttl,
+                "module_cache_bytes": args.module_cache_bytes,
             },
         )
     except (OSError, ValueError) as e:
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.max_sessions,
         moved_ttl_s=cfg.moved_ttl_s,
         parked_ttl_s=cfg.parked_ttl_s,
+        module_cache_bytes=cfg.module_cache_bytes,
     )
     try:
         server, bound = build_server(sessions, cfg.listen, note)

@@ -104,7 +104,8 @@ def serve(ch: Channel) -> int:
         log.exception("cannot start the backend")
         ch.send(Tag.CLOSE, f"backend failed to start: {e}".encode())
         return 1
-    engine = Engine.create(backend, cfg.session_id, window, ImageStore(cfg.module_cache))
+    images = ImageStore(cfg.module_cache, cfg.module_cache_bytes)
+    engine = Engine.create(backend, cfg.session_id, window, images)
     ws = WorkerSession(engine, cfg.session_id, SessionStats(cfg.stats_path))
 
     def end_session() -> None:

@@ -68,14 +68,16 @@ class SessionManager:
         attach_timeout_s: float = 60.0,
         moved_ttl_s: float = 600.0,
         parked_ttl_s: float = 3600.0,
+        module_cache_bytes: int = 0,
     ) -> None:
         self.attach_timeout_s = attach_timeout_s
         self.devices = devices
         self.run_dir = run_dir
         self.pool = pool
         self.table = SessionTable(max_sessions)
-        self.images = ImageStore(run_dir / "modules")
+        self.images = ImageStore(run_dir / "modules", module_cache_bytes)
         self.images.root.mkdir(parents=True, exist_ok=True)
+        self.images.reset()  # no worker of a previous run pins anything
         (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
         _clear_stale(run_dir / "sessions")
         #: Bumped on every migration update (crane.migrate.daemon_side publishes them).
@@ -157,6 +159,7 @@ class SessionManager:
             token=record.token.hex(),
             direct_socket=str(direct) if direct else "",
             attach_timeout_s=self.attach_timeout_s,
+            module_cache_bytes=self.images.limit,
         )
         worker = self.pool.take(replenish)
         identity = configure(worker, cfg)
@@ -303,6 +306,7 @@ class SessionManager:
         try:
             code = session.worker.stop()
             session.device.ledger.clear(session.slot)
+            self.images.release_owner(session.worker.pid)  # its modules' pins
             session.stats.close()
             for path in (session.stats_path, session.direct_socket):
                 if path is not None:

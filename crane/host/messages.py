@@ -85,6 +85,7 @@ class WorkerConfig:
     token: str = ""  # hex resume token, checked by the worker's direct endpoint
     direct_socket: str = ""  # unix socket path for guests on this host ("" = relay only)
     attach_timeout_s: float = 60.0  # end a session whose guest never attaches
+    module_cache_bytes: int = 0  # the module store's bound (0: unbounded), crane.modules.store
 
 
 @dataclass(frozen=True)
