@@ -290,6 +290,8 @@ class SessionManager:
         with self.table.lock:
             session.move(SessionState.CLOSED)
             self.table.remove(session)
+        if session.end_stream is not None:
+            session.end_stream()
         log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
 
     def mark_releasing(self, sid: str) -> threading.Event:
