@@ -107,7 +107,7 @@ class Fuzzer:
         """Create the pool's objects with fresh handles and a fresh chunk address."""
         s = self.session
         assert s is not None
-        base, size = s.window
+        base, _size = s.window
         h = self.handle
         ctx, mod, fn = h(HandleKind.CONTEXT), h(HandleKind.MODULE), h(HandleKind.FUNCTION)
         stream, e0, e1 = h(HandleKind.STREAM), h(HandleKind.EVENT), h(HandleKind.EVENT)

@@ -10,6 +10,7 @@ time-out, never a hang of the test.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -166,10 +167,8 @@ class RawSession:
     def close(self) -> None:
         """End the stream (the session ends with it) and the channels."""
         self._out.put(None)
-        try:
+        with contextlib.suppress(Exception):
             self._responses.cancel()
-        except Exception:
-            pass
         if self._presence is not None:
             self._presence.cancel()
         if self._calls_channel is not self._channel:
