@@ -52,7 +52,8 @@ _weird = st.tuples(
         st.builds(RawCall, _seq, _op, st.binary(max_size=64), st.binary(max_size=64)), max_size=8
     ),
     st.sampled_from([0, EXPECTS_REPLY, 2, 0xFF, (1 << 32) - 1]),
-    st.integers(0, 49),  # 0: one more call claims the end of the sequence space (1 << 64) - 1
+    # 37 (not 0, which Hypothesis favours): one more call claims the end of the sequence space
+    st.integers(0, 49),
 )
 
 raw_case = st.one_of(
@@ -61,7 +62,7 @@ raw_case = st.one_of(
     st.tuples(st.just("damaged"), st.lists(call(), min_size=1, max_size=4), mutations),
     st.tuples(st.just("weird"), _weird),
     st.tuples(st.just("weird"), _weird),
-    st.tuples(st.just("big"), st.sampled_from([1 << 20, 8 << 20, 40 << 20])),
+    st.tuples(st.just("big"), st.sampled_from([64 << 10, 1 << 20, 4 << 20, 40 << 20])),
 )
 
 
@@ -84,7 +85,7 @@ def _raw_bytes(fuzzer: Fuzzer, case: tuple) -> tuple[bytes, int]:
     items, flags, claim_end = case[1]
     b = guest_pb2.CallBatch(flags=flags)
     top = 0
-    if not claim_end:
+    if claim_end == 37:
         items = [*items, RawCall((1 << 64) - 1, 9, b"", b"")]
     for c in items:
         seq = s.seq + 1 - c.seq - 1 if c.seq < 0 else c.seq
