@@ -41,9 +41,11 @@ def test_mutated_and_random_module_images(
         image = mutate(fuzz_env.images[kind], how)
     digest = hashlib.sha256(image if right_digest else image + b"x").digest()
     module = fuzzer.handle(HandleKind.MODULE)
+    assert fuzzer.session is not None
+    seq = fuzzer.session.seq + 1  # (run may rotate the session after the case)
     replies = fuzzer.run([op_call("MODULE_LOAD", fuzzer.pool.ctx, module, digest, data=image)])
     assert replies is not None
-    (load,) = [r for seq, r in replies.items() if seq == fuzzer.session.seq - 1]
+    load = replies[seq]
     if not right_digest and image:  # (no bytes: the digest alone, which the store lacks)
         assert load.result == CUresult.CUDA_ERROR_INVALID_VALUE, load
     if load.result == 0:
@@ -59,10 +61,12 @@ def test_the_unmutated_images_load(fuzzer: Fuzzer, fuzz_env: FuzzEnv) -> None:
         module = fuzzer.handle(HandleKind.MODULE)
         load = op_call("MODULE_LOAD", fuzzer.pool.ctx, module, hashlib.sha256(image).digest(),
                        data=image)  # fmt: skip
+        assert fuzzer.session is not None
+        seq = fuzzer.session.seq + 1
         replies = fuzzer.run([load])
         assert replies is not None
-        result = replies[fuzzer.session.seq - 1].result
+        result = replies[seq].result
         want = CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU if kind == "cubin" else 0
-        assert result == want, (kind, replies[fuzzer.session.seq - 1].detail)
+        assert result == want, (kind, replies[seq].detail)
         if result == 0:
             fuzzer.run([op_call("MODULE_UNLOAD", module)])
