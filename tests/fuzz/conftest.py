@@ -206,3 +206,12 @@ def fuzzer(fuzz_env: FuzzEnv) -> Iterator[Fuzzer]:
         f.close()
         print(f"fuzz: {f.cases} cases, {f.resets} pool rebuilds, {f.reopened} sessions")
         fuzz_env.check_daemon()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A time limit that grows with CRANE_FUZZ_CASES (the suite's default is 300 s a test; the
+    largest share, 64% of 10,000 cases, takes about 50 s on two cores)."""
+    limit = max(300, int(total_cases() * 0.1))
+    for item in items:
+        if "tests/fuzz/" in str(item.fspath):
+            item.add_marker(pytest.mark.timeout(limit))
