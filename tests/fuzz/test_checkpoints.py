@@ -67,6 +67,7 @@ def base(fuzz_env: FuzzEnv) -> Iterator[Base]:
         with ControlClient(fuzz_env.daemon.address, timeout=120) as c:
             c.checkpoint(s.session_id, str(path), release=False)
         sid = s.session_id
+    fuzz_env.wait_no_sessions()  # a closed session leaves once its worker is stopped
     yield Base(path.read_bytes(), sid)
 
 
