@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, settings
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
-from crane.host.lifeline import alive
 from tests.fuzz.harness import Fuzzer
+from tests.integration.procs import recorded_workers, worker_processes
 
 #: Every fuzz test's share of CRANE_FUZZ_CASES (they sum to 1).
 SHARES = {"ops": 0.637, "raw": 0.2, "images": 0.15, "checkpoints": 0.01, "close": 0.003}
@@ -159,10 +159,6 @@ def images(cuda_build) -> dict[str, bytes]:  # type: ignore[no-untyped-def]
     }
 
 
-def _workers(run_dir: Path) -> list[int]:
-    return [int(p.name) for p in (run_dir / "workers").iterdir() if p.name.isdigit()]
-
-
 @pytest.fixture(scope="package")
 def fuzz_env(
     tmp_path_factory: pytest.TempPathFactory, images: dict[str, bytes]
@@ -187,13 +183,15 @@ def fuzz_env(
         with ControlClient(daemon.address, timeout=30) as c:
             assert all(d.used_mem == 0 for d in c.devices().devices), "device ledger not zero"
         # only the idle pre-spawned worker is left
-        workers = [p for p in _workers(run) if alive(p)]
+        workers = recorded_workers(run)
         assert len(workers) <= 1, f"workers left: {workers}"
+        assert sorted(worker_processes(daemon.proc.pid)) == sorted(workers)
         print(f"bystander rounds: {bystander.rounds}")
     finally:
         bystander.stop.set()
         daemon.stop()
-    assert not [p for p in _workers(run) if alive(p)], "workers outlived the daemon"
+    assert not recorded_workers(run), "workers outlived the daemon"
+    assert not worker_processes(daemon.proc.pid), "workers outlived the daemon"
 
 
 @pytest.fixture(scope="module")

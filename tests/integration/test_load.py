@@ -16,7 +16,7 @@ import numpy as np
 from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
-from crane.host.lifeline import alive
+from tests.integration.procs import recorded_workers, worker_processes
 
 GUESTS = 16
 CALLS = 10_000
@@ -36,10 +36,6 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-def workers(run_dir: Path) -> list[int]:
-    return [int(p.name) for p in (run_dir / "workers").iterdir() if p.name.isdigit()]
 
 
 def guest(address: str, image: bytes, index: int, calls: int, errors: list[str]) -> int:
@@ -114,9 +110,10 @@ def test_sixteen_guests_ten_thousand_calls_each(cuda_build, tmp_path: Path) -> N
                 time.sleep(0.1)
             assert not list(c.sessions().sessions)
             assert all(dev.used_mem == 0 for dev in c.devices().devices)
-        left = [p for p in workers(d.run_dir) if alive(p)]
+        left = recorded_workers(d.run_dir)
         served = [p for p in left if f"worker pid {p}" in d.log_text()]
         assert len(left) <= 1, f"workers left: {left}, of which served a session: {served}"
+        assert sorted(worker_processes(d.proc.pid)) == sorted(left)  # none unrecorded
         time.sleep(1.0)
         after = rss_kib(d.proc.pid)
         print(
@@ -126,4 +123,5 @@ def test_sixteen_guests_ten_thousand_calls_each(cuda_build, tmp_path: Path) -> N
         assert after <= baseline * 1.2, (baseline, peak, after)
     finally:
         d.stop()
-    assert not [p for p in workers(d.run_dir) if alive(p)]
+    assert not recorded_workers(d.run_dir)
+    assert not worker_processes(d.proc.pid)
