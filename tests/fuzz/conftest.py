@@ -186,6 +186,9 @@ def fuzz_env(
         workers = recorded_workers(run)
         assert len(workers) <= 1, f"workers left: {workers}"
         assert sorted(worker_processes(daemon.proc.pid)) == sorted(workers)
+        # nothing was answered by an exception nobody expected (each is logged with its trace)
+        text = daemon.log_text()
+        assert "Traceback" not in text, text[text.index("Traceback") - 2000 :][:6000]
         print(f"bystander rounds: {bystander.rounds}")
     finally:
         bystander.stop.set()
