@@ -206,6 +206,7 @@ def fuzzer(fuzz_env: FuzzEnv) -> Iterator[Fuzzer]:
     finally:
         f.close()
         print(f"fuzz: {f.cases} cases, {f.resets} pool rebuilds, {f.reopened} sessions")
+        print(f"ops succeeded/answered: {f.report()}")
         fuzz_env.check_daemon()
 
 

@@ -11,6 +11,7 @@ answer of CUDA_ERROR_UNKNOWN (the worker's answer to an exception it did not exp
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -87,6 +88,9 @@ class Fuzzer:
         self.cases = 0
         self.reopened = 0
         self.resets = 0
+        #: (op name, answered with success) -> count, over every answered call: the report
+        #: at the end shows which ops the fuzz got through to their work, not only refused
+        self.outcomes: collections.Counter[tuple[str, bool]] = collections.Counter()
         self.session: RawSession | None = None
         self.pool: Pool | None = None
         self.open()
@@ -101,17 +105,26 @@ class Fuzzer:
         self.session = RawSession(self.address, direct=next(self._paths))
         self.reopened += 1
         self.cases_here = 0
-        self.build()
+        assert self.build(), "building the fuzz pool failed on a fresh session"
 
-    def build(self) -> None:
-        """Create the pool's objects with fresh handles and a fresh chunk address."""
+    def rebuild(self) -> None:
+        """A new pool in this session, at another address if the fuzz mapped memory where
+        the first attempts went; a new session if that keeps failing."""
+        for _ in range(4):
+            if self.build():
+                return
+        self.open()
+
+    def build(self) -> bool:
+        """Create the pool's objects with fresh handles and a fresh chunk address; False (and
+        nothing left behind) if one of them could not be created."""
         s = self.session
         assert s is not None
         base, _size = s.window
         h = self.handle
         ctx, mod, fn = h(HandleKind.CONTEXT), h(HandleKind.MODULE), h(HandleKind.FUNCTION)
         stream, e0, e1 = h(HandleKind.STREAM), h(HandleKind.EVENT), h(HandleKind.EVENT)
-        chunk = base + (1 + next(self._ids) % 1000) * CHUNK
+        chunk = base + (1 + next(self._ids) % 10000) * 4 * CHUNK
         setup = [
             op_call("CTX_CREATE", ctx, 0),
             op_call("MEM_MAP_CHUNK", chunk, CHUNK),
@@ -125,11 +138,16 @@ class Fuzzer:
         ]
         replies = s.exchange(setup, CASE_TIMEOUT_S)
         load = replies[s.seq - 2]  # the module load's answer
-        bad = [r for r in replies.values() if r.result]
-        assert not bad, f"building the fuzz pool failed: {bad}"
+        if any(r.result for r in replies.values()):
+            cleanup = [op_call("CTX_DESTROY", ctx)]
+            if not replies[s.seq - 8].result:  # the chunk was mapped
+                cleanup.append(op_call("MEM_UNMAP_CHUNK", chunk))
+            s.exchange(cleanup, CASE_TIMEOUT_S)
+            return False
         var = json.loads(load.data)["globals"]["launches"][0]
         self.pool = Pool(ctx, chunk, chunk, chunk + ALLOC, mod, fn, stream, (e0, e1), var,
                          s.window, self.digest)  # fmt: skip
+        return True
 
     def reset(self) -> None:
         """Destroy the pool's context (clearing a sticky fault) and chunk; build a new pool."""
@@ -138,7 +156,7 @@ class Fuzzer:
         self.resets += 1
         s.exchange([op_call("CTX_DESTROY", p.ctx), op_call("MEM_UNMAP_CHUNK", p.chunk)],
                    CASE_TIMEOUT_S)  # fmt: skip
-        self.build()
+        self.rebuild()
 
     # ---- cases ------------------------------------------------------------------------------
     def run(
@@ -172,6 +190,8 @@ class Fuzzer:
             r = replies.get(first + i)
             if op is not None and op.sync:
                 assert r is not None, f"no answer to synchronous call #{i} of {describe(calls)}"
+            if op is not None:  # an async call without a reply succeeded
+                self.outcomes[(op.name, r is None or r.result == 0)] += 1
         for r in replies.values():
             assert r.result in _VALID, f"answer {r.result} is no CUDA result: {r}"
             assert r.result != CUresult.CUDA_ERROR_UNKNOWN, (
@@ -199,6 +219,14 @@ class Fuzzer:
             self.open()
         elif hurt:
             self.reset()
+
+    def report(self) -> str:
+        """Per op: calls that succeeded / calls answered."""
+        names = sorted({name for name, _ in self.outcomes})
+        return ", ".join(
+            f"{n} {self.outcomes[(n, True)]}/{self.outcomes[(n, True)] + self.outcomes[(n, False)]}"
+            for n in names
+        )
 
     def close(self) -> None:
         if self.session is not None:

@@ -5,6 +5,7 @@ and pointers at the window's and allocations' edges, sizes past anything)."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass
 
@@ -142,19 +143,104 @@ class Call:
     data: object
 
 
+@dataclass(frozen=True)
+class Fresh:
+    """A handle no object of the session has yet, of ``kind`` (what a creation names)."""
+
+    kind: int
+
+
+_fresh_ids = itertools.count(1 << 40)
+
+#: Pool.handles() positions by role.
+_ROLE = {"ctx": 0, "module": 1, "function": 2, "stream": 3, "event": 4, "start": 4, "end": 5}
+#: The object a creating op names, by op.
+_CREATES = {
+    "CTX_CREATE": ("ctx", HandleKind.CONTEXT),
+    "STREAM_CREATE": ("stream", HandleKind.STREAM),
+    "EVENT_CREATE": ("event", HandleKind.EVENT),
+    "MODULE_LOAD": ("module", HandleKind.MODULE),
+    "FUNCTION_BIND": ("function", HandleKind.FUNCTION),
+}
+_small_config = st.builds(
+    _config,
+    st.tuples(st.integers(1, 4), st.just(1), st.just(1)),
+    st.tuples(st.sampled_from([32, 64, 128, 256]), st.just(1), st.just(1)),
+    st.sampled_from([0, 0, 1024]),
+)
+
+
+def _plausible(op: Op, name: str, kind: Kind) -> st.SearchStrategy[object]:
+    """A value that names the pool's objects the way a correct guest would, so that the rest
+    of the call's arguments reach the op's work rather than its first check."""
+    created = _CREATES.get(op.name)
+    if kind is Kind.HANDLE:
+        if created and created[0] == name:
+            return st.just(Fresh(int(created[1])))
+        if name == "stream":
+            return st.sampled_from([PoolHandle(3), PoolHandle(3), 0])
+        return st.just(PoolHandle(_ROLE.get(name, 0)))
+    if kind is Kind.DEVPTR:
+        if op.name in ("MEM_MAP_CHUNK", "MEM_UNMAP_CHUNK"):  # past the pool's chunk, or it
+            return st.sampled_from([PoolPointer(3, 0), PoolPointer(3, 2 << 20), PoolPointer(2, 0)])
+        if op.name == "MEM_ALLOC":  # free space inside the pool's chunk
+            return st.sampled_from([PoolPointer(2, 2 * ALLOC), PoolPointer(2, 3 * ALLOC)])
+        return st.builds(PoolPointer, st.integers(0, 1), st.sampled_from([0, 4, 64, 1024]))
+    if kind is Kind.SIZE:
+        if op.name == "MEM_MAP_CHUNK":
+            return st.just(2 << 20)
+        return st.sampled_from([1, 4, 16, 256, 1024, 4096])
+    if kind is Kind.U32:
+        if name == "elem_size":
+            return st.sampled_from([1, 2, 4])
+        if name.startswith("cluster_"):
+            return st.just(1)
+        return st.sampled_from([0, 0, 1, 0xFF]) if name == "value" else st.just(0)
+    if kind is Kind.I32:
+        return st.just(0)
+    if kind is Kind.HASH:
+        return st.just(DIGEST)
+    if kind is Kind.LAUNCH_CONFIG:
+        return _small_config
+    return _ARG[kind]
+
+
+_valid_params = st.builds(
+    Params,
+    st.integers(0, 1).map(lambda i: PoolPointer(i, 0)),
+    st.integers(0, 1).map(lambda i: PoolPointer(i, 0)),
+    i32,
+    i32,
+    st.sampled_from([0, 1, 100, ALLOC // 4]),
+)
+
+
+def _plausible_data(op: Op) -> st.SearchStrategy[object]:
+    if op.data_in == "src":
+        return st.binary(min_size=1, max_size=1024)
+    if op.data_in == "image":
+        return st.sampled_from([IMAGE, b""])
+    if op.data_in == "name":
+        return st.just(b"axpb")
+    if op.data_in == "params":
+        return _valid_params
+    return st.just(b"")
+
+
 def call(ops: list[Op] = FUZZ_OPS) -> st.SearchStrategy[Call]:
-    """One call of any op, its arguments by wire kind (sometimes bytes of the wrong length)."""
+    """One call of any op: its arguments as a correct guest would pass them around the pool's
+    objects, or by wire kind at random and at the boundaries, or a mix of both (one random
+    argument among plausible ones reaches the deepest checks), or bytes of a wrong length."""
 
     def for_op(op: Op) -> st.SearchStrategy[Call]:
-        values = st.tuples(*[_ARG[p.kind] for p in op.args])
+        plausible = [_plausible(op, p.name, p.kind) for p in op.args]
+        wild = [_ARG[p.kind] for p in op.args]
+        values = st.tuples(*wild)
+        good = st.tuples(*plausible)
+        mixed = st.tuples(*[a | b for a, b in zip(plausible, wild, strict=True)])
         wrong = st.binary(max_size=48)  # too short, too long
-        return st.builds(
-            Call,
-            st.just(op),
-            values | values | values | st.none(),
-            wrong,
-            data_for(op),
-        )
+        data = _plausible_data(op) | data_for(op)
+        return st.builds(Call, st.just(op), good | mixed | values | good | st.none(), wrong, data)
 
     return st.sampled_from(ops).flatmap(for_op)
 
@@ -163,6 +249,8 @@ def resolve(value: object, pool: Pool, image: bytes) -> object:
     """A drawn value with its symbols replaced by the pool's objects."""
     if isinstance(value, PoolHandle):
         return pool.handles()[value.index]
+    if isinstance(value, Fresh):
+        return (value.kind << 56) | next(_fresh_ids)
     if isinstance(value, PoolPointer):
         return (pool.pointers()[value.index] + value.offset) & M64
     if isinstance(value, Params):
