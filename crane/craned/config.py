@@ -9,6 +9,7 @@ Example ``/etc/crane/craned.toml``::
     prespawn = 1                       # idle workers kept ready, so a session opens fast
     moved_ttl_s = 600                  # how long a migrated-away session's entry redirects
     parked_ttl_s = 3600                # how long a parked session waits for its restore
+    module_cache_bytes = "1GiB"        # module images kept on disk (LRU; images in use stay)
     checkpoint_dir = "/var/lib/crane/checkpoints"  # the only place checkpoints are read/written
 
     # Mutual TLS on every tcp:// listener (and for migrations to other daemons).
@@ -48,7 +49,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from crane.daemon.tenants import TenantConfig
+from crane.daemon.tenants import TenantConfig, parse_size
 
 __all__ = ["DaemonConfig", "load_config"]
 
@@ -81,6 +82,9 @@ class DaemonConfig:
     #: setting; craned warns at start). Without it a tcp listener needs the three TLS files.
     insecure_tcp: bool = False
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
+    #: The most bytes of module images the run directory's store keeps; least recently used
+    #: images no live session has loaded are evicted past it (crane.modules.store). 0: no bound.
+    module_cache_bytes: int = 1 << 30
 
 
 _SECONDS = ("moved_ttl_s", "parked_ttl_s")
@@ -108,6 +112,10 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
         if v not in (None, [], ""):
             setattr(cfg, k, v)
     _check_tls(cfg)
+    try:
+        cfg.module_cache_bytes = parse_size(cfg.module_cache_bytes)
+    except ValueError as e:
+        raise ValueError(f"module_cache_bytes: {e}") from None
     for k in _SECONDS:
         v = getattr(cfg, k)
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:

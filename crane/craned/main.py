@@ -106,6 +106,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the only directory checkpoint files are written to and restored from "
         "(default RUN_DIR/checkpoints)",
     )
+    p.add_argument(
+        "--module-cache-bytes",
+        metavar="SIZE",
+        help="bound of the run directory's module image cache, e.g. 512MiB; least recently used "
+        "images no session has loaded are evicted past it; 0: no bound (default 1GiB)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peers": args.peer,
                 "insecure_tcp": args.insecure_tcp,
                 "checkpoint_dir": args.checkpoint_dir,
+                "module_cache_bytes": args.module_cache_bytes,
             },
         )
     except (OSError, ValueError) as e:
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             tenants=cfg.tenants,
             peer_tls=TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.client_ca),
             checkpoint_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"),
+            module_cache_bytes=cfg.module_cache_bytes,
         )
         refused = sessions.quotas.cuda_refusals([d.backend for d in devices])
         if refused:

@@ -107,7 +107,8 @@ def serve(ch: Channel) -> int:
         log.exception("cannot start the backend")
         ch.send(Tag.CLOSE, f"backend failed to start: {e}".encode())
         return 1
-    engine = Engine.create(backend, cfg.session_id, window, ImageStore(cfg.module_cache))
+    images = ImageStore(cfg.module_cache, cfg.module_cache_bytes)
+    engine = Engine.create(backend, cfg.session_id, window, images)
     ws = WorkerSession(engine, cfg.session_id, SessionStats(cfg.stats_path))
 
     def end_session() -> None:
@@ -159,10 +160,13 @@ def _relay(ch: Channel, ws: WorkerSession, raw: bytes) -> bool:
     except SessionParked:  # moved away while the batch waited: the daemon releases us
         log.info("relayed batch refused: the session migrated while it waited")
         return False
-    last = len(msgs) - 1 if peek_flags(raw) & EXPECTS_REPLY else -1
+    closed = ws.engine.device.closed
+    # a batch that closed the session ends with CLOSE, not REPLY_LAST: the daemon then ends the
+    # guest's stream after the answers instead of waiting for a next batch that never comes
+    last = len(msgs) - 1 if peek_flags(raw) & EXPECTS_REPLY and not closed else -1
     for i, msg in enumerate(msgs):
         ch.send(Tag.REPLY_LAST if i == last else Tag.REPLY, msg)
-    return ws.engine.device.closed
+    return closed
 
 
 def _control_frame(

@@ -84,6 +84,7 @@ class GuestServicer:
             md.get("crane-session"), md.get("crane-token-bin"), context.peer(), caller
         )
         context.add_callback(lambda: self.sessions.close(session, "stream ended"))
+        session.end_stream = context.cancel
         ch = session.worker.channel
         try:
             for raw in requests:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ class DaemonSession:
     #: TenantConfig name, or uid:N / cert:NAME without tenants); only that tenant's callers
     #: (and operators) may act on it. Kept in its record, so restores and migrations keep it.
     tenant: str = ""
+    #: Ends the relay's call stream (the gRPC call's ``cancel``) once the session is over, so
+    #: a guest that closed it without a synchronizing batch does not hold a daemon thread.
+    end_stream: Callable[[], object] | None = None
 
     @property
     def va_base(self) -> int:

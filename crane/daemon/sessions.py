@@ -76,6 +76,7 @@ class SessionManager:
         tenants: dict[str, TenantConfig] | None = None,
         peer_tls: TlsFiles | None = None,
         checkpoint_dir: Path | None = None,
+        module_cache_bytes: int = 0,
     ) -> None:
         """``checkpoint_dir``: the only directory checkpoints are written to and read from
         (None: ``run_dir/checkpoints``), created 0700."""
@@ -88,8 +89,9 @@ class SessionManager:
         self.pool = pool
         self.quotas = Quotas(tenants or {}, run_dir)
         self.table = SessionTable(max_sessions, self.quotas.max_sessions())
-        self.images = ImageStore(run_dir / "modules")
+        self.images = ImageStore(run_dir / "modules", module_cache_bytes)
         self.images.root.mkdir(parents=True, exist_ok=True)
+        self.images.reset()  # no worker of a previous run pins anything
         (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
         _clear_stale(run_dir / "sessions")
         #: Bumped on every migration update (crane.migrate.daemon_side publishes them).
@@ -180,6 +182,7 @@ class SessionManager:
             direct_uid=owner_uid,
             attach_timeout_s=self.attach_timeout_s,
             **self.quotas.worker_fields(record.tenant),
+            module_cache_bytes=self.images.limit,
         )
         # the slot's tenant is known to the ledger before the worker can charge anything
         self.quotas.assign(record.slot, record.tenant)
@@ -323,6 +326,8 @@ class SessionManager:
         with self.table.lock:
             session.move(SessionState.CLOSED)
             self.table.remove(session)
+        if session.end_stream is not None:
+            session.end_stream()
         log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
 
     def mark_releasing(self, sid: str) -> threading.Event:
@@ -340,6 +345,7 @@ class SessionManager:
             code = session.worker.stop()
             session.device.ledger.clear(session.slot)
             self.quotas.clear(session.slot)
+            self.images.release_owner(session.worker.pid)  # its modules' pins
             session.stats.close()
             for path in (session.stats_path, session.direct_socket):
                 if path is not None:

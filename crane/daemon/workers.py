@@ -105,6 +105,10 @@ class WorkerPool:
         self.log_level = log_level
         self.pids = pids
         self._idle: list[WorkerProcess] = []
+        #: Workers being spawned for the pool: counted with the idle ones, or concurrent
+        #: refills (one per session opened) would each add one and the pool overshoot its size
+        #: (16 sessions opened at once left 12 idle workers, ~40 MB each, for good).
+        self._spawning = 0
         self._lock = threading.Lock()
         self._closed = False
         self.refill()
@@ -128,9 +132,14 @@ class WorkerPool:
     def refill(self) -> None:
         while True:
             with self._lock:
-                if self._closed or len(self._idle) >= self.size:
+                if self._closed or len(self._idle) + self._spawning >= self.size:
                     return
-            w = spawn(self.log_level, self.pids)
+                self._spawning += 1
+            try:
+                w = spawn(self.log_level, self.pids)
+            finally:
+                with self._lock:
+                    self._spawning -= 1
             with self._lock:
                 if self._closed:
                     break

@@ -169,7 +169,9 @@ class SessionDevice:
         return self.images.get(digest)
 
     def store_image(self, digest: bytes, image: bytes) -> None:
-        """Keep an image a checkpoint or migration carried (checked against its digest)."""
+        """Keep an image a checkpoint or migration carried (checked against its digest),
+        pinned in the store: this session's next checkpoint or migration reads it back."""
+        self.images.pin(digest)
         try:
             self.images.put(digest, image)
         except DigestMismatch as e:
@@ -184,16 +186,27 @@ class SessionDevice:
         place: Callable[[int], int],
     ) -> tuple[ModuleImage, LoadedModule]:
         """Load an image for this device and record it; a restore passes its own ``place``
-        (the recorded addresses of the module variables) so that they land where they were."""
+        (the recorded addresses of the module variables) so that they land where they were.
+        The image stays pinned in the store while a module of it is loaded."""
+        self.images.pin(digest)
         try:
-            info: ModuleImage = inspect_image(data, self.backend.snapshot.cc)
-        except NoCompatibleCode as e:
-            raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, str(e)) from None
-        except ImageError as e:
-            raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, str(e)) from None
-        loaded = self.backend.module_load(info, place, data=data)
-        self.modules.add(module, ctx, loaded, digest)
+            try:
+                info: ModuleImage = inspect_image(data, self.backend.snapshot.cc)
+            except NoCompatibleCode as e:
+                raise CudaError(CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, str(e)) from None
+            except ImageError as e:
+                raise CudaError(CUresult.CUDA_ERROR_INVALID_IMAGE, str(e)) from None
+            loaded = self.backend.module_load(info, place, data=data)
+            self.modules.add(module, ctx, loaded, digest)
+        except BaseException:
+            self._unpin_unused(digest)
+            raise
         return info, loaded
+
+    def _unpin_unused(self, digest: bytes) -> None:
+        """Unpin ``digest`` when no loaded module was made from it."""
+        if all(self.modules.get(h).meta != digest for h in self.modules):
+            self.images.unpin(digest)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _ctx(self, ctx: int) -> None:
@@ -231,7 +244,9 @@ class SessionDevice:
         for h in self.functions.owned_by(ctx):
             self.functions.pop(h)
         for h in self.modules.owned_by(ctx):
-            self.backend.module_unload(self.modules.pop(h).obj)
+            owned = self.modules.pop(h)
+            self.backend.module_unload(owned.obj)
+            self._unpin_unused(owned.meta)
         for addr in [a for a, (c, _) in self.allocations.items() if c == ctx]:
             self.mem_free(addr)
         self.contexts.pop(ctx)
@@ -348,8 +363,10 @@ class SessionDevice:
                 )
             data: bytes | None = image
         else:
+            self.images.pin(digest)  # before the read: an eviction may not take it from under us
             data = self.image(digest)
         if data is None:
+            self._unpin_unused(digest)
             return CRANE_NEED_IMAGE
         mark = self.module_area.mark()
         try:
@@ -384,6 +401,7 @@ class SessionDevice:
         for h in [h for h in self.functions if self.functions.get(h).meta == module]:
             self.functions.pop(h)
         self.backend.module_unload(owned.obj)
+        self._unpin_unused(owned.meta)
 
     def function_bind(self, function: int, module: int, name: bytes) -> None:
         owned = self.modules.get(module)

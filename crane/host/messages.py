@@ -93,6 +93,7 @@ class WorkerConfig:
     tenant_ledger: str = ""
     tenant: str = ""
     kernel_time_limit_s: float = 0.0
+    module_cache_bytes: int = 0  # the module store's bound (0: unbounded), crane.modules.store
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,14 @@ def restore_checkpoint(
                 ) from None
         elif s.kind == Kind.OBJECTS:
             graph = s.json()
-            restore_graph(dev, log, graph)
+            try:
+                restore_graph(dev, log, graph)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+                # the graph is the file's word, not ours: a missing key or a value of the
+                # wrong type is a damaged file, named as such (not an "internal error")
+                raise CheckpointError(
+                    f"{name}: OBJECTS section {s.index} is malformed: {type(e).__name__}: {e}"
+                ) from None
         elif s.kind == Kind.REPLIES:
             log.last_replies = unpack_replies(s.payload, name)
         elif s.kind == Kind.MEMORY:

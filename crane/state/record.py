@@ -199,6 +199,11 @@ def restore_graph(dev: SessionDevice, log: CallLog, g: State) -> None:
 
 
 def restore_progress(log: CallLog, g: State) -> None:
-    """The call log's counters as a graph recorded them."""
-    log.done_seq = g["done_seq"]
-    log.calls = g["calls"]
+    """The call log's counters as a graph recorded them (ValueError unless both are counts:
+    every later batch is compared with them)."""
+    done_seq, calls = g["done_seq"], g["calls"]
+    for name, v in (("done_seq", done_seq), ("calls", calls)):
+        if type(v) is not int or not 0 <= v < 1 << 64:
+            raise ValueError(f"{name} {v!r} is not a 64-bit count")
+    log.done_seq = done_seq
+    log.calls = calls

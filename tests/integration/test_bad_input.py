@@ -173,3 +173,36 @@ def test_daemon_survives_and_serves_others(daemon: DaemonProcess) -> None:
         a = s.mem_alloc(16)
         s.memcpy_htod(a, np.arange(4, dtype=np.uint32))
         assert np.array_equal(np.frombuffer(s.memcpy_dtoh(a, 16), np.uint32), np.arange(4))
+
+
+@pytest.mark.parametrize("flags", [1, 0], ids=["synchronizing", "asynchronous"])
+def test_a_relayed_batch_that_closes_its_session_ends_the_stream(
+    daemon: DaemonProcess, flags: int
+) -> None:
+    """Found by the fuzzer (tests/fuzz): SESSION_CLOSE followed by more calls in one relayed
+    batch left the guest's stream open (and a daemon thread on it) until the guest sent another
+    batch; the stream must end once the session is over, the close's answer delivered first."""
+    from tests.fuzz.rawguest import RawSession, StreamEnded
+
+    s = RawSession(daemon.address, direct=False)
+    try:
+        close, probe = O["SESSION_CLOSE"], O["MEM_GET_INFO"]
+        b = guest_pb2.CallBatch(flags=flags)
+        b.calls.add(seq=1, op=close.id)
+        b.calls.add(seq=2, op=probe.id)
+        s.send(b.SerializeToString())
+        with pytest.raises(StreamEnded):
+            s.wait_for(2, timeout=10)
+        deadline = time.monotonic() + 10
+        while daemon_sessions(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemon_sessions(daemon) == []
+    finally:
+        s.close()
+
+
+def daemon_sessions(daemon: DaemonProcess) -> list[str]:
+    from crane.cli.control_client import ControlClient
+
+    with ControlClient(daemon.address) as c:
+        return [x.id for x in c.sessions().sessions]

@@ -12,6 +12,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
+from crane.modules.store import ImageStore
 
 HEADER = ".version 7.8\n.target sm_80\n.address_size 64\n"
 
@@ -26,8 +27,7 @@ FITS = HEADER + (".visible .global .align 4 .b32 v = 7;\n.visible .entry k()\n{\
 
 
 def _cache_bytes(daemon: DaemonProcess) -> int:
-    root = daemon.run_dir / "modules"
-    return sum(p.stat().st_size for p in root.iterdir()) if root.exists() else 0
+    return ImageStore(daemon.run_dir / "modules").size()
 
 
 def test_refused_module_variable_releases_its_memory(daemon: DaemonProcess) -> None:

@@ -89,3 +89,15 @@ def test_tcp_listeners_need_mutual_tls_or_insecure_tcp(tmp_path: Path) -> None:
     f.write_text('listen = "tcp://127.0.0.1:1"\npeers = "craned-b"\ninsecure_tcp = true\n')
     cfg = load_config(f, {})
     assert cfg.peers == ["craned-b"] and cfg.insecure_tcp
+
+
+def test_module_cache_bound_from_file_and_flag(tmp_path: Path) -> None:
+    assert load_config(None, {}).module_cache_bytes == 1 << 30
+    f = tmp_path / "craned.toml"
+    f.write_text('module_cache_bytes = "512MiB"\n')
+    assert load_config(f, {}).module_cache_bytes == 512 << 20
+    args = parse_args(["--module-cache-bytes", "0"])
+    assert load_config(f, {"module_cache_bytes": args.module_cache_bytes}).module_cache_bytes == 0
+    f.write_text('module_cache_bytes = "lots"\n')
+    with pytest.raises(ValueError, match="module_cache_bytes"):
+        load_config(f, {})
