@@ -14,10 +14,12 @@ batching, the relay (if any), decoding and executing the call.
 * ``async_rate``: 100k one-byte ``cuMemsetD8`` then one synchronize. Target: >= 100k calls/s.
 * ``htod_*``/``dtoh_*``: bandwidth at 1 MiB and 256 MiB vs streaming the same bytes one way
   (Drain / Source) in the same 4 MiB messages. Target: ratio >= 0.8.
-* ``tcp``: what mutual TLS costs a guest reaching craned over TCP (a VM, a remote host): the
-  sync round trip and the async call rate of a relayed session on a plain-TCP daemon
-  (``insecure_tcp``) and on an mTLS one (certificates made for the run with trustme), blocks
-  interleaved. Target: overhead <= 5%.
+* ``security``: what identity and quota accounting cost, as the sync round trip and the async
+  call rate of sessions on daemons that differ only in them, blocks interleaved. Over TCP (a
+  VM, a remote host; relay path): plain TCP (``insecure_tcp``), mutual TLS (certificates made
+  for the run with trustme), mutual TLS with the caller's tenant under a memory quota and a
+  session limit. Over the unix socket (direct path): no tenants, and the caller's uid a tenant
+  under the same quotas (its credential from the ident socket). Target: overhead <= 5%.
 """
 
 from __future__ import annotations
@@ -189,8 +191,41 @@ def sync_and_async(s: GuestSession, n_rtt: int, n_async: int) -> tuple[list[floa
     return times, rate
 
 
-def measure_tls(tmp: Path, quick: bool) -> dict:
-    """Relayed sessions over plain TCP and over mutual TLS, measured in interleaved blocks."""
+def _overheads(samples: dict[str, tuple[list[float], list[float]]], base: str) -> dict:
+    """Median round trip and best call rate per configuration, each against ``base``."""
+    b_rtt = statistics.median(samples[base][0])
+    b_rate = max(samples[base][1])
+    out: dict = {}
+    for name, (times, rates) in samples.items():
+        rtt, rate = statistics.median(times), max(rates)
+        out[name] = {
+            "sync_rtt_us": rtt * 1e6,
+            "async_calls_per_s": rate,
+            "rtt_overhead": rtt / b_rtt - 1,
+            "rate_overhead": b_rate / rate - 1,
+            "target": "<= 0.05",
+        }
+    return out
+
+
+def _interleaved(sessions: dict[str, GuestSession], quick: bool) -> dict:
+    n_rtt, n_async, blocks = (300, 5_000, 3) if quick else (1000, 20_000, 5)
+    samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in sessions}
+    for _ in range(blocks):
+        for name, s in sessions.items():
+            times, r = sync_and_async(s, n_rtt, n_async)
+            samples[name][0].extend(times)
+            samples[name][1].append(r)
+    return samples
+
+
+def measure_security(tmp: Path, quick: bool) -> dict:
+    """Identity and quota accounting on vs off, each configuration its own daemon, measured in
+    interleaved blocks. Over TCP (relay path): plain TCP, mutual TLS, mutual TLS with the
+    caller's tenant under a memory quota and a session limit. Over the unix socket (direct
+    path): no tenants, and the caller's uid a tenant under the same quotas."""
+    import os
+
     import trustme
 
     ca = trustme.CA()
@@ -203,37 +238,30 @@ def measure_tls(tmp: Path, quick: bool) -> dict:
     ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
     tls_args = ["--tls-cert", files["craned"], "--tls-key", files["craned"] + ".key"]
     tls_args += ["--client-ca", str(tmp / "ca.pem")]
+    quota = tmp / "quota.toml"
+    quota.write_text(
+        "[tenants.bench]\n"
+        f"uids = [{os.getuid()}]\ncerts = ['bench']\nmemory = '64GiB'\nmax_sessions = 8\n"
+    )
+    quota_args = ["--config", str(quota)]
     client = TlsFiles(files["bench"], files["bench"] + ".key", str(tmp / "ca.pem"))
     tcp = ["tcp://127.0.0.1:0"]
-    n_rtt, n_async, blocks = (300, 5_000, 3) if quick else (1000, 20_000, 5)
     with (
         DaemonProcess(tmp / "plain", extra_listen=tcp, extra_args=["--insecure-tcp"]) as plain,
         DaemonProcess(tmp / "mtls", extra_listen=tcp, extra_args=tls_args) as mtls,
-        GuestSession(plain.tcp_address(), client="bench_tls", tls=TlsFiles()) as sp,
-        GuestSession(mtls.tcp_address(), client="bench_tls", tls=client) as sm,
+        DaemonProcess(tmp / "quota", extra_listen=tcp, extra_args=tls_args + quota_args) as q,
+        GuestSession(plain.tcp_address(), client="bench_sec", tls=TlsFiles()) as sp,
+        GuestSession(mtls.tcp_address(), client="bench_sec", tls=client) as sm,
+        GuestSession(q.tcp_address(), client="bench_sec", tls=client) as sq,
+        GuestSession(plain.address, client="bench_sec", direct=True) as up,
+        GuestSession(q.address, client="bench_sec", direct=True) as uq,
     ):
-        rtt: dict[str, list[float]] = {"plain": [], "mtls": []}
-        rate: dict[str, list[float]] = {"plain": [], "mtls": []}
-        for _ in range(blocks):
-            for name, s in (("plain", sp), ("mtls", sm)):
-                times, r = sync_and_async(s, n_rtt, n_async)
-                rtt[name] += times
-                rate[name].append(r)
-    p_rtt, m_rtt = statistics.median(rtt["plain"]), statistics.median(rtt["mtls"])
-    p_rate, m_rate = max(rate["plain"]), max(rate["mtls"])
+        assert up._t.path == uq._t.path == "direct"
+        tcp_samples = _interleaved({"plain": sp, "mtls": sm, "mtls_quota": sq}, quick)
+        unix_samples = _interleaved({"no_tenants": up, "quota": uq}, quick)
     return {
-        "sync_rtt": {
-            "plain_us": p_rtt * 1e6,
-            "mtls_us": m_rtt * 1e6,
-            "overhead": m_rtt / p_rtt - 1,
-            "target": "<= 0.05",
-        },
-        "async_rate": {
-            "plain_calls_per_s": p_rate,
-            "mtls_calls_per_s": m_rate,
-            "overhead": p_rate / m_rate - 1,
-            "target": "<= 0.05",
-        },
+        "tcp_relay": _overheads(tcp_samples, "plain"),
+        "unix_direct": _overheads(unix_samples, "no_tenants"),
     }
 
 
@@ -249,7 +277,7 @@ def run(quick: bool) -> dict:
                 bare = Bare(s._t.opened.direct_address if path == "direct" else daemon.address)
                 results[path] = measure_path(s, bare, quick)
                 bare.ch.close()
-        results["tcp"] = measure_tls(Path(tmp), quick)
+        results["security"] = measure_security(Path(tmp), quick)
     return results
 
 
@@ -262,12 +290,13 @@ def main() -> int:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    for path in ("direct", "relay", "tcp"):
-        for k, v in results[path].items():
-            cells = [
-                f"{kk}={vv:.3f}" if isinstance(vv, float) else f"{kk}={vv}" for kk, vv in v.items()
-            ]
-            print(f"{path:6s} {k:12s} " + "  ".join(cells))
+    rows = [(p, k, v) for p in ("direct", "relay") for k, v in results[p].items()]
+    rows += [(p, k, v) for p, configs in results["security"].items() for k, v in configs.items()]
+    for path, k, v in rows:
+        cells = [
+            f"{kk}={vv:.3f}" if isinstance(vv, float) else f"{kk}={vv}" for kk, vv in v.items()
+        ]
+        print(f"{path:11s} {k:12s} " + "  ".join(cells))
     return 0
 
 

@@ -13,8 +13,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -112,7 +114,7 @@ def test_unix_sessions_belong_to_their_users_uid(shared_dir: Path) -> None:
             assert mine["resume"] == ["OK", a.id]
             assert mine["checkpoint"][0] == "PERMISSION_DENIED"
             with ControlClient(d.address) as c:  # root operates the daemon
-                (info,) = c.sessions().sessions
+                (info,) = _once_settled(c)
             assert info.id == a.id and info.tenant == f"uid:{UID_A}"
         finally:
             a.close()
@@ -157,6 +159,18 @@ def test_a_unix_caller_without_a_credential_is_refused(daemon: DaemonProcess) ->
         control_pb2_grpc.ControlStub(ch).ListSessions(control_pb2.ListSessionsRequest(), timeout=10)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "unix caller sent no credential" in (e.value.details() or "")
+
+
+def _once_settled(c: ControlClient) -> list[Any]:
+    """The daemon's sessions once those the probes opened and closed are gone (a close is
+    asynchronous: the worker exits after the guest's stream ends); a session that stays fails
+    the caller's assertion."""
+    deadline = time.monotonic() + 10
+    while True:
+        sessions = list(c.sessions().sessions)
+        if len(sessions) <= 1 or time.monotonic() > deadline:
+            return sessions
+        time.sleep(0.05)
 
 
 # ---- TCP: mutual TLS ---------------------------------------------------------------------------
@@ -264,7 +278,7 @@ def test_tenants_by_certificate_are_kept_apart(
             bob = probe_here(tcp, s.session_id, token)
             become("ops")
             with ControlClient(tcp) as c:
-                (info,) = c.sessions().sessions
+                (info,) = _once_settled(c)
             ops_ckpt = ControlClient(tcp, timeout=60).checkpoint(s.session_id, "ops.ckpt", False)
             become("mallory")
             mallory = _devices(tcp, pki.issue("mallory"))
