@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from crane.api.generated.cuda_enums import CUdevice_attribute as A
 from crane.device.model import DeviceModel
 from crane.device.model_file import attribute_name
+from crane.device.served import served_attributes
 
 __all__ = [
     "INFORMATIONAL",
@@ -146,14 +147,17 @@ def promises_more(
     """Each way ``model`` promises more than a device reporting ``device_attributes`` (an
     attribute the device does not report counts as 0: a feature it lacks), naming the
     attribute and both values. ``simulated``: the device is the PTX interpreter (any compute
-    capability runs)."""
+    capability runs). Attributes every session is told lowered (host memory coherence, see
+    :mod:`crane.device.served`) are compared as told."""
     out: list[str] = []
     if not simulated and tuple(model.compute_capability) > tuple(device_cc):
         out.append(
             "compute capability: model {}.{} > device {}.{} (code built for the model's "
             "architecture cannot run on the device)".format(*model.compute_capability, *device_cc)
         )
-    for attr, value in sorted(model.attributes.items()):
+    # what a session is told over a wire whatever the device (crane.device.served) is not a
+    # promise of the model's: compare what the guest will actually hear
+    for attr, value in sorted(served_attributes(model.attributes).items()):
         kind = attribute_kind(attr)
         have = int(device_attributes.get(attr, 0))
         if _exceeds(kind, int(value), have):
