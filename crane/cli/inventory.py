@@ -72,6 +72,7 @@ _DEVICE_COLUMNS = [
     "CC",
     "BACKEND",
     "PROFILE",
+    "MODEL",
     "MEMORY",
     "USED",
     "SESSIONS",
@@ -86,12 +87,21 @@ _SESSION_COLUMNS = [
     "TENANT",
     "STATE",
     "DEV",
+    "MODEL",
     "MEMORY",
     "CALLS",
     "AGE",
     "PEER",
     "CLIENT",
 ]
+
+
+def _presented(d) -> str:  # type: ignore[no-untyped-def]
+    """The model a device tells its guests: "-" for its own identity, else the model's key,
+    its compute capability and the memory guests may use."""
+    if not d.model:
+        return "-"
+    return f"{d.model} ({d.model_cc_major}.{d.model_cc_minor}, {format_bytes(d.model_total_mem)})"
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -103,6 +113,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
                 f"{d.cc_major}.{d.cc_minor}",
                 d.backend,
                 d.profile,
+                _presented(d),
                 format_bytes(d.total_mem),
                 format_bytes(d.used_mem),
                 str(d.sessions),
@@ -142,6 +153,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
                 s.tenant or "-",
                 f"{s.state} {s.location}" if s.location else s.state,
                 str(s.device),
+                s.model or "-",
                 format_bytes(s.mem_used),
                 str(s.calls),
                 f"{now - s.opened_at:.0f}s",

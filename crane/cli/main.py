@@ -10,6 +10,8 @@
                                 (and park it); S (60) bounds the call, a stuck session included
     crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
     crane migrate --session ID --to ADDR [--no-precopy]  move a running session, live
+    crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
+                                can present (craned --backend SPEC@FILE)
 
 ``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. A ``tcp://`` daemon wants mutual TLS:
 ``--cert FILE --key FILE --ca FILE`` (or ``$CRANE_TLS_CERT``, ``$CRANE_TLS_KEY``,
@@ -24,7 +26,7 @@ import argparse
 import os
 import sys
 
-from crane.cli import demo, inventory, migrate, park, run
+from crane.cli import baseline, demo, inventory, migrate, park, run
 from crane.wire.channel import TlsFiles
 
 __all__ = ["main"]
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fails and the session carries on here (default %(default)g)",
     )
     v.set_defaults(func=migrate.cmd_migrate)
+    baseline.add_parser(sub)
     return p
 
 

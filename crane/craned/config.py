@@ -3,7 +3,9 @@
 Example ``/etc/crane/craned.toml``::
 
     listen = ["unix:///run/crane/crane.sock", "tcp://127.0.0.1:7480"]
-    backend = ["sim:h100-80gb"]        # or "auto", "cuda", "cuda:1"; repeat for more devices
+    backend = ["sim:h100-80gb"]        # or "auto", "cuda", "cuda:1"; repeat for more devices;
+                                       # "cuda:0@a100-40gb" or "...@/etc/crane/pool.toml" tells
+                                       # guests that model (crane/device/presented.py)
     run_dir = "/run/crane"
     log_level = "info"
     prespawn = 1                       # idle workers kept ready, so a session opens fast

@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--backend",
         action="append",
         default=[],
-        help="device backend (repeatable): auto, cuda[:N], sim:PROFILE",
+        help="device backend (repeatable): auto, cuda[:N], sim:PROFILE; SPEC@MODEL tells "
+        "guests MODEL (a built-in profile key or a model file, see crane baseline)",
     )
     p.add_argument("--run-dir", help="state directory (sockets, ledgers, module cache)")
     p.add_argument("--log-level", help="debug, info, warning, error")

@@ -102,6 +102,7 @@ def serve(ch: Channel) -> int:
             tenant_ledger=cfg.tenant_ledger,
             tenant=cfg.tenant,
             kernel_time_limit_s=cfg.kernel_time_limit_s,
+            model=cfg.model,
         )
     except Exception as e:
         log.exception("cannot start the backend")

@@ -18,10 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crane.backends.catalog import DEFAULT_MODEL_KEY, builtin_model, cuda_unavailable
+from crane.backends.catalog import (
+    DEFAULT_MODEL_KEY,
+    UnknownModelError,
+    builtin_model,
+    builtin_model_keys,
+    cuda_unavailable,
+)
 from crane.daemon.gpu_inventory import GpuInfo, NvmlUnavailable, cuda_attributes, list_gpus
 from crane.device.identity import uuid_text
 from crane.device.ledger import Ledger
+from crane.device.model import DeviceModel
+from crane.device.model_file import ModelFileError, read_model_file
+from crane.device.presented import present, promises_more
 from crane.modules.arch import format_cc
 from crane.state.preflight import Destination
 
@@ -48,6 +57,28 @@ class Device:
     read_attributes: Callable[[], dict[int, int]] = field(default=dict, repr=False)
     _attributes: dict[int, int] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: The model its guests are told (``--backend SPEC@MODEL``; memory already clipped to the
+    #: device's), or None: the device's own identity.
+    model: DeviceModel | None = None
+
+    @property
+    def model_key(self) -> str:
+        """The presented model's key ("" when guests are told the device itself)."""
+        return self.model.key if self.model is not None else ""
+
+    @property
+    def offered_total(self) -> int:
+        """Device memory its guests may use: the presented model's total, else the device's."""
+        return self.model.total_mem if self.model is not None else self.total_mem
+
+    @property
+    def offered_attributes(self) -> dict[int, int]:
+        """The limits its guests are held to: the presented model's, else the device's."""
+        return dict(self.model.attributes) if self.model is not None else self.attributes
+
+    @property
+    def offered_cc(self) -> tuple[int, int]:
+        return self.model.compute_capability if self.model is not None else self.cc
 
     @property
     def ledger_path(self) -> str:
@@ -68,11 +99,12 @@ class Device:
 
     def destination(self) -> Destination:
         """The device as a pre-flight sees it (restores and incoming migrations alike)."""
+        label = self.label + (f" as {self.model_key}" if self.model is not None else "")
         return Destination(
-            where=f"device {self.index} ({self.label}, {format_cc(self.cc)})",
-            cc=self.cc,
-            attributes=self.attributes,
-            free_mem=self.total_mem - self.ledger.used(),
+            where=f"device {self.index} ({label}, {format_cc(self.offered_cc)})",
+            cc=self.offered_cc,
+            attributes=self.offered_attributes,
+            free_mem=self.offered_total - self.ledger.used(),
         )
 
 
@@ -134,7 +166,8 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
             probed["host"] = (gpus, why, _cuda_backend_missing() if gpus else "")
         return probed["host"]
 
-    for spec in specs:
+    for full_spec in specs:
+        spec, _, model_arg = full_spec.partition("@")
         kind, _, arg = spec.partition(":")
         index = len(devices)
         if kind == "auto":
@@ -184,6 +217,39 @@ def resolve_devices(specs: list[str], run_dir: Path) -> tuple[list[Device], str]
             notes.append(f"device {index}: sim:{model.key} ({model.name})")
         else:
             raise ValueError(f"unknown backend {spec!r}: use auto, cuda[:N] or sim:PROFILE")
+        if model_arg:
+            device.model = _presented(device, model_arg, full_spec)
+            device.ledger = Ledger(ledger_path, device.model.total_mem)
+            notes[-1] += f" as {device.model.key} ({device.model.name})"
         device.ledger.reset()
         devices.append(device)
     return devices, "; ".join(notes)
+
+
+def _load_model(arg: str, cc: tuple[int, int], spec: str) -> DeviceModel:
+    """``MODEL`` of ``SPEC@MODEL``: a built-in model's key, or a model file's path."""
+    try:
+        return builtin_model(arg)
+    except UnknownModelError:
+        pass
+    if "/" not in arg and not arg.endswith(".toml") and not Path(arg).exists():
+        raise ValueError(
+            f"backend {spec!r}: no model {arg!r}: not a built-in model "
+            f"({', '.join(builtin_model_keys())}) nor a model file"
+        )
+    try:
+        return read_model_file(arg, default_cc=cc)
+    except ModelFileError as e:
+        raise ValueError(f"backend {spec!r}: {e}") from None
+
+
+def _presented(device: Device, arg: str, spec: str) -> DeviceModel:
+    """The model ``device`` presents, refused when it promises more than the device has."""
+    model = _load_model(arg, device.cc, spec)
+    why = promises_more(model, device.attributes, device.cc, simulated=device.backend == "sim")
+    if why:
+        raise ValueError(
+            f"backend {spec!r}: model {model.key} promises more than {device.label} has: "
+            + "; ".join(why)
+        )
+    return present(model, device.total_mem)

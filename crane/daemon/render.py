@@ -57,6 +57,8 @@ def session_info(s: DaemonSession, table: SessionTable, expiry: Expiry) -> commo
         va_size=WINDOW_SIZE,
         location=location,
         tenant=s.tenant,
+        model=s.identity.profile,
+        model_name=s.identity.name,
     )
 
 
@@ -94,4 +96,10 @@ def device_info(d: Device, used: int, sessions: int) -> common_pb2.DeviceInfo:
         utilization_pct=util,
         mig_mode=mig,
         driver_version=d.driver_version,
+        model=d.model_key,
+        model_name=d.model.name if d.model is not None else "",
+        model_total_mem=d.offered_total,
+        model_cc_major=d.offered_cc[0],
+        model_cc_minor=d.offered_cc[1],
+        attributes=d.attributes,
     )

@@ -43,6 +43,7 @@ from crane.daemon.tenants import TenantConfig
 from crane.daemon.worker_control import configure
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
+from crane.device.model_file import model_to_dict
 from crane.host.checkpoint_dir import CheckpointDir
 from crane.host.lifeline import alive
 from crane.host.messages import WorkerConfig
@@ -183,6 +184,7 @@ class SessionManager:
             attach_timeout_s=self.attach_timeout_s,
             **self.quotas.worker_fields(record.tenant),
             module_cache_bytes=self.images.limit,
+            model=model_to_dict(device.model) if device.model is not None else {},
         )
         # the slot's tenant is known to the ledger before the worker can charge anything
         self.quotas.assign(record.slot, record.tenant)

@@ -94,6 +94,9 @@ class WorkerConfig:
     tenant: str = ""
     kernel_time_limit_s: float = 0.0
     module_cache_bytes: int = 0  # the module store's bound (0: unbounded), crane.modules.store
+    #: The device model the guest is told (crane.device.model_file's plain form, memory
+    #: already clipped to the device's), or {}: the device's own identity.
+    model: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
