@@ -112,14 +112,24 @@ def restore_event(dev: SessionDevice, s: State) -> None:
     dev.event_create(s["ctx"], s["handle"], s["flags"])
 
 
-def save_function(handle: int, o: Owned[str], max_dynamic_shared: int | None) -> State:
-    return {"handle": handle, "module": o.meta, "kernel": o.obj, "max_dyn": max_dynamic_shared}
+def save_function(
+    handle: int, o: Owned[str], max_dynamic_shared: int | None, peaks: list[int] | None
+) -> State:
+    return {
+        "handle": handle,
+        "module": o.meta,
+        "kernel": o.obj,
+        "max_dyn": max_dynamic_shared,
+        "peaks": peaks,
+    }
 
 
 def restore_function(dev: SessionDevice, s: State) -> None:
     dev.function_bind(s["handle"], s["module"], s["kernel"].encode())
     if s["max_dyn"] is not None:
         dev.function_set_max_dynamic_shared(s["handle"], s["max_dyn"])
+    if s.get("peaks"):  # a record from before launch peaks were kept has none
+        dev.launch_peaks[s["handle"]] = [int(x) for x in s["peaks"]]
 
 
 def save_sticky(e: CudaError | None) -> State | None:
@@ -152,7 +162,9 @@ def save_graph(dev: SessionDevice, log: CallLog) -> State:
         "streams": [save_stream(h, dev.streams.get(h)) for h in dev.streams],
         "events": [save_event(h, dev.events.get(h)) for h in dev.events],
         "functions": [
-            save_function(h, dev.functions.get(h), dev.max_dynamic_shared.get(h))
+            save_function(
+                h, dev.functions.get(h), dev.max_dynamic_shared.get(h), dev.launch_peaks.get(h)
+            )
             for h in dev.functions
         ],
         "sticky": save_sticky(dev.sticky),
