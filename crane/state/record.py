@@ -21,10 +21,11 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.base import GlobalVar, LoadedModule
+from crane.backends.base import LoadedModule
 from crane.engine.codec import CallLog
 from crane.engine.model import SessionDevice
 from crane.engine.objects import Owned
+from crane.state.placement import moved_globals, placement_refusal
 
 __all__ = ["RECORD_VERSION", "restore_graph", "restore_progress", "restore_sticky", "save_graph"]
 
@@ -79,12 +80,12 @@ def restore_module(dev: SessionDevice, s: State) -> None:
         return addr
 
     _, loaded = dev.load_module(s["ctx"], s["handle"], digest, data, place)
-    for name, addr, size in s["globals"]:
-        placed = loaded.globals.get(name)
-        if placed is not None and placed.addr != addr:
-            # the driver chose (cuda backend): the guest keeps the address it was told
-            dev.backend.alias_global(addr, placed.addr, size)
-            loaded.globals[name] = GlobalVar(name, addr, size)
+    # the driver chose (cuda backend): the guest's stored pointers to them would be stale
+    moved = moved_globals(s["globals"], loaded.globals)
+    if moved:
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED, placement_refusal(s["digest"][:16], moved)
+        )
 
 
 def save_allocation(addr: int, ctx: int, size: int) -> State:
