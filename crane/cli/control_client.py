@@ -34,8 +34,12 @@ class ControlClient:
         req = control_pb2.CheckpointRequest(session_id=session, path=path, release=release)
         return self._stub.Checkpoint(req, timeout=self.timeout)
 
-    def restore(self, path: str, device: int = -1) -> control_pb2.RestoreReply:
-        req = control_pb2.RestoreRequest(path=path, device=device)
+    def restore(
+        self, path: str, device: int = -1, accept_lower_limits: bool = False
+    ) -> control_pb2.RestoreReply:
+        req = control_pb2.RestoreRequest(
+            path=path, device=device, accept_lower_limits=accept_lower_limits
+        )
         return self._stub.Restore(req, timeout=self.timeout)
 
     def close(self) -> None:

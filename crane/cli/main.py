@@ -9,7 +9,8 @@
     crane checkpoint --session ID -o FILE [--release] [--timeout S]  write a session to a file
                                 (and park it); S (60) bounds the call, a stuck session included
     crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
-    crane migrate --session ID --to ADDR [--no-precopy]  move a running session, live
+    crane migrate --session ID --to ADDR [--no-precopy] [--accept-lower-limits]  move a
+        running session, live
     crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
                                 can present (craned --backend SPEC@FILE)
 
@@ -94,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up waiting for the daemon after this long (default %(default)g)",
     )
+    t.add_argument(
+        "--accept-lower-limits",
+        action="store_true",
+        help="the device may offer less than the guest was told at start (listed by the "
+        "refusal): restore anyway when the session uses none of it; a later launch beyond the new "
+        "device's limits fails as it would on that GPU (the other way: start guests under a "
+        "baseline model, crane baseline)",
+    )
     t.set_defaults(func=park.cmd_restore)
     v = sub.add_parser("migrate", help="move a running session to another daemon, live")
     v.add_argument("--session", required=True, help="session id (see crane ps)")
@@ -117,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         "it needs a call boundary, and the destination (its pre-flight answer, draining the "
         "transfer, acknowledging a round: no progress for this long); past it the migration "
         "fails and the session carries on here (default %(default)g)",
+    )
+    v.add_argument(
+        "--accept-lower-limits",
+        action="store_true",
+        help="the destination may offer less than the guest was told at start (listed by the "
+        "refusal): move anyway when the session uses none of it; a later launch beyond the new "
+        "device's limits fails as it would on that GPU (the other way: start guests under a "
+        "baseline model, crane baseline)",
     )
     v.set_defaults(func=migrate.cmd_migrate)
     baseline.add_parser(sub)

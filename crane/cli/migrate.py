@@ -29,13 +29,19 @@ def migrate(
     device: int = -1,
     max_rounds: int = 0,
     stop_bytes: int = 0,
+    accept_lower_limits: bool = False,
 ) -> list[control_pb2.MigrateProgress]:
     """Run a migration; every progress message (the last is done or failed). Raises RpcError
     when the source refuses to start it."""
     with open_channel(daemon or default_address()) as ch:
         stub = control_pb2_grpc.MigrationStub(ch)
         req = control_pb2.MigrateRequest(
-            session_id=session, to=to, device=device, max_rounds=max_rounds, stop_bytes=stop_bytes
+            session_id=session,
+            to=to,
+            device=device,
+            max_rounds=max_rounds,
+            stop_bytes=stop_bytes,
+            accept_lower_limits=accept_lower_limits,
         )
         return list(stub.Migrate(req))
 
@@ -65,6 +71,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         max_rounds=1 if args.no_precopy else args.rounds,
         stop_bytes=args.stop_mib << 20,
         boundary_wait_s=args.timeout,
+        accept_lower_limits=args.accept_lower_limits,
     )
     try:
         with (

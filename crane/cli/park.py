@@ -55,7 +55,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     path = args.file
     with ControlClient(args.restore_daemon or args.daemon, timeout=args.timeout) as c:
         try:
-            r = c.restore(path, args.device)
+            r = c.restore(path, args.device, args.accept_lower_limits)
         except grpc.RpcError as e:
             return _fail(e, f"restore of {path} failed", args.timeout)
     print(f"session {r.session_id} restored from {path} in {r.seconds:.2f} s")

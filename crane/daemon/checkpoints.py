@@ -29,7 +29,7 @@ from crane.host.channel import ChannelClosed
 from crane.host.checkpoint_dir import PathRefused
 from crane.host.messages import Checkpointed, CheckpointRequest, Refused, Restored, RestoreRequest
 from crane.state.checkpoint import CheckpointError, Head, read_head
-from crane.state.preflight import check_code, refusals
+from crane.state.preflight import Use, assess, check_code, refusals
 from crane.state.session_record import SessionRecord
 
 if TYPE_CHECKING:
@@ -123,9 +123,12 @@ def _confined(mgr: SessionManager, name: str, write: bool) -> tuple[PurePosixPat
     return rel, where.root / rel
 
 
-def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSession, int]:
+def restore(
+    mgr: SessionManager, path: str, device_index: int, accept_lower: bool = False
+) -> tuple[DaemonSession, int]:
     """Recreate a checkpointed session here; refuses precisely, leaves nothing behind. Returns
-    the session and the sequence number its guest's calls ran to."""
+    the session and the sequence number its guest's calls ran to. ``accept_lower``: the device
+    may offer less than the guest was told (never less than the session uses)."""
     rel, full = _confined(mgr, path, write=False)
     path = str(full)
     device = mgr.device(device_index)
@@ -143,6 +146,7 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
             head = read_head(f, name, on_image)
         record, note = SessionRecord.from_meta(head.meta, head.version, name)
         needed = _mem_needed(head)
+        use = Use.from_json(head.meta.get("use"))  # None: a file from before use was recorded
     except PathRefused as e:  # a link, a directory: inside, but no checkpoint file
         raise ProtocolError("PERMISSION_DENIED", str(e)) from None
     except OSError as e:
@@ -161,7 +165,9 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
         conflicts = mgr.table.slot_refusals(sid, record.slot)
         if conflicts:  # name every reason, the device's too, not only the first found
             status = conflicts[0][0]
-            device_why = code_refusals + refusals(dest, told=record.told, mem_needed=needed)
+            device_why = code_refusals + refusals(
+                dest, told=record.told, mem_needed=needed, use=use, accept_lower=accept_lower
+            )
             raise ProtocolError(
                 status, f"{path}: " + "; ".join([*(why for _, why in conflicts), *device_why])
             )
@@ -178,7 +184,8 @@ def restore(mgr: SessionManager, path: str, device_index: int) -> tuple[DaemonSe
             old.move(SessionState.RESTORING)
     try:
         # the pre-flight, against what the device reports (any backend), before a worker starts
-        why = code_refusals + refusals(dest, told=record.told, mem_needed=needed)
+        verdict = assess(dest, told=record.told, mem_needed=needed, use=use)
+        why = code_refusals + verdict.refusals(accept_lower, dest.where)
         if why:
             raise ProtocolError(
                 "FAILED_PRECONDITION", f"restore of {sid} refused: " + "; ".join(why)

@@ -70,7 +70,9 @@ class ControlServicer:
     ) -> control_pb2.RestoreReply:
         self.callers.operator(context, "restore")
         t0 = time.monotonic()
-        session, done_seq = self.sessions.restore(request.path, request.device)
+        session, done_seq = self.sessions.restore(
+            request.path, request.device, request.accept_lower_limits
+        )
         return control_pb2.RestoreReply(
             session_id=session.id, seconds=time.monotonic() - t0, done_seq=done_seq
         )

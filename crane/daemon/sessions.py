@@ -443,8 +443,10 @@ class SessionManager:
     ) -> tuple[checkpoints.Checkpointed, SessionState, Path]:
         return checkpoints.checkpoint(self, sid, path, release, wait_s)
 
-    def restore(self, path: str, device_index: int) -> tuple[DaemonSession, int]:
-        return checkpoints.restore(self, path, device_index)
+    def restore(
+        self, path: str, device_index: int, accept_lower: bool = False
+    ) -> tuple[DaemonSession, int]:
+        return checkpoints.restore(self, path, device_index, accept_lower)
 
     # ---- queries -----------------------------------------------------------------------------
     def get(self, sid: str) -> DaemonSession:

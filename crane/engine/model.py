@@ -126,6 +126,9 @@ class SessionDevice:
         self.modules: HandleTable[LoadedModule] = HandleTable("module")
         self.functions: HandleTable[str] = HandleTable("function")
         self.max_dynamic_shared: dict[int, int] = {}  # function -> raised dynamic smem limit
+        #: function -> [dynamic shared bytes, threads per block, CTAs per cluster, cooperative]:
+        #: the largest each launch asked for, what a pre-flight weighs as the session's need
+        self.launch_peaks: dict[int, list[int]] = {}
         self.allocations: dict[int, tuple[int, int]] = {}  # addr -> (ctx, size)
         self.chunks: dict[int, int] = {}  # addr -> size, guest-mapped
         self._chunk_bytes = 0
@@ -400,6 +403,7 @@ class SessionDevice:
         owned = self.modules.pop(module)
         for h in [h for h in self.functions if self.functions.get(h).meta == module]:
             self.functions.pop(h)
+            self.launch_peaks.pop(h, None)
         self.backend.module_unload(owned.obj)
         self._unpin_unused(owned.meta)
 
@@ -454,6 +458,13 @@ class SessionDevice:
         cluster = (cluster_x, cluster_y, cluster_z)
         self._launch(function, config, stream, params, bool(flags & 1), cluster, bool(flags & 2))
 
+    def _peak(self, function: int, launch: tuple[int, int, int, int]) -> None:
+        """Fold one validated launch into the function's peaks (elementwise maximum)."""
+        old = self.launch_peaks.get(function)
+        self.launch_peaks[function] = (
+            list(launch) if old is None else [max(a, b) for a, b in zip(old, launch, strict=True)]
+        )
+
     def _launch(
         self,
         function: int,
@@ -488,6 +499,8 @@ class SessionDevice:
         if cluster is not None:
             check_cluster(attrs, grid, cluster, non_portable=non_portable_cluster)
             extra = {"cluster": cluster, "non_portable_cluster": non_portable_cluster}
+        ctas = cluster[0] * cluster[1] * cluster[2] if cluster is not None else 0
+        self._peak(function, (shared, block[0] * block[1] * block[2], ctas, int(cooperative)))
         self.backend.launch(
             loaded,
             fn.obj,

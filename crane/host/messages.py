@@ -147,6 +147,8 @@ class MigrateRequest:
     #: Seconds the destination may make no progress (answer, drain the stream, acknowledge)
     #: while the source waits on it; past them the source aborts (crane.migrate.deadline).
     peer_timeout_s: float = 60.0
+    #: The destination may offer less than the guest was told (never less than it uses).
+    accept_lower_limits: bool = False
 
 
 @dataclass(frozen=True)

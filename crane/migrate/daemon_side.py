@@ -48,7 +48,7 @@ from crane.host.messages import (
 )
 from crane.migrate.phases import Phase
 from crane.state.checkpoint import FORMAT_VERSION
-from crane.state.preflight import check_code, refusals
+from crane.state.preflight import Use, assess, check_code
 from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2
 from crane.wire.fingerprint import mismatch
@@ -79,6 +79,7 @@ def migrate_out(
     max_rounds: int,
     stop_bytes: int,
     boundary_wait_s: float = BOUNDARY_WAIT_S,
+    accept_lower_limits: bool = False,
 ) -> DaemonSession:
     """Start moving ``sid`` to ``to``; progress lands in ``session.migration``.
     ``boundary_wait_s``: longest it waits for the guest's call in progress at each batch
@@ -102,6 +103,7 @@ def migrate_out(
         tls_ca=host.peer_tls.ca,
         # one knob (crane migrate --timeout): the guest's call at a boundary, the destination
         peer_timeout_s=boundary_wait_s,
+        accept_lower_limits=accept_lower_limits,
     )
     # the relay holds the channel while a batch runs: a kernel that never ends must not hold
     # the migration (and the session in "migrating") with it
@@ -246,26 +248,43 @@ def _since(t: float) -> float:
 
 # ---- destination ---------------------------------------------------------------------------
 def _device_refusals(
-    host: SessionHost, mem_needed: int, told: dict[int, int], device: int
+    host: SessionHost,
+    mem_needed: int,
+    told: dict[int, int],
+    device: int,
+    use: Use | None = None,
+    accept_lower: bool = False,
 ) -> list[str]:
-    """What the destination's device reports against what the session needs, whichever
-    backend drives it."""
+    """What the destination's device reports against what the session needs (hard) and was
+    told (refused unless ``accept_lower``), whichever backend drives it."""
     if not 0 <= device < len(host.devices):
         return [f"no device {device} on this daemon"]
-    return refusals(host.devices[device].destination(), told=told, mem_needed=mem_needed)
+    dest = host.devices[device].destination()
+    verdict = assess(dest, told=told, mem_needed=mem_needed, use=use)
+    if verdict.lower and accept_lower and not verdict.hard:
+        log.warning(
+            "the operator accepted lower limits on %s than the guest was told: %s",
+            dest.where,
+            ", ".join(str(x) for x in verdict.lower),
+        )
+    return verdict.refusals(accept_lower, dest.where)
 
 
-def _refusals(
-    host: SessionHost, sid: str, slot: int, mem_needed: int, told: dict[int, int], device: int
-) -> list[str]:
-    with host.table.lock:
-        out = [why for _, why in host.table.slot_refusals(sid, slot)]
-    return out + _device_refusals(host, mem_needed, told, device)
+def _use(raw: str) -> Use | None:
+    """The session's use as the source sent it; a malformed record is the source's defect."""
+    try:
+        return Use.from_json(json.loads(raw)) if raw else None
+    except (TypeError, ValueError) as e:
+        raise ProtocolError("INVALID_ARGUMENT", f"the pre-flight's use record: {e}") from None
 
 
 def preflight(host: SessionHost, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
     device = max(req.device, 0)
-    why = _refusals(host, req.session_id, req.slot, req.mem_needed, dict(req.told), device)
+    with host.table.lock:
+        why = [w for _, w in host.table.slot_refusals(req.session_id, req.slot)]
+    why += _device_refusals(
+        host, req.mem_needed, dict(req.told), device, _use(req.use_json), req.accept_lower_limits
+    )
     build = mismatch(req.fingerprint, "source", "destination", "the two daemons")
     if build:
         why.insert(0, build)
@@ -354,7 +373,10 @@ def transfer(
                         "INVALID_ARGUMENT", f"the migration's session record is malformed: {e}"
                     ) from None
                 device = max(chunk.device, 0)
-                why = _device_refusals(host, 0, record.told, device)
+                # what it uses was weighed at the pre-flight; the limits it was told again
+                why = _device_refusals(
+                    host, 0, record.told, device, accept_lower=chunk.accept_lower_limits
+                )
                 with host.table.lock:
                     why = [w for _, w in host.table.slot_refusals(record.id, record.slot)] + why
                     over = host.table.tenant_refusal(record.tenant, record.id)

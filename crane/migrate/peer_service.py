@@ -79,6 +79,7 @@ class MigrationServicer:
             request.max_rounds,
             request.stop_bytes,
             request.boundary_wait_s or daemon_side.BOUNDARY_WAIT_S,
+            request.accept_lower_limits,
         )
         last = None
         changes = self.host.changes

@@ -40,9 +40,10 @@ from crane.migrate.phases import Phase, advance
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
 from crane.state.checkpoint import CheckpointWriter, Kind
 from crane.state.park import pack_replies
-from crane.state.preflight import check_code
+from crane.state.preflight import Use, check_code
 from crane.state.record import save_graph
 from crane.state.session_record import SessionRecord
+from crane.state.usage import use_of
 from crane.v1 import peer_pb2, peer_pb2_grpc
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
@@ -90,6 +91,8 @@ def preflight(
     device: int,
     image_of: Callable[[str], bytes | None],
     timeout_s: float = 30.0,
+    use: Use | None = None,
+    accept_lower: bool = False,
 ) -> set[str]:
     """Ask the destination whether it can take the session (its own rules: window, memory,
     the limits the guest was told, code in the images it holds), and check the images it
@@ -105,6 +108,8 @@ def preflight(
                 module_digests=[bytes.fromhex(d) for d in digests],
                 device=device,
                 fingerprint=fingerprint(),
+                use_json=json.dumps(use.to_json()) if use is not None else "",
+                accept_lower_limits=accept_lower,
             ),
             timeout=timeout_s,
         )
@@ -176,6 +181,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             digests = list(dict.fromkeys(m["digest"] for m in graph0["modules"]))
             st["session_bytes"] = sum(n for _, n in dev.memory_regions())
             mem_needed = dev.mem_used()
+            use = use_of(dev)
         # ---- pre-flight: the destination's own rules, plus code checks for images it lacks
         has_image = preflight(
             stub,
@@ -186,6 +192,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             req.device,
             lambda d: dev.image(bytes.fromhex(d)),
             stall.limit_s,
+            use,
+            req.accept_lower_limits,
         )
         # ---- the transfer stream: messages framed by the sink, sent as they are
         first = {
@@ -193,6 +201,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             "token": ident.token,
             "identity_json": json.dumps(ident.to_json()),
             "device": req.device,
+            "accept_lower_limits": req.accept_lower_limits,
         }
         sink = WireSink(outbox, first)
         transfer = channel.stream_stream(

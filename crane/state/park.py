@@ -25,6 +25,7 @@ from crane.state.checkpoint import (
     Kind,
 )
 from crane.state.record import restore_graph, save_graph
+from crane.state.usage import use_of
 
 __all__ = ["pack_replies", "restore_checkpoint", "unpack_replies", "write_checkpoint"]
 
@@ -53,6 +54,8 @@ def write_checkpoint(
                 "format": "crane-checkpoint",
                 "session": identity,
                 "mem_needed": dev.mem_used(),
+                # what the session uses: a restore refuses a device with less, whatever flag
+                "use": use_of(dev).to_json(),
                 "source": {"profile": snap.profile, "cc": list(snap.cc), "name": snap.name},
                 "created": time.time(),
             },

@@ -21,10 +21,11 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.base import GlobalVar, LoadedModule
+from crane.backends.base import LoadedModule
 from crane.engine.codec import CallLog
 from crane.engine.model import SessionDevice
 from crane.engine.objects import Owned
+from crane.state.placement import moved_globals, placement_refusal
 
 __all__ = ["RECORD_VERSION", "restore_graph", "restore_progress", "restore_sticky", "save_graph"]
 
@@ -79,12 +80,12 @@ def restore_module(dev: SessionDevice, s: State) -> None:
         return addr
 
     _, loaded = dev.load_module(s["ctx"], s["handle"], digest, data, place)
-    for name, addr, size in s["globals"]:
-        placed = loaded.globals.get(name)
-        if placed is not None and placed.addr != addr:
-            # the driver chose (cuda backend): the guest keeps the address it was told
-            dev.backend.alias_global(addr, placed.addr, size)
-            loaded.globals[name] = GlobalVar(name, addr, size)
+    # the driver chose (cuda backend): the guest's stored pointers to them would be stale
+    moved = moved_globals(s["globals"], loaded.globals)
+    if moved:
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED, placement_refusal(s["digest"][:16], moved)
+        )
 
 
 def save_allocation(addr: int, ctx: int, size: int) -> State:
@@ -112,14 +113,24 @@ def restore_event(dev: SessionDevice, s: State) -> None:
     dev.event_create(s["ctx"], s["handle"], s["flags"])
 
 
-def save_function(handle: int, o: Owned[str], max_dynamic_shared: int | None) -> State:
-    return {"handle": handle, "module": o.meta, "kernel": o.obj, "max_dyn": max_dynamic_shared}
+def save_function(
+    handle: int, o: Owned[str], max_dynamic_shared: int | None, peaks: list[int] | None
+) -> State:
+    return {
+        "handle": handle,
+        "module": o.meta,
+        "kernel": o.obj,
+        "max_dyn": max_dynamic_shared,
+        "peaks": peaks,
+    }
 
 
 def restore_function(dev: SessionDevice, s: State) -> None:
     dev.function_bind(s["handle"], s["module"], s["kernel"].encode())
     if s["max_dyn"] is not None:
         dev.function_set_max_dynamic_shared(s["handle"], s["max_dyn"])
+    if s.get("peaks"):  # a record from before launch peaks were kept has none
+        dev.launch_peaks[s["handle"]] = [int(x) for x in s["peaks"]]
 
 
 def save_sticky(e: CudaError | None) -> State | None:
@@ -152,7 +163,9 @@ def save_graph(dev: SessionDevice, log: CallLog) -> State:
         "streams": [save_stream(h, dev.streams.get(h)) for h in dev.streams],
         "events": [save_event(h, dev.events.get(h)) for h in dev.events],
         "functions": [
-            save_function(h, dev.functions.get(h), dev.max_dynamic_shared.get(h))
+            save_function(
+                h, dev.functions.get(h), dev.max_dynamic_shared.get(h), dev.launch_peaks.get(h)
+            )
             for h in dev.functions
         ],
         "sticky": save_sticky(dev.sticky),

@@ -377,7 +377,15 @@ def check_checkpoint_roundtrip(r: Rig, fatbin: Path) -> None:
     eng2 = Engine.create(b2, "s1", window, ImageStore(cache))
     ex2 = eng2.device
     with path.open("rb") as f:
-        restore_checkpoint(ex2, eng2.log, f, "s1")
+        try:
+            restore_checkpoint(ex2, eng2.log, f, "s1")
+        except CudaError as e:
+            # the driver placed the variable elsewhere on the new context (cuda only): refused,
+            # naming it, since a pointer to it stored in device memory would be stale
+            assert r.kind == "cuda", e
+            assert e.code == CUresult.CUDA_ERROR_NOT_SUPPORTED and "counter (told" in e.message
+            b2.close()
+            return
     assert bytes(ex2.memcpy_dtoh(window[0], 4096, 0)) == payload
     g = ex2.modules.get(0x100).obj.globals["counter"]
     assert g.addr == told.addr, "the guest's address of a module variable changed"

@@ -5,12 +5,12 @@ is unchanged. What a real device adds:
 
 * **Addresses.** Memory lives at the guest's addresses
   (:mod:`crane.backends.cuda.va_window`). Module variables are the exception: the driver places
-  them, so the guest is told the driver's addresses. A restore on another device loads the
-  module again and the driver picks new addresses; :meth:`CudaBackend.alias_global` then maps
-  the addresses the guest was told to the new ones for every copy and memset, so
-  ``cudaMemcpyToSymbol`` and friends keep working. A pointer *to* a module variable that the
-  program stored in device memory, or passes to a kernel, is not translated after such a move
-  (kernels would need patching); that is a documented limit.
+  them, so the guest is told the driver's addresses. A restore or migration loads the module
+  again and the driver may pick new addresses: a pointer *to* a module variable the program
+  stored in device memory would then be stale, so the restore compares each variable's address
+  with the recorded one and refuses if any moved (crane.state.placement; the migration fails
+  before switchover). :meth:`CudaBackend.alias_global` (copies and memsets at the told address
+  reach the new one) stays for the conformance check of the backend itself.
 * **Asynchrony.** Launches, copies from the host and memsets are enqueued and return; a fault
   in a kernel surfaces at the next synchronizing call with the driver's own code, which the
   worker treats as sticky exactly as the simulator's faults.
