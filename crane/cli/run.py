@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except guest_runtime.GuestRuntimeError as e:
         print(e, file=sys.stderr)
         return 1
-    daemon = getattr(args, "run_daemon", None) or args.daemon
+    daemon = args.daemon
     env = guest_environment(daemon, None, lib)
     env = simulated_defaults(env, _daemon_backends(env.get("CRANE_DAEMON")))
     try:
