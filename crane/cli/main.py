@@ -4,8 +4,9 @@
     crane ps [--json]           sessions: id, peer, device, memory, calls, state
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
-    crane guest-lib [--dir] [--python PY]  path of the interposer libcuda.so.1 (for LD_PRELOAD /
-                                ld.so; --python: the one for that interpreter)
+    crane guest-lib [--dir] [--python PY] [--build]  path of the interposer libcuda.so.1 (for
+                                LD_PRELOAD / ld.so; --python: the one for that interpreter;
+                                --build: build Crane's own for this interpreter first)
     crane checkpoint --session ID -o FILE [--release] [--timeout S]  write a session to a file
                                 (and park it); S (60) bounds the call, a stuck session included
     crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
@@ -83,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=run.cmd_run)
     g = sub.add_parser("guest-lib", help="print the interposer library's path")
     g.add_argument("--dir", action="store_true", help="print its folder instead")
+    g.add_argument(
+        "--build",
+        action="store_true",
+        help="(re)build Crane's own library for this interpreter first (an install made "
+        "without a C compiler; needs cc and a shared libpython)",
+    )
     g.add_argument(
         "--python",
         help="the library for this Python interpreter (an application's own; prepared and "
