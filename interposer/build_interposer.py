@@ -12,6 +12,12 @@ crane/cli/guest_runtime.py builds one per application interpreter with :func:`bu
 only writes the module's C source here (it is the same for every interpreter); the compiler is
 run directly with the target interpreter's include directory.
 
+The package build (setup.py) ships this script with src/ and generated/ inside the package
+(``crane/interposer/_build/``), so an installed Crane without its source tree can still build
+a library for an interpreter (``crane guest-lib --build``, ``crane guest-lib --python``): in
+that copy, the output folder is the package's ``_lib`` and the requirements come from the
+installed distribution's metadata instead of pyproject.toml.
+
     python interposer/build_interposer.py [--out DIR]     (also run by setup.py and setup.sh)
 """
 
@@ -32,7 +38,9 @@ from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEFAULT_OUT = ROOT / "crane" / "interposer" / "_lib"
+#: A source checkout (interposer/ beside pyproject.toml), or the copy shipped in the package.
+IN_CHECKOUT = (ROOT / "pyproject.toml").is_file()
+DEFAULT_OUT = ROOT / "crane" / "interposer" / "_lib" if IN_CHECKOUT else ROOT / "_lib"
 SONAME = "libcuda.so.1"
 
 # Functions of the C side the Python side calls (besides the entry points themselves).
@@ -123,15 +131,29 @@ def probe(python: str | None = None) -> Interpreter:
     return Interpreter(**json.loads(out))
 
 
-def guest_requirements() -> list[str]:
-    """Crane's requirement for each guest dependency (pyproject.toml's ``dependencies``), for
-    the conflict check (crane/interposer/guest_env.py) and the per-interpreter install."""
-    if str(ROOT) not in sys.path:
+def _import_root() -> None:
+    """Make ``crane`` importable from the checkout (an installed copy already is)."""
+    if IN_CHECKOUT and str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+
+
+def _dependencies() -> list[str]:
+    """Crane's run-time requirements: pyproject.toml's in a checkout, else the installed
+    distribution's (its metadata, without the extras' entries)."""
+    if IN_CHECKOUT:
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    from importlib import metadata
+
+    return [r for r in metadata.requires("crane") or [] if ";" not in r]
+
+
+def guest_requirements() -> list[str]:
+    """Crane's requirement for each guest dependency, for the conflict check
+    (crane/interposer/guest_env.py) and the per-interpreter install."""
+    _import_root()
     from crane.interposer.guest_env import GUEST_DISTRIBUTIONS, parse_requirement
 
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return [d for d in deps if parse_requirement(d).name in GUEST_DISTRIBUTIONS]
+    return [d for d in _dependencies() if parse_requirement(d).name in GUEST_DISTRIBUTIONS]
 
 
 def _c_string(text: str) -> str:
@@ -151,8 +173,7 @@ def _c_string(text: str) -> str:
 def _make_ffi() -> Any:
     import cffi
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    _import_root()
     from crane.codegen.gen_interposer import embedding_api
 
     ffi = cffi.FFI()

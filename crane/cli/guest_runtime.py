@@ -40,6 +40,7 @@ import crane
 __all__ = [
     "GuestRuntimeError",
     "Interpreter",
+    "build_own",
     "cache_root",
     "describe",
     "is_own",
@@ -48,7 +49,13 @@ __all__ = [
 ]
 
 PACKAGE = Path(crane.__file__).resolve().parent
-SOURCES = PACKAGE.parent / "interposer"  # present in a source checkout (editable install)
+#: The guest library's sources and build script: a source checkout's interposer/ (an editable
+#: install), else the copy the package build ships in the package (setup.py).
+SOURCES = next(
+    (d for d in (PACKAGE.parent / "interposer", PACKAGE / "interposer" / "_build")
+     if (d / "build_interposer.py").is_file()),
+    PACKAGE / "interposer" / "_build",
+)  # fmt: skip
 _PYTHON_NAME = re.compile(r"^python\d*(\.\d+)?$")
 _MIN = (3, 11)
 
@@ -139,19 +146,28 @@ def cache_root() -> Path:
 
 
 def _builder() -> ModuleType:
-    """interposer/build_interposer.py, which a source checkout has and a wheel does not."""
+    """build_interposer.py, from a source checkout or the copy the package ships."""
     script = SOURCES / "build_interposer.py"
     if not script.exists():
         raise GuestRuntimeError(
             "crane: this installation of Crane has no guest library sources "
-            f"({SOURCES}), so it cannot build a guest library for another interpreter. "
-            "Install Crane into the application's environment instead "
-            "(PYTHON -m pip install crane) and use that environment's `crane run`"
+            f"({SOURCES}), so it cannot build a guest library. Reinstall Crane from its "
+            "wheel or sdist (which ship them), or install it into the application's "
+            "environment (PYTHON -m pip install crane) and use that environment's `crane run`"
         )
     spec = importlib.util.spec_from_file_location("crane_build_interposer", script)
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
+
+
+def build_own() -> Path:
+    """Build Crane's own guest library for this interpreter, into the package (what the
+    package build does; for an install whose build had no C compiler)."""
+    try:
+        return _builder().build()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        raise GuestRuntimeError(f"crane: building the guest library failed: {e}") from e
 
 
 def _pins(requirements: list[str]) -> list[str]:

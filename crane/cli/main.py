@@ -4,8 +4,9 @@
     crane ps [--json]           sessions: id, peer, device, memory, calls, state
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
-    crane guest-lib [--dir] [--python PY]  path of the interposer libcuda.so.1 (for LD_PRELOAD /
-                                ld.so; --python: the one for that interpreter)
+    crane guest-lib [--dir] [--python PY] [--build]  path of the interposer libcuda.so.1 (for
+                                LD_PRELOAD / ld.so; --python: the one for that interpreter;
+                                --build: build Crane's own for this interpreter first)
     crane checkpoint --session ID -o FILE [--release] [--timeout S]  write a session to a file
                                 (and park it); S (60) bounds the call, a stuck session included
     crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
@@ -14,11 +15,19 @@
     crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
                                 can present (craned --backend SPEC@FILE)
 
-``--daemon ADDR`` (or ``$CRANE_DAEMON``) picks the daemon. A ``tcp://`` daemon wants mutual TLS:
-``--cert FILE --key FILE --ca FILE`` (or ``$CRANE_TLS_CERT``, ``$CRANE_TLS_KEY``,
-``$CRANE_TLS_CA``), which ``crane run`` passes on to the program it starts. Subcommands only
-parse arguments and call the library; their output is a human table by default and JSON with
-``--json``.
+Global options, accepted before or after any subcommand (``crane --daemon X ps`` and ``crane ps
+--daemon X`` are the same; after the subcommand wins when both are given): ``--daemon ADDR``
+(or ``$CRANE_DAEMON``) picks the daemon. A ``tcp://`` daemon wants mutual TLS: ``--cert FILE
+--key FILE --ca FILE`` (or ``$CRANE_TLS_CERT``, ``$CRANE_TLS_KEY``, ``$CRANE_TLS_CA``), which
+``crane run`` passes on to the program it starts. They are declared once
+(:data:`GLOBAL_OPTIONS`); every parser made by the subcommands' ``add_parser`` gets them
+(:class:`SubcommandParser`), so a new subcommand needs nothing for them.
+
+Subcommands only parse arguments and call the library; listings (``devices``, ``ps``) print a
+table by default and JSON with ``--json``. Exit status: 0 done; 1 the daemon refused or could
+not be reached, or the operation failed (one line on stderr, ``crane: ...``, with the reason);
+2 bad usage (argparse's message, or a bad option value); 127 ``crane run`` could not start the
+program (otherwise its status is the program's); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -30,16 +39,40 @@ import sys
 from crane.cli import baseline, demo, inventory, migrate, park, run
 from crane.wire.channel import TlsFiles
 
-__all__ = ["main"]
+__all__ = ["GLOBAL_OPTIONS", "SubcommandParser", "add_global_options", "build_parser", "main"]
+
+
+#: The options every command accepts, before or after its subcommand: (flag, help).
+GLOBAL_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--daemon", "daemon address (default: $CRANE_DAEMON or the system socket)"),
+    ("--cert", "client certificate (PEM) for a tcp:// daemon ($CRANE_TLS_CERT)"),
+    ("--key", "its private key (PEM) ($CRANE_TLS_KEY)"),
+    ("--ca", "CA (PEM) the daemon's certificate must chain to ($CRANE_TLS_CA)"),
+)
+
+
+def add_global_options(parser: argparse.ArgumentParser, *, default: object = None) -> None:
+    """Declare :data:`GLOBAL_OPTIONS` on ``parser``. A subcommand's copy defaults to
+    ``argparse.SUPPRESS`` so that, not given there, it keeps what the top level parsed."""
+    group = parser.add_argument_group("global options (before or after the subcommand)")
+    for flag, text in GLOBAL_OPTIONS:
+        group.add_argument(flag, default=default, help=text)
+
+
+class SubcommandParser(argparse.ArgumentParser):
+    """The parser of every subcommand (``add_subparsers(parser_class=...)``): it carries the
+    global options, so ``crane SUBCOMMAND --daemon X`` works for each one, present and
+    future."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        add_global_options(self, default=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="crane", description="Crane: CUDA remoting and migration")
-    p.add_argument("--daemon", help="daemon address (default: $CRANE_DAEMON or the system socket)")
-    p.add_argument("--cert", help="client certificate (PEM) for a tcp:// daemon ($CRANE_TLS_CERT)")
-    p.add_argument("--key", help="its private key (PEM) ($CRANE_TLS_KEY)")
-    p.add_argument("--ca", help="CA (PEM) the daemon's certificate must chain to ($CRANE_TLS_CA)")
-    sub = p.add_subparsers(dest="command", required=True)
+    add_global_options(p)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     d = sub.add_parser("devices", help="list the daemon's devices")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=inventory.cmd_devices)
@@ -50,11 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--profile", default="h100-80gb", help="simulated device profile")
     m.set_defaults(func=demo.cmd_demo)
     r = sub.add_parser("run", help="run a CUDA program with the interposer as its libcuda")
-    r.add_argument("--daemon", dest="run_daemon", help="daemon address (as crane --daemon)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
     r.set_defaults(func=run.cmd_run)
     g = sub.add_parser("guest-lib", help="print the interposer library's path")
     g.add_argument("--dir", action="store_true", help="print its folder instead")
+    g.add_argument(
+        "--build",
+        action="store_true",
+        help="(re)build Crane's own library for this interpreter first (an install made "
+        "without a C compiler; needs cc and a shared libpython)",
+    )
     g.add_argument(
         "--python",
         help="the library for this Python interpreter (an application's own; prepared and "
@@ -86,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "file", help="checkpoint file: a name in the daemon's checkpoint directory, or a path in it"
     )
-    t.add_argument("--daemon", dest="restore_daemon", help="daemon address (as crane --daemon)")
     t.add_argument("--device", type=int, default=-1, help="device index on that daemon")
     t.add_argument(
         "--timeout",
@@ -154,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except (OSError, ValueError) as e:  # a bad address, an unreadable file: one line, no trace
+        print(f"crane {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

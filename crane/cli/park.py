@@ -53,7 +53,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     path = args.file
-    with ControlClient(args.restore_daemon or args.daemon, timeout=args.timeout) as c:
+    with ControlClient(args.daemon, timeout=args.timeout) as c:
         try:
             r = c.restore(path, args.device, args.accept_lower_limits)
         except grpc.RpcError as e:

@@ -85,7 +85,7 @@ def _require_library() -> str | None:
     if not lib.exists():
         return (
             f"crane: the guest library is not built ({lib} is missing): "
-            "run `python interposer/build_interposer.py` or scripts/setup.sh"
+            "run `crane guest-lib --build` (needs a C compiler and a shared libpython)"
         )
     return None
 
@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except guest_runtime.GuestRuntimeError as e:
         print(e, file=sys.stderr)
         return 1
-    daemon = getattr(args, "run_daemon", None) or args.daemon
+    daemon = args.daemon
     env = guest_environment(daemon, None, lib)
     env = simulated_defaults(env, _daemon_backends(env.get("CRANE_DAEMON")))
     try:
@@ -132,6 +132,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_guest_lib(args: argparse.Namespace) -> int:
     python = getattr(args, "python", None)
+    if getattr(args, "build", False) and not python:
+        try:
+            guest_runtime.build_own()
+        except guest_runtime.GuestRuntimeError as e:
+            print(e, file=sys.stderr)
+            return 1
     problem = None if python else _require_library()
     if problem:
         print(problem, file=sys.stderr)

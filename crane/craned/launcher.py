@@ -31,19 +31,19 @@ class DaemonProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         checkpoint_dir: Path | str | None = None,
+        program: list[str] | None = None,
     ) -> None:
         """``extra_args``: more craned flags (``--parked-ttl 2``, ...); ``env``: the daemon's
         environment (default: this process's), which its workers inherit;
         ``checkpoint_dir``: where it writes and reads checkpoints (default: its run
-        directory's ``checkpoints``)."""
+        directory's ``checkpoints``); ``program``: the craned to run (default: this
+        interpreter's ``-m crane.craned.main``; another installation's ``craned``)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.address = f"unix://{self.run_dir / 'crane.sock'}"
         self.log_path = Path(log_path) if log_path else self.run_dir / "craned.log"
         cmd = [
-            sys.executable,
-            "-m",
-            "crane.craned.main",
+            *(program or [sys.executable, "-m", "crane.craned.main"]),
             "--listen",
             self.address,
             "--run-dir",
