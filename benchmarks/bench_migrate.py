@@ -15,7 +15,12 @@ through the Migration service, the same RPC ``crane migrate`` uses, in three mod
 * ``no-precopy``: max_rounds=1, what ``crane migrate --no-precopy`` sends: a true stop-and-copy
   (nothing moves while the guest runs; the one round carries the whole session, live);
 * ``park-restore``: the same stop-and-copy done cold with Control.Checkpoint (release) and
-  Control.Restore through a file: the guest waits for the whole copy.
+  Control.Restore through a file: the guest waits for the whole copy;
+* ``precopy-a100`` and ``no-precopy-a100``: the same two live modes to a third craned of another
+  GPU model (sim:a100-40gb), accepting lower limits (the guest was told the H100's and uses none
+  of what the A100 lacks): the cross-model row, whose downtime should match the same-model one.
+  The modes of one size run in turn (same-model and cross-model interleaved), so the machine's
+  drift touches both alike.
 
 Downtime is what the source reports: from the moment its worker stopped the session (batch lock
 taken) to the moment the source daemon can redirect the guest (the destination acknowledged the
@@ -61,6 +66,8 @@ WIRE = WIRE_CHUNK
 #: workers, daemons and this process share, and no real training step is memset-only.
 STEP_PAUSE_S = 0.005
 DOWNTIME_TARGET_S = 0.1
+#: Modes ending in this move to the A100 daemon (the cross-model row).
+CROSS_SUFFIX = "-a100"
 
 
 class Stepper:
@@ -117,9 +124,13 @@ class Stepper:
             raise self.error
 
 
-def migrate(src: str, sid: str, to: str, max_rounds: int) -> control_pb2.MigrateProgress:
+def migrate(
+    src: str, sid: str, to: str, max_rounds: int, accept_lower_limits: bool = False
+) -> control_pb2.MigrateProgress:
     with open_channel(src) as ch:
-        req = control_pb2.MigrateRequest(session_id=sid, to=to, max_rounds=max_rounds)
+        req = control_pb2.MigrateRequest(
+            session_id=sid, to=to, max_rounds=max_rounds, accept_lower_limits=accept_lower_limits
+        )
         progress = list(control_pb2_grpc.MigrationStub(ch).Migrate(req))
     return progress[-1]
 
@@ -172,6 +183,7 @@ def park_restore(a: DaemonProcess, sid: str, path: Path) -> tuple[float, int]:
 def measure(
     a: DaemonProcess,
     b: DaemonProcess,
+    c: DaemonProcess,
     size: int,
     write: int,
     mode: str,
@@ -198,7 +210,12 @@ def measure(
             total, rounds, home = downtime, 1, a
             g = Stepper(s, bulk, bulk_size, wbuf, write, g.steps, g.last_src)
         else:
-            last = migrate(a.address, s.session_id, b.address, 1 if mode == "no-precopy" else 0)
+            cross = mode.endswith(CROSS_SUFFIX)
+            live = mode.removesuffix(CROSS_SUFFIX)
+            dst = c if cross else b
+            last = migrate(
+                a.address, s.session_id, dst.address, 1 if live == "no-precopy" else 0, cross
+            )
             assert last.phase == "done", last.error
             downtime, total, rounds, sent = (
                 last.downtime,
@@ -206,7 +223,7 @@ def measure(
                 last.round + 1,
                 last.bytes_sent,
             )
-            home = b
+            home = dst
         wall = time.perf_counter() - t0
         n_before = len(g.steps)
         g.wait_steps(n_before + 20)
@@ -223,8 +240,8 @@ def measure(
         moved = [d for _, d, r in g.steps if r > 0]
         # the parked guest was idle: its wait is the downtime itself
         stall = moved[0] - typical if moved and mode != "park-restore" else None
-    assert leftovers(a) == 0 and leftovers(b) == 0, "a session leaked"
-    t_raw = raw_drain(b.address, block, size)
+    assert leftovers(a) == 0 and leftovers(home) == 0, "a session leaked"
+    t_raw = raw_drain((b if home is a else home).address, block, size)
     return {
         "session_bytes": size,
         "write_set_bytes": write,
@@ -264,7 +281,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="64 MiB only")
     p.add_argument("--sizes-mib", default="64,256,1024,2048")
     p.add_argument("--logs", help="keep the daemons' logs in this directory")
-    p.add_argument("--modes", default="precopy,no-precopy,park-restore")
+    p.add_argument(
+        "--modes", default="precopy,precopy-a100,no-precopy,no-precopy-a100,park-restore"
+    )
     p.add_argument("--write-mib", default="1,8,64", help="write set per step, comma-separated")
     args = p.parse_args()
     sizes = [64 * MiB] if args.quick else [int(x) * MiB for x in args.sizes_mib.split(",")]
@@ -279,18 +298,20 @@ def main() -> int:
             work / "a", ["sim:h100-80gb"], log_path=logs / "craned-a.log", checkpoint_dir=work
         )
         b = DaemonProcess(work / "b", ["sim:h100-80gb"], log_path=logs / "craned-b.log")
+        c = DaemonProcess(work / "c", ["sim:a100-40gb"], log_path=logs / "craned-c.log")
         try:
             for size in sizes:
                 for write in writes:
                     if write * 4 > size:
                         continue  # not a small write set for this session
                     for mode in args.modes.split(","):
-                        m = measure(a, b, size, write, mode, block, work)
+                        m = measure(a, b, c, size, write, mode, block, work)
                         results.append(m)
                         print(json.dumps(m), flush=True)
         finally:
             a.stop()
             b.stop()
+            c.stop()
     print(table(results))
     out = {
         "benchmark": "migrate",
