@@ -2,8 +2,11 @@
 
 An nvcc-built program (static cudart, run with ``crane run``) iterates a computation whose every
 step depends on the last; while it runs, ``crane migrate`` moves its session from the demo's
-daemon (H100 profile) to a second daemon (H200 profile). The program never notices; its final
-checksum is compared with the same computation done by NumPy.
+daemon (H100 profile) up to a second daemon (H200 profile), then down to a third (A100 80GB):
+the pre-flight first refuses that downward move, listing what the program was told at start
+and the A100 offers less of, and the operator accepts it (``--accept-lower-limits``: the
+program uses none of it). The program never notices; its final checksum is compared with the
+same computation done by NumPy.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from crane.craned.launcher import DaemonProcess
 
 __all__ = ["ITERATIVE_PROGRAM", "demo_migration", "reference_checksum"]
 
-N, STEPS = 4096, 300
+N, STEPS = 4096, 600
 
 ITERATIVE_PROGRAM = r"""
 #include <cstdio>
@@ -44,7 +47,7 @@ int main() {
         unsigned *t = a; a = b; b = t;
         cudaDeviceSynchronize();
         if (s % 50 == 0) { printf("step %d\n", s); fflush(stdout); }
-        usleep(10000);  // ~3 s in all: still running when `crane ps` looks after the move
+        usleep(10000);  // ~6 s in all: still running through both moves
     }
     cudaMemcpy(h, a, n * sizeof(unsigned), cudaMemcpyDeviceToHost);
     unsigned long long sum = 0;
@@ -78,8 +81,12 @@ def demo_migration(address: str, tmpdir: Path, nvcc: str, say) -> int:  # type: 
     src.write_text(ITERATIVE_PROGRAM)
     exe = tmpdir / "iterate"
     subprocess.run([nvcc, "-o", str(exe), str(src)], check=True, capture_output=True)
-    with DaemonProcess(tmpdir / "run-b", ["sim:h200"]) as dest:
+    with (
+        DaemonProcess(tmpdir / "run-b", ["sim:h200"]) as dest,
+        DaemonProcess(tmpdir / "run-c", ["sim:a100-80gb"]) as down,
+    ):
         say(f"live migration: a second craned (sim:h200) at {dest.address}")
+        say(f"               a third craned (sim:a100-80gb) at {down.address}")
         prog = subprocess.Popen(
             [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)],
             stdout=subprocess.PIPE,
@@ -93,13 +100,30 @@ def demo_migration(address: str, tmpdir: Path, nvcc: str, say) -> int:  # type: 
         sid = next(s["id"] for s in sessions if "iterate" in s.get("client", ""))
         time.sleep(0.3)
         moved = _crane("--daemon", address, "migrate", "--session", sid, "--to", dest.address)
-        say(f"  crane migrate: {moved.stdout.strip() or moved.stderr.strip()}")
+        say(f"  crane migrate (H100 -> H200): {_said(moved)}")
         there = json.loads(_crane("--daemon", dest.address, "ps", "--json").stdout)["sessions"]
         say(f"  crane ps on the destination: {[(s['id'], s['state']) for s in there]}")
+        argv = ("--daemon", dest.address, "migrate", "--session", sid, "--to", down.address)
+        refused = _crane(*argv)
+        say(f"  crane migrate (H200 -> A100): {_said(refused)}")
+        accepted = _crane(*argv, "--accept-lower-limits")
+        say(f"  crane migrate (H200 -> A100) --accept-lower-limits: {_said(accepted)}")
         out, err = prog.communicate(timeout=300)
         for line in out.splitlines():
             say(f"  [guest] {line}")
         want = reference_checksum()
-        ok = prog.returncode == 0 and moved.returncode == 0 and f"checksum {want} " in out
-        say(f"  result after the move: {'matches NumPy' if ok else 'WRONG: ' + err[-500:]}")
+        ok = (
+            prog.returncode == 0
+            and moved.returncode == 0
+            and refused.returncode != 0
+            and accepted.returncode == 0
+            and f"checksum {want} " in out
+        )
+        say(f"  result after the moves: {'matches NumPy' if ok else 'WRONG: ' + err[-500:]}")
         return 0 if ok else 1
+
+
+def _said(p: subprocess.CompletedProcess[str]) -> str:
+    """What a crane command printed, on one line (its refusal when it failed)."""
+    text = (p.stdout.strip() or p.stderr.strip()).replace("\n", " ")
+    return text if p.returncode == 0 else f"refused: {text}"

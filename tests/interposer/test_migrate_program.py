@@ -7,6 +7,7 @@ migrated live too: its output must equal an unmoved run's, bit for bit."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -44,6 +45,9 @@ def test_program_migrated_mid_run_finishes_correctly(tmp_path: Path, nvcc: str) 
     assert code == 0, text
     assert "migrated to" in text and "matches NumPy" in text
     assert "'running'" in text  # the session was live on the destination after the move
+    # down to the A100: refused by attribute until the operator accepts the lower limits
+    assert "(H200 -> A100): refused:" in text and "told 232448, offered 166912" in text, text
+    assert re.search(r"--accept-lower-limits: session \w+ migrated to", text), text
     assert "moved to" in log  # the source released it and redirects the guest
 
 
