@@ -5,6 +5,8 @@
 * **TCP with mutual TLS**: the client certificate's common name and subject alternative names
   (gRPC verified the chain against ``client_ca`` in the handshake).
 * **plain TCP** (``insecure_tcp``, development only): tenant ``tcp``, operator.
+* **a domain socket** (:mod:`crane.daemon.domains`): that libvirt domain's guest, never an
+  operator; a certificate with a SAN URI ``urn:crane:domain:NAME`` is domain NAME's guest too.
 
 Mapping, without ``[tenants.*]``: a unix caller of uid U is tenant ``uid:U``, operator when U is
 0 or the daemon's own euid; a certificate is tenant ``cert:NAME`` (its CN, else its first SAN).
@@ -49,6 +51,8 @@ class Caller:
     unix: bool = False
     #: A unix caller's uid (None over TCP): it may connect to its session's worker directly.
     uid: int | None = None
+    #: The libvirt domain whose guest this is ("": not a VM's guest), as the host knows it.
+    domain: str = ""
 
     def __str__(self) -> str:
         role = ", operator" if self.operator else ""
@@ -180,11 +184,20 @@ class Callers:
         return caller
 
 
-def may_use(caller: Caller, owner: str, sid: str) -> None:
-    """Refuse ``caller`` acting on session ``sid`` of tenant ``owner`` unless it is that
-    tenant's or an operator (the resume token alone is not enough)."""
-    if caller.operator or caller.tenant == owner:
+def may_use(caller: Caller, owner: str, sid: str, domain: str = "") -> None:
+    """Refuse ``caller`` acting on session ``sid`` of tenant ``owner`` (and of libvirt domain
+    ``domain``, "" for none) unless it is that tenant's and that domain's, or an operator (the
+    resume token alone is not enough: a VM's guest cannot take another VM's session)."""
+    if caller.operator:
         return
-    raise ProtocolError(
-        "PERMISSION_DENIED", f"session {sid} belongs to another tenant than {caller}"
-    )
+    if caller.domain != domain:
+        theirs = f"domain {domain}" if domain else "no domain (a host process's)"
+        ours = f"domain {caller.domain}" if caller.domain else "no domain"
+        raise ProtocolError(
+            "PERMISSION_DENIED",
+            f"session {sid} belongs to {theirs}; {caller} is of {ours}",
+        )
+    if caller.tenant != owner:
+        raise ProtocolError(
+            "PERMISSION_DENIED", f"session {sid} belongs to another tenant than {caller}"
+        )
