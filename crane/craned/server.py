@@ -111,6 +111,7 @@ def build_server(
     out.domains = DomainSockets(
         sessions.run_dir, domain_handlers, domains, domain_group, threads, options
     )
+    callers.domain_tenant = out.domains.tenant_for  # certificates naming a domain
     server.add_generic_rpc_handlers(
         (
             guest_handler(GuestServicer(sessions, callers)),

@@ -22,7 +22,6 @@ from __future__ import annotations
 import grp
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import grpc
 
 from crane.api.errors import ProtocolError
 from crane.daemon.callers import Caller, Callers
+from crane.daemon.domain_names import DOMAIN_NAME_MAX, check_domain_name
 
 __all__ = [
     "DOMAIN_NAME_MAX",
@@ -45,28 +45,8 @@ __all__ = [
 
 log = logging.getLogger("craned")
 
-#: Longest domain name accepted (the socket path must fit ``sun_path``'s 108 bytes too).
-DOMAIN_NAME_MAX = 64
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+:-]*")
+
 _SUN_PATH_MAX = 107
-
-
-def check_domain_name(name: str) -> str:
-    """``name`` if it is an acceptable libvirt domain name here, else ``ValueError`` saying why.
-
-    libvirt forbids ``/`` in names; this also keeps them to a safe file-name charset (letters,
-    digits, ``_ . + : -``, not starting with ``.``, ``+``, ``:`` or ``-``) because the name
-    becomes a socket file name and a tenant name."""
-    if not isinstance(name, str) or not name:
-        raise ValueError("a domain name is needed")
-    if len(name) > DOMAIN_NAME_MAX:
-        raise ValueError(f"domain name {name[:20]!r}... is longer than {DOMAIN_NAME_MAX}")
-    if "/" in name or not _NAME.fullmatch(name):
-        raise ValueError(
-            f"domain name {name!r} is not accepted: letters, digits and _ . + : - only, "
-            "starting with a letter, digit or _"
-        )
-    return name
 
 
 @dataclass(frozen=True)
@@ -174,6 +154,14 @@ class DomainSockets:
         with self._lock:
             a = self._attached.get(domain)
         return a.config.effective_tenant if a else None
+
+    def tenant_for(self, domain: str) -> str:
+        """The tenant of ``domain``'s guest however it connects (its socket, or a certificate
+        naming it): the attached domain's, else the configured one's, else ``domain:NAME``."""
+        attached = self.tenant_of(domain)
+        if attached is not None:
+            return attached
+        return self.configured.get(domain, DomainConfig(domain)).effective_tenant
 
     def attached(self) -> dict[str, str]:
         """Attached domain -> its socket path."""

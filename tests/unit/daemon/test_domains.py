@@ -47,3 +47,22 @@ def test_a_domain_guest_is_never_an_operator_and_keeps_to_its_domain() -> None:
     with pytest.raises(ProtocolError, match="domain vm1"):
         may_use(host, "alice", "s1", "vm1")  # a host process cannot take a VM's session
     may_use(Caller("uid:0", True, "uid 0", unix=True, uid=0), "alice", "s1", "vm1")  # operator
+
+
+def test_a_certificate_naming_a_domain() -> None:
+    from crane.daemon.callers import from_cert
+    from crane.daemon.tenants import TenantConfig
+
+    tenants = {"alice": TenantConfig("alice", certs=["guest"], operator=True)}
+    got = from_cert("guest", ["urn:crane:domain:vm1"], tenants, ["guest"], lambda d: "t-" + d)
+    assert isinstance(got, Caller)
+    # the domain wins over the tenant and peer lists that name its CN: never operator nor peer
+    assert (got.tenant, got.domain, got.operator, got.peer) == ("t-vm1", "vm1", False, False)
+    got = from_cert("", ["urn:crane:domain:vm2", "dns.example"], {}, [])
+    assert isinstance(got, Caller) and (got.tenant, got.domain) == ("domain:vm2", "vm2")
+    assert "several domains" in str(
+        from_cert("x", ["urn:crane:domain:a", "urn:crane:domain:b"], {}, [])
+    )
+    assert "not accepted" in str(from_cert("x", ["urn:crane:domain:../a"], {}, []))
+    plain = from_cert("guest", ["urn:other:thing"], {}, [])
+    assert isinstance(plain, Caller) and plain.domain == ""
