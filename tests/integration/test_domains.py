@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +175,20 @@ def test_bad_domain_configuration_is_refused_at_start(tmp_path: Path) -> None:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no-such-group-here" in p.stderr
     assert os.path.exists(cfg)
+
+
+def test_an_idle_vm_guest_keeps_its_connection(vmd: DaemonProcess) -> None:
+    """A ``vm://`` guest pings every 2 s (a VM's reset connection is found out even while the
+    guest only waits); the daemon must accept that many pings without data, or it would answer
+    GOAWAY "too_many_pings" after the third and break every guest inside a long kernel."""
+    f1 = Forward(_sock(vmd, "vm1"))
+    s = GuestSession(f1.address)
+    try:
+        d = s.mem_alloc(64)
+        time.sleep(7.5)  # three pings and more, nothing else on the connection
+        s.memcpy_htod(d, b"still")
+        assert s.memcpy_dtoh(d, 5) == b"still"
+        assert s._t.resumes == 0  # the same stream all along
+    finally:
+        s.close()
+        f1.close()

@@ -45,6 +45,7 @@ class Forward:
                 f"UNIX-CONNECT:{self.target}",
             ],
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # its per-connection children share its process group
         )
