@@ -291,6 +291,8 @@ class SessionManager:
                 return  # a later stream took over, or this one's end was handled already
         if not keep:
             self.close(session, "stream ended")
+            if not clean and session.domain:
+                self._remember_broken(session)
             return
         log.info(
             "session %s: domain %s's connection broke while it is %s; it goes on without",
@@ -299,6 +301,19 @@ class SessionManager:
             session.state.value,
         )
         self._await_guest(session, marker)
+
+    def _remember_broken(self, session: DaemonSession) -> None:
+        """A VM guest's session ended with its connection: its guest, which resumes at the one
+        address it has (and would wait there for a session that is not coming), is told why."""
+        why = (
+            f"session {session.id} ended: domain {session.domain}'s connection broke while it "
+            "ran (a guest resumes only a session that was migrating, parked or checkpointed)"
+        )
+        with self.table.lock:
+            t, sid = self.table, session.id
+            known = sid in t.entries() or sid in t.moved or sid in t.expired
+            if session.state is SessionState.CLOSED and not known:
+                t.expired[sid] = Gone(session, time.monotonic(), why=why)
 
     def _await_guest(self, session: DaemonSession, marker: object) -> None:
         timer = threading.Timer(DOMAIN_REATTACH_GRACE_S, self._reattach_overdue, (session, marker))

@@ -192,3 +192,27 @@ def test_an_idle_vm_guest_keeps_its_connection(vmd: DaemonProcess) -> None:
     finally:
         s.close()
         f1.close()
+
+
+def test_a_running_vm_guest_whose_connection_broke_hears_why(vmd: DaemonProcess) -> None:
+    """The connection breaks while the session runs (no move under way): the daemon ends the
+    session as it ends any whose stream broke, and the guest, resuming at its one address,
+    is told why at once instead of waiting out its grace for a session that is not coming."""
+    f1 = Forward(_sock(vmd, "vm1"))
+    s = GuestSession(f1.address)
+    try:
+        d = s.mem_alloc(64)
+        f1.stop()
+        deadline = time.monotonic() + 30
+        while f"session {s.session_id} closed (stream ended)" not in vmd.log_text():
+            assert time.monotonic() < deadline, vmd.log_text()
+            time.sleep(0.05)
+        f1.start(_sock(vmd, "vm1"))
+        t0 = time.monotonic()
+        with pytest.raises(CudaError) as e:
+            s.memcpy_dtoh(d, 8)
+        assert time.monotonic() - t0 < 20
+        assert "connection broke while it ran" in str(e.value)
+    finally:
+        s.close()
+        f1.close()
