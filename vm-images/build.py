@@ -49,6 +49,23 @@ __all__ = ["Image", "cache_root", "ensure", "image_key", "main"]
 
 #: Bumped when the layout of an image directory changes (part of the key).
 FORMAT = 1
+#: Crane's files that end up in the guest (the package, the library's sources and build).
+GUEST_SOURCES = ("crane/**/*.py", "interposer/build_interposer.py", "interposer/src/*",
+                 "interposer/generated/*", "pyproject.toml")  # fmt: skip
+#: Where Crane lives in the guest: the package, its dependencies, the programs.
+GUEST_LIB = "/opt/crane/lib"
+GUEST_SITE = "/opt/crane/site"
+GUEST_PROGRAMS = "/opt/crane/programs"
+MULTIARCH = "x86_64-linux-gnu"
+#: The guest's ``crane run``: the library first on LD_PRELOAD, as crane/cli/run.py does on a
+#: host, without a Python start-up (seconds under TCG) before the program. Preloading matters:
+#: cudart dlopens libcuda.so.1 with local scope, where the libpython it brings would not serve
+#: the symbols of the extension modules its Python side imports.
+CRANE_RUN = """#!/bin/sh
+# crane-run PROGRAM ARGS...: run a CUDA program with Crane's guest library as its driver.
+export LD_PRELOAD="{lib}${{LD_PRELOAD:+:$LD_PRELOAD}}"
+exec "$@"
+"""
 MANIFEST = "manifest.json"
 
 
@@ -124,8 +141,36 @@ def _tree_digest(h: Any, root: Path, patterns: Iterable[str]) -> None:
 def _debian_names(recipe: dict[str, dict[str, object]]) -> list[str]:
     names = [kernel_package(str(recipe["kernel"]["package"]))]
     for section in recipe.values():
-        names += [str(n) for n in section.get("debian", [])]  # type: ignore[attr-defined]
+        for field in ("debian", "build_debian"):
+            names += [str(n) for n in section.get(field, [])]  # type: ignore[attr-defined]
     return names
+
+
+def interposer_build() -> Any:
+    """interposer/build_interposer.py: the guest library's own build, used with the guest's
+    interpreter facts so the image's library is made exactly as Crane's is."""
+    if str(ROOT / "interposer") not in sys.path:
+        sys.path.insert(0, str(ROOT / "interposer"))
+    import build_interposer
+
+    return build_interposer
+
+
+def find_nvcc() -> str | None:
+    """The CUDA compiler the tests use (crane.cli.demo.find_nvcc: PATH, else PyPI's)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from crane.cli.demo import find_nvcc as find
+
+    return find()
+
+
+def nvcc_version() -> str:
+    """The compiler's version line (part of the key: it makes the programs), "none" without."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return "none"
+    return _run([nvcc, "--version"]).strip().splitlines()[-1]
 
 
 def image_key(recipe: dict[str, dict[str, object]] | None = None) -> tuple[str, dict[str, str]]:
@@ -135,6 +180,8 @@ def image_key(recipe: dict[str, dict[str, object]] | None = None) -> tuple[str, 
     h = hashlib.sha256(f"crane-vm-image {FORMAT}\n".encode())
     h.update(json.dumps(versions, sort_keys=True).encode())
     _tree_digest(h, HERE, ["*.py", "*.toml", "*.sh", "programs/*"])
+    _tree_digest(h, ROOT, GUEST_SOURCES)
+    h.update(f"nvcc: {nvcc_version()}".encode())
     return h.hexdigest()[:16], versions
 
 
@@ -214,6 +261,158 @@ class Builder:
         shutil.copyfile(HERE / "init.sh", init)
         init.chmod(0o755)
 
+    # -- Python, Crane, its library --------------------------------------------------------
+    def python(self) -> Any:
+        """Debian's Python into the rootfs and its headers into the work area; the facts a
+        library build for it needs (it cannot be probed: it is not this host's interpreter).
+
+        The guest library embeds libpython, so it is compiled against exactly the headers and
+        the libpython of the interpreter the guest runs (Debian's 3.11 here), never the host's:
+        a library built for another Python would load a second, mismatched libpython."""
+        sec = self.recipe["python"]
+        ver = str(sec["version"])
+        self.extract(sec["debian"], self.rootfs)  # type: ignore[arg-type]
+        dev = self.work / "pydev"
+        self.extract(sec["build_debian"], dev)  # type: ignore[arg-type]
+        # Debian's pyconfig.h includes the multiarch one by a path relative to /usr/include:
+        # give the compiler one directory that holds the real one.
+        include = self.work / "include" / f"python{ver}"
+        shutil.copytree(dev / "usr/include" / f"python{ver}", include, symlinks=True)
+        (include / "pyconfig.h").unlink()
+        shutil.copyfile(dev / "usr/include" / MULTIARCH / f"python{ver}" / "pyconfig.h",
+                        include / "pyconfig.h")  # fmt: skip
+        libpython = self.rootfs / "usr/lib" / MULTIARCH / f"libpython{ver}.so.1.0"
+        if not libpython.is_file():
+            raise RuntimeError(f"{libpython.name} is not in the recipe's Debian packages")
+        bindir = self.rootfs / "usr/bin"
+        if not (bindir / "python3").exists():
+            (bindir / "python3").symlink_to(f"python{ver}")
+        return interposer_build().Interpreter(
+            f"/usr/bin/python{ver}", ver, str(include), str(libpython)
+        )
+
+    def wheels(self) -> None:
+        """The pinned wheels into the guest's site directory, after checking each pin against
+        Crane's own requirement for it."""
+        sec = self.recipe["pypi"]
+        pins = [str(p) for p in sec["pins"]]  # type: ignore[attr-defined]
+        check_pins(pins)
+        site = self.rootfs / GUEST_SITE.lstrip("/")
+        platforms = [a for p in sec["platforms"] for a in ("--platform", p)]  # type: ignore[attr-defined]
+        ver = str(self.recipe["python"]["version"])
+        _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+              "--target", str(site), "--only-binary=:all:", "--no-deps", "--no-compile",
+              "--python-version", ver, "--implementation", "cp",
+              "--abi", "cp" + ver.replace(".", ""), *platforms, *pins])  # fmt: skip
+        for pattern in sec.get("prune", []):  # type: ignore[attr-defined]
+            for path in sorted(site.glob(pattern)):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+        shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts for the host's Python
+
+    def crane(self, interp: Any) -> Path:
+        """Crane's package into the guest and its library built for the guest's Python, linked
+        from where a driver lives (``/usr/lib/<multiarch>/libcuda.so.1``)."""
+        dest = self.rootfs / GUEST_LIB.lstrip("/") / "crane"
+        shutil.copytree(ROOT / "crane", dest, ignore=shutil.ignore_patterns(
+            "__pycache__", "_lib", "_build", "*.so", "*.pyc"))  # fmt: skip
+        lib = interposer_build().build(
+            dest / "interposer" / "_lib",
+            python=interp.executable,
+            private_paths=[GUEST_LIB, GUEST_SITE],  # the library finds Crane only here
+            interpreter=interp,
+            rpath=f"/usr/lib/{MULTIARCH}",
+        )
+        driver = self.rootfs / "usr/lib" / MULTIARCH / "libcuda.so.1"
+        driver.symlink_to(Path(GUEST_LIB) / lib.relative_to(self.rootfs / GUEST_LIB.lstrip("/")))
+        bindir = self.rootfs / "opt/crane/bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        run = bindir / "crane-run"
+        run.write_text(CRANE_RUN.format(lib=f"/usr/lib/{MULTIARCH}/libcuda.so.1"))
+        run.chmod(0o755)
+        profile = self.rootfs / "etc/crane/profile"
+        profile.write_text(f"export PATH=/opt/crane/bin:$PATH\n"
+                           f"export PYTHONPATH={GUEST_LIB}:{GUEST_SITE}\n")  # fmt: skip
+        return lib
+
+    def programs(self, lib: Path) -> list[str]:
+        """vm-images/programs/*.cu built with nvcc and linked against the guest library;
+        none (and a note in the manifest) on a host without a CUDA compiler."""
+        nvcc = find_nvcc()
+        if nvcc is None:
+            return []
+        flags = [str(f) for f in self.recipe["programs"]["nvcc_flags"]]  # type: ignore[attr-defined]
+        linkdir = self.work / "link"
+        linkdir.mkdir()
+        (linkdir / "libcuda.so").symlink_to(lib)
+        out = self.rootfs / GUEST_PROGRAMS.lstrip("/")
+        out.mkdir(parents=True, exist_ok=True)
+        libdirs = [self.rootfs / "usr/lib" / MULTIARCH, self.rootfs / "lib" / MULTIARCH]
+        built = []
+        for src in sorted((HERE / "programs").glob("*.cu")):
+            _run([nvcc, *flags, "-o", str(out / src.stem), str(src), f"-L{linkdir}", "-lcuda",
+                  *(f"-Xlinker=-rpath-link={d}" for d in libdirs)])  # fmt: skip
+            built.append(src.stem)
+        return built
+
+    def guest_python(self, *args: str) -> str:
+        """Run the guest's Python here, through the guest's own dynamic loader and libraries,
+        with the guest's paths mapped into the rootfs (byte-compiling, checking imports)."""
+        libdirs = [self.rootfs / "lib" / MULTIARCH, self.rootfs / "usr/lib" / MULTIARCH]
+        ld = self.rootfs / "lib" / MULTIARCH / "ld-linux-x86-64.so.2"
+        ver = str(self.recipe["python"]["version"])
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONHOME": str(self.rootfs / "usr"),
+            "PYTHONPATH": os.pathsep.join(
+                str(self.rootfs / p.lstrip("/")) for p in (GUEST_LIB, GUEST_SITE)),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }  # fmt: skip
+        py = self.rootfs / "usr/bin" / f"python{ver}"
+        return _run([str(ld), "--library-path", os.pathsep.join(map(str, libdirs)), str(py),
+                     *args], env=env)  # fmt: skip
+
+    def compile_python(self) -> None:
+        """Byte-compile every module the guest may import, with the guest's Python (its magic
+        number) and hash-checked pycs recorded under their guest paths: the initramfs is
+        unpacked afresh at each boot, so pycs written at run time would be rebuilt every
+        boot, and under TCG compiling is slow."""
+        ver = str(self.recipe["python"]["version"])
+        dirs = [self.rootfs / f"usr/lib/python{ver}", self.rootfs / GUEST_LIB.lstrip("/"),
+                self.rootfs / GUEST_SITE.lstrip("/")]  # fmt: skip
+        self.guest_python("-m", "compileall", "-q", "-s", str(self.rootfs), "-p", "/",
+                          "--invalidation-mode", "unchecked-hash", "-x", r"/(test|tests|idlelib|"
+                          r"tkinter|turtledemo|lib2to3)/", *map(str, dirs))  # fmt: skip
+
+    def check_imports(self) -> None:
+        """The guest side's imports under the guest's Python, here: a missing shared library
+        or a wheel for the wrong Python fails the build, not a test in the VM."""
+        self.guest_python("-c", "import grpc, numpy, google.protobuf, cffi, zstandard, lz4; "
+                          "import crane.interposer.bind, crane.guest.transport")  # fmt: skip
+
+
+def check_pins(pins: list[str]) -> None:
+    """Refuse pins outside pyproject.toml's requirements for Crane's guest dependencies, and a
+    guest dependency without a pin (the recipe must follow the package's own needs)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from crane.interposer.guest_env import parse_requirement, satisfies
+
+    pinned = {}
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        pinned[name.lower().replace("_", "-")] = version
+    for text in interposer_build().guest_requirements():
+        req = parse_requirement(text)
+        version = pinned.get(req.name.lower())
+        if version is None:
+            raise RuntimeError(f"vm-images/packages.toml pins no version of {req.name}")
+        if not satisfies(version, req):
+            raise RuntimeError(f"vm-images/packages.toml pins {req.name}=={version}, outside "
+                               f"Crane's requirement {req}")  # fmt: skip
+
 
 def extract_vmlinux(vmlinuz: bytes) -> bytes:
     """The uncompressed kernel inside a bzImage: Debian's is xz-compressed after the setup and
@@ -261,11 +460,21 @@ def build_image(dest: Path, key: str, versions: dict[str, str],
         b = Builder(recipe, versions, work, debs)
         b.base()
         release = b.kernel(out / "vmlinux")
+        interp = b.python()
+        b.wheels()
+        lib = b.crane(interp)
+        programs = b.programs(lib)
+        b.compile_python()
+        b.check_imports()
         entries = write_initramfs(b.rootfs, out / "initrd.gz")
         manifest = {
             "key": key,
             "format": FORMAT,
             "kernel_release": release,
+            "python": interp.version,
+            "pypi": recipe["pypi"]["pins"],
+            "programs": {p: f"{GUEST_PROGRAMS}/{p}" for p in programs},
+            "nvcc": nvcc_version(),
             "debian": versions,
             "initramfs_entries": entries,
             "initrd_bytes": (out / "initrd.gz").stat().st_size,

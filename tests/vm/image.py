@@ -31,6 +31,9 @@ EXIT_RE = re.compile(r"CRANE-VM-EXIT rc=(\d+)")
 GUEST_IP = "10.0.2.15"
 FORWARD_IP = "10.0.2.100"
 QEMU = "qemu-system-x86_64"
+#: TCG's default CPU (qemu64) lacks SSE4.2/POPCNT, which NumPy 2's wheels require (x86-64-v2):
+#: ``max`` is every feature TCG emulates (libvirt: ``<cpu mode='maximum'/>``).
+CPU = "max"
 #: Host tools a QEMU-booted guest test needs: QEMU, socat (the forward's host end), and what
 #: builds the image (apt-get download, dpkg-deb -x).
 TOOLS = (QEMU, "socat", "apt-get", "apt-cache", "dpkg-deb")
@@ -99,7 +102,7 @@ def qemu_args(image: Any, cmdline: str, serial_log: Path, forwards: Mapping[int,
     ``forwards`` (guest port on 10.0.2.100 -> host unix socket), serial console to a file."""
     netdev = ",".join(["user,id=n0,restrict=on", *(guestfwd(p, s) for p, s in forwards.items())])
     return [
-        QEMU, "-accel", "tcg", "-m", str(memory_mb), "-smp", "1",
+        QEMU, "-accel", "tcg", "-cpu", CPU, "-m", str(memory_mb), "-smp", "1",
         "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", cmdline,
         "-display", "none", "-no-reboot", "-nodefaults", "-serial", f"file:{serial_log}",
         "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0", *extra,
