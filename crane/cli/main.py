@@ -1,7 +1,7 @@
 """``crane``: the command-line front end (operators and guests).
 
     crane devices [--json]      devices the daemon serves
-    crane ps [--json]           sessions: id, peer, device, memory, calls, state
+    crane ps [--json] [--domain NAME]  sessions: id, domain, peer, device, memory, calls, state
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
     crane guest-lib [--dir] [--python PY] [--build]  path of the interposer libcuda.so.1 (for
@@ -14,6 +14,7 @@
         running session, live
     crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
                                 can present (craned --backend SPEC@FILE)
+    crane vsock-bridge --port P [--listen HOST:PORT]  (in a VM) loopback TCP -> craned's vsock
 
 Global options, accepted before or after any subcommand (``crane --daemon X ps`` and ``crane ps
 --daemon X`` are the same; after the subcommand wins when both are given): ``--daemon ADDR``
@@ -36,7 +37,7 @@ import argparse
 import os
 import sys
 
-from crane.cli import baseline, demo, inventory, migrate, park, run
+from crane.cli import baseline, demo, inventory, migrate, park, run, vsock_bridge
 from crane.wire.channel import TlsFiles
 
 __all__ = ["GLOBAL_OPTIONS", "SubcommandParser", "add_global_options", "build_parser", "main"]
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=inventory.cmd_devices)
     s = sub.add_parser("ps", help="list sessions")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--domain", metavar="NAME", help="only the sessions of this libvirt domain")
     s.set_defaults(func=inventory.cmd_ps)
     m = sub.add_parser("demo", help="run the built-in demo on an embedded simulated-GPU daemon")
     m.add_argument("--profile", default="h100-80gb", help="simulated device profile")
@@ -174,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.set_defaults(func=migrate.cmd_migrate)
     baseline.add_parser(sub)
+    vsock_bridge.add_parser(sub)
     return p
 
 
