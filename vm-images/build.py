@@ -79,6 +79,16 @@ class Image:
     initrd: Path
     manifest: dict[str, object]
 
+    def program(self, name: str) -> str:
+        """The guest path of CUDA program ``name`` (vm-images/programs/NAME.cu); KeyError when
+        the image has none (built on a host without nvcc)."""
+        return str(self.manifest["programs"][name])  # type: ignore[index]
+
+    def host_program(self, name: str) -> Path:
+        """The same binary on the host, to run under ``crane run`` for a reference output."""
+        self.program(name)
+        return self.dir / "programs" / name
+
 
 def cache_root() -> Path:
     """Where images live: ``$CRANE_VM_IMAGE_CACHE`` or ``~/.cache/crane/vm-images``."""
@@ -466,6 +476,11 @@ def build_image(dest: Path, key: str, versions: dict[str, str],
         programs = b.programs(lib)
         b.compile_python()
         b.check_imports()
+        # The programs beside the image too: the same binaries run on the host (under
+        # ``crane run``) give the output a guest's run is compared with.
+        (out / "programs").mkdir()
+        for name in programs:
+            shutil.copy2(b.rootfs / GUEST_PROGRAMS.lstrip("/") / name, out / "programs" / name)
         entries = write_initramfs(b.rootfs, out / "initrd.gz")
         manifest = {
             "key": key,
