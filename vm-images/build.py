@@ -9,8 +9,10 @@ Images are cached by content: the key hashes the recipe (this directory), the De
 apt would fetch now, the pinned wheels, Crane's guest sources and the compiler's version, so a
 test calls :func:`ensure` and only the first call after a change builds (under a lock, so two
 test sessions never build the same image twice). The cache is ``$CRANE_VM_IMAGE_CACHE`` or
-``~/.cache/crane/vm-images``; each image is ``<cache>/<key>/{vmlinux,initrd.gz,manifest.json}``
-and downloaded ``.deb`` files are kept in ``<cache>/debs`` for the next key.
+``~/.cache/crane/vm-images``; each image is a directory ``<cache>/<key>`` holding ``vmlinux``,
+``initrd.img``, ``manifest.json`` and ``programs/``, and downloaded ``.deb`` files are kept in
+``<cache>/debs`` for the next key. A build keeps the ``KEEP`` most recent images and removes
+older ones (each is a few hundred MB).
 
 Why a PVH ``vmlinux`` rather than the ``bzImage``: QEMU boots it directly without the
 decompressor, which under TCG (the only accelerator on the project's machines) halves the time
@@ -67,6 +69,8 @@ export LD_PRELOAD="{lib}${{LD_PRELOAD:+:$LD_PRELOAD}}"
 exec "$@"
 """
 MANIFEST = "manifest.json"
+INITRD = "initrd.img"
+KEEP = 3
 
 
 @dataclass(frozen=True)
@@ -367,6 +371,14 @@ class Builder:
             built.append(src.stem)
         return built
 
+    def prune(self, paths: list[str]) -> None:
+        for rel in paths:
+            path = self.rootfs / rel
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+
     def guest_python(self, *args: str) -> str:
         """Run the guest's Python here, through the guest's own dynamic loader and libraries,
         with the guest's paths mapped into the rootfs (byte-compiling, checking imports)."""
@@ -455,7 +467,7 @@ def _load(d: Path) -> Image | None:
     if not man.is_file():
         return None
     manifest = json.loads(man.read_text())
-    return Image(d, manifest["key"], d / "vmlinux", d / "initrd.gz", manifest)
+    return Image(d, manifest["key"], d / "vmlinux", d / INITRD, manifest)
 
 
 def build_image(dest: Path, key: str, versions: dict[str, str],
@@ -474,6 +486,7 @@ def build_image(dest: Path, key: str, versions: dict[str, str],
         b.wheels()
         lib = b.crane(interp)
         programs = b.programs(lib)
+        b.prune([str(p) for p in recipe["image"].get("prune", [])])  # type: ignore[attr-defined]
         b.compile_python()
         b.check_imports()
         # The programs beside the image too: the same binaries run on the host (under
@@ -481,7 +494,8 @@ def build_image(dest: Path, key: str, versions: dict[str, str],
         (out / "programs").mkdir()
         for name in programs:
             shutil.copy2(b.rootfs / GUEST_PROGRAMS.lstrip("/") / name, out / "programs" / name)
-        entries = write_initramfs(b.rootfs, out / "initrd.gz")
+        compression = str(recipe["image"]["initrd_compression"])
+        entries = write_initramfs(b.rootfs, out / INITRD, compression)
         manifest = {
             "key": key,
             "format": FORMAT,
@@ -492,7 +506,8 @@ def build_image(dest: Path, key: str, versions: dict[str, str],
             "nvcc": nvcc_version(),
             "debian": versions,
             "initramfs_entries": entries,
-            "initrd_bytes": (out / "initrd.gz").stat().st_size,
+            "initrd_bytes": (out / INITRD).stat().st_size,
+            "initrd_compression": compression,
             "kernel_bytes": (out / "vmlinux").stat().st_size,
             "build_seconds": round(time.monotonic() - start, 1),
         }
@@ -516,7 +531,18 @@ def ensure(out: Path | None = None, rebuild: bool = False) -> Image:
         image = None if rebuild else _load(dest)
         if image is not None and image.key == key:
             return image
-        return build_image(dest, key, versions, recipe, root / "debs")
+        image = build_image(dest, key, versions, recipe, root / "debs")
+        if out is None:
+            _prune(root, keep=KEEP)
+        return image
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Remove all but the ``keep`` most recently built images of the cache."""
+    built = sorted((d for d in root.iterdir() if (d / MANIFEST).is_file()),
+                   key=lambda d: (d / MANIFEST).stat().st_mtime, reverse=True)  # fmt: skip
+    for old in built[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

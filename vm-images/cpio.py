@@ -70,8 +70,25 @@ def _write(out: BinaryIO, root: Path) -> int:
     return ino
 
 
-def write_initramfs(root: Path, dest: Path, level: int = 6) -> int:
-    """Archive ``root`` into the gzip-compressed cpio ``dest``; returns the entry count."""
-    with dest.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=level,
-                                                mtime=0) as out:  # fmt: skip
-        return _write(out, root)  # type: ignore[arg-type]
+#: Compressions the guest kernel unpacks (Debian's has CONFIG_RD_GZIP and CONFIG_RD_ZSTD).
+COMPRESSIONS = ("none", "gzip", "zstd")
+
+
+def write_initramfs(root: Path, dest: Path, compression: str = "none") -> int:
+    """Archive ``root`` into the cpio ``dest``, compressed or not; returns the entry count.
+
+    Under TCG the guest kernel's decompression dominates boot time (measured for a 167 MB
+    archive: 2.5 s to /init uncompressed, 3.6 s zstd level 9, 4.7 s gzip level 6); zstd
+    level 9 compresses as well as gzip -9 in a fraction of its time (19 takes 40 s here)."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"initramfs compression {compression!r}: one of {COMPRESSIONS}")
+    with dest.open("wb") as raw:
+        if compression == "gzip":
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as out:
+                return _write(out, root)  # type: ignore[arg-type]
+        if compression == "zstd":
+            import zstandard  # a dependency of Crane itself
+
+            with zstandard.ZstdCompressor(level=9).stream_writer(raw, closefd=False) as out:
+                return _write(out, root)  # type: ignore[arg-type]
+        return _write(raw, root)
