@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["write_initramfs"]
+__all__ = ["SENTINEL", "write_initramfs"]
 
 _TRAILER = "TRAILER!!!"
+#: The archive's last entry (init.sh checks for it).
+SENTINEL = "etc/crane/unpacked"
 #: Device nodes the archive always holds (path, mode, major, minor).
 _NODES = (("dev/console", stat.S_IFCHR | 0o600, 5, 1), ("dev/null", stat.S_IFCHR | 0o666, 1, 3))
 
@@ -66,6 +68,10 @@ def _write(out: BinaryIO, root: Path) -> int:
         if rel not in names:
             ino += 1
             out.write(_header(rel, mode, 0, ino, (major, minor)))
+    # Last: the kernel stops unpacking at the first error (a full rootfs says only "write
+    # error"), so /init can tell a complete root from a truncated one by this file.
+    ino += 1
+    out.write(_header(SENTINEL, stat.S_IFREG | 0o644, 0, ino))
     out.write(_header(_TRAILER, 0, 0, 0))
     return ino
 

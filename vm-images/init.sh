@@ -26,6 +26,14 @@ mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 exec </dev/console >/dev/console 2>&1
 
+# The archive's last entry (vm-images/cpio.py): without it the kernel stopped unpacking
+# (rootfs full: it is a tmpfs of half the guest's memory).
+if [ ! -e /etc/crane/unpacked ]; then
+    echo "CRANE-VM-ERROR the initramfs did not unpack completely: give the guest more memory"
+    echo "CRANE-VM-EXIT rc=125"
+    poweroff -f
+fi
+
 release=$(uname -r)
 while read -r mod; do
     [ -n "$mod" ] || continue

@@ -31,3 +31,13 @@ def test_cmdline_refuses_unquotable_values() -> None:
         kernel_cmdline('echo "x"')
     with pytest.raises(ValueError, match="variable name"):
         kernel_cmdline("true", env={"A-B": "1"})
+
+
+def test_too_little_memory_is_reported_not_run(boot_vm: Callable[..., Booted]) -> None:
+    """A rootfs that did not fit (a tmpfs of half the guest's memory) stops /init with its
+    own status instead of running the command on a truncated root."""
+    guest = boot_vm("echo ran", memory_mb=320)
+    rc, out = guest.wait(timeout=60)
+    assert rc == 125, out
+    assert "did not unpack completely" in out
+    assert "\nran" not in out
