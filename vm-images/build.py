@@ -11,8 +11,8 @@ test calls :func:`ensure` and only the first call after a change builds (under a
 test sessions never build the same image twice). The cache is ``$CRANE_VM_IMAGE_CACHE`` or
 ``~/.cache/crane/vm-images``; each image is a directory ``<cache>/<key>`` holding ``vmlinux``,
 ``initrd.img``, ``manifest.json`` and ``programs/``, and downloaded ``.deb`` files are kept in
-``<cache>/debs`` for the next key. A build keeps the ``KEEP`` most recent images and removes
-older ones (each is a few hundred MB).
+``<cache>/debs`` for the next key. A build removes images beyond the ``KEEP`` most recently
+used that have not been used for an hour (each is about 110 MB).
 
 Why a PVH ``vmlinux`` rather than the ``bzImage``: QEMU boots it directly without the
 decompressor, which under TCG (the only accelerator on the project's machines) halves the time
@@ -71,6 +71,7 @@ exec "$@"
 MANIFEST = "manifest.json"
 INITRD = "initrd.img"
 KEEP = 3
+PRUNE_IDLE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -530,6 +531,7 @@ def ensure(out: Path | None = None, rebuild: bool = False) -> Image:
     with _locked(root / ".lock"):
         image = None if rebuild else _load(dest)
         if image is not None and image.key == key:
+            os.utime(dest / MANIFEST)  # its last use, for _prune
             return image
         image = build_image(dest, key, versions, recipe, root / "debs")
         if out is None:
@@ -537,12 +539,16 @@ def ensure(out: Path | None = None, rebuild: bool = False) -> Image:
         return image
 
 
-def _prune(root: Path, keep: int) -> None:
-    """Remove all but the ``keep`` most recently built images of the cache."""
+def _prune(root: Path, keep: int, idle_s: float = PRUNE_IDLE_S) -> None:
+    """Remove images beyond the ``keep`` most recently used that nobody used for ``idle_s``:
+    checkouts of different sources share the cache, and one's build must not delete the image
+    another is about to boot."""
     built = sorted((d for d in root.iterdir() if (d / MANIFEST).is_file()),
                    key=lambda d: (d / MANIFEST).stat().st_mtime, reverse=True)  # fmt: skip
+    now = time.time()
     for old in built[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
+        if now - (old / MANIFEST).stat().st_mtime > idle_s:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

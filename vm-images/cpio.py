@@ -32,14 +32,14 @@ def _header(name: str, mode: int, size: int, ino: int, rdev: tuple[int, int] = (
     return head + b"\0" * (-len(head) % 4)
 
 
-def _entries(root: Path) -> Iterator[tuple[str, Path]]:
-    """Every path under ``root`` (relative, sorted, parents first)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        base = Path(dirpath)
-        for name in sorted(dirnames + filenames):
-            path = base / name
-            yield path.relative_to(root).as_posix(), path
+def _entries(root: Path, base: Path | None = None) -> Iterator[tuple[str, Path]]:
+    """Every path under ``root`` (relative), depth first in name order: each directory right
+    before its contents."""
+    base = base or root
+    for path in sorted(root.iterdir(), key=lambda p: p.name):
+        yield path.relative_to(base).as_posix(), path
+        if path.is_dir() and not path.is_symlink():
+            yield from _entries(path, base)
 
 
 def _write(out: BinaryIO, root: Path) -> int:

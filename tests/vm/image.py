@@ -44,7 +44,7 @@ def missing_tools(tools: Sequence[str] = TOOLS) -> list[str]:
     return [t for t in tools if shutil.which(t) is None]
 
 
-def _build_module() -> ModuleType:
+def build_module() -> ModuleType:
     """vm-images/build.py as a module (a directory of scripts, not a package: loaded by path
     and registered, since its dataclasses look their module up in ``sys.modules``)."""
     name = "crane_vm_images_build"
@@ -60,7 +60,7 @@ def _build_module() -> ModuleType:
 def ensure_image(rebuild: bool = False) -> Any:
     """The current guest image (``build.Image``: ``.kernel``, ``.initrd``, ``.key``,
     ``.manifest``), built first when the cache has none for its content key."""
-    return _build_module().ensure(rebuild=rebuild)
+    return build_module().ensure(rebuild=rebuild)
 
 
 def _quote(value: str, what: str) -> str:
