@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "vm-images" / "build.py"
 
 READY = "CRANE-VM-READY"
+#: migrate_loop's own lines (vm-images/programs/migrate_loop.cu) and its optional tick times.
+_LOOP_LINE = re.compile(r"^\s*(start |tick |final |PASSED|FAILED)")
+_TICK_TIME = re.compile(r" t_ms=([0-9.]+)$")
 EXIT_RE = re.compile(r"CRANE-VM-EXIT rc=(\d+)")
 #: QEMU user networking's guest side: the guest's address, gateway, and where forwards live.
 GUEST_IP = "10.0.2.15"
@@ -170,3 +173,15 @@ def boot(image: Any, serial_log: Path, run: str | None = None,
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)  # fmt: skip
     return Booted(proc, serial_log)
+
+
+def loop_output(text: str) -> list[str]:
+    """migrate_loop's lines (start, ticks, final checksum, verdict) from a console log or its
+    stdout, without tick times: what an unmigrated and a migrated run must share."""
+    return [_TICK_TIME.sub("", ln.strip()) for ln in text.splitlines() if _LOOP_LINE.match(ln)]
+
+
+def tick_times(text: str) -> list[float]:
+    """The ``t_ms`` of each tick (``MIGRATE_LOOP_TIMES=1``), in ms since the program started."""
+    ticks = (ln.strip() for ln in text.splitlines() if ln.lstrip().startswith("tick "))
+    return [float(m.group(1)) for ln in ticks if (m := _TICK_TIME.search(ln))]

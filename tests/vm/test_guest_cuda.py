@@ -8,8 +8,8 @@ the guest, says which VM a session belongs to. The same binary run on the host u
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from crane.craned.launcher import DaemonProcess
-from tests.vm.image import FORWARD_IP, Booted
+from tests.vm.image import FORWARD_IP, Booted, loop_output, tick_times
 
 pytestmark = pytest.mark.vm
 
@@ -36,12 +36,6 @@ def domain_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
         yield d
 
 
-def _loop_lines(text: str) -> list[str]:
-    """The program's own output lines (start, ticks, final, verdict) from a console log."""
-    return [ln.strip() for ln in text.splitlines()
-            if re.match(r"\s*(start |tick |final |PASSED|FAILED)", ln)]  # fmt: skip
-
-
 def test_cuda_program_in_guest_matches_host_run(
     vm_image: Any, domain_daemon: DaemonProcess, boot_vm: Callable[..., Booted]
 ) -> None:
@@ -51,13 +45,15 @@ def test_cuda_program_in_guest_matches_host_run(
         pytest.skip("the guest image holds no CUDA programs: it was built without nvcc")
     sock = domain_daemon.run_dir / "domains" / f"{DOMAIN}.sock"
     start = time.monotonic()
-    env = {"CRANE_DAEMON": f"vm://{FORWARD_IP}:{PORT}"}
+    env = {"CRANE_DAEMON": f"vm://{FORWARD_IP}:{PORT}", "MIGRATE_LOOP_TIMES": "1"}
     guest = boot_vm(f"crane-run {guest_path} {ITERATIONS}", env=env, forwards={PORT: sock})
     rc, console = guest.wait(timeout=240)
     elapsed = time.monotonic() - start
-    in_guest = _loop_lines(console)
+    in_guest = loop_output(console)
     assert rc == 0, console[-3000:]
     assert in_guest[-1] == "PASSED" and len(in_guest) == int(ITERATIONS) + 3, console[-3000:]
+    times = tick_times(console)
+    assert len(times) == int(ITERATIONS) and times == sorted(times), console[-3000:]
 
     host = subprocess.run(
         [sys.executable, "-m", "crane.cli.main", "run", "--daemon", domain_daemon.address, "--",
@@ -66,5 +62,7 @@ def test_cuda_program_in_guest_matches_host_run(
         env={k: v for k, v in os.environ.items() if k != "CRANE_TRACE"},
     )  # fmt: skip
     assert host.returncode == 0, host.stderr[-3000:]
-    assert in_guest == _loop_lines(host.stdout)
-    print(f"guest boot + {ITERATIONS} iterations + power-off: {elapsed:.1f} s")
+    assert in_guest == loop_output(host.stdout)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    print(f"guest boot + {ITERATIONS} iterations + power-off: {elapsed:.1f} s; "
+          f"tick gaps {', '.join(f'{g:.0f}' for g in gaps)} ms")  # fmt: skip

@@ -9,10 +9,14 @@
 // checksum of everything it read back, then the final checksum and the verdict.
 //
 //     migrate_loop [ITERATIONS=20] [DELAY_MS=0] [N=4096]
-// DELAY_MS sleeps between iterations (a migration window without more GPU work).
+// DELAY_MS sleeps between iterations (a migration window without more GPU work). With
+// MIGRATE_LOOP_TIMES=1 in the environment each tick ends with " t_ms=T" (monotonic clock, ms
+// since start): the gaps between ticks are the pause a migration makes visible to the program;
+// comparisons drop that field.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include <time.h>
 #include <unistd.h>
 
 struct Buffers {
@@ -55,6 +59,12 @@ __global__ void bump() {
         }                                                                                      \
     } while (0)
 
+static double now_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 static unsigned long long mix(unsigned long long h, unsigned long long v) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return h * 0x100000001b3ull;
@@ -68,6 +78,9 @@ int main(int argc, char **argv) {
         printf("usage: migrate_loop [ITERATIONS>=1] [DELAY_MS>=0] [N in 1..4194304]\n");
         return 2;
     }
+    const char *times_env = getenv("MIGRATE_LOOP_TIMES");
+    bool times = times_env && times_env[0] == '1';
+    double t0 = now_ms();
     unsigned int *h_in = (unsigned int *)malloc(n * sizeof(unsigned int));
     unsigned int *h_state = (unsigned int *)malloc(n * sizeof(unsigned int));
     Buffers b;
@@ -107,7 +120,11 @@ int main(int argc, char **argv) {
         checksum = mix(checksum, sum);
         checksum = mix(checksum, h_state[(it * 31) % n]);
         checksum = mix(checksum, h_state[n - 1 - (it % n)]);
-        printf("tick %d sum=%llu checksum=%016llx\n", it, sum, checksum);
+        if (times)
+            printf("tick %d sum=%llu checksum=%016llx t_ms=%.1f\n", it, sum, checksum,
+                   now_ms() - t0);
+        else
+            printf("tick %d sum=%llu checksum=%016llx\n", it, sum, checksum);
         fflush(stdout);
         if (delay_ms) usleep(delay_ms * 1000);
     }
