@@ -347,6 +347,9 @@ class Builder:
         run = bindir / "crane-run"
         run.write_text(CRANE_RUN.format(lib=f"/usr/lib/{MULTIARCH}/libcuda.so.1"))
         run.chmod(0o755)
+        cli = bindir / "crane"  # the CLI, as the package's console script would be
+        cli.write_text(f'#!/bin/sh\nexec /usr/bin/python{interp.version} -m crane.cli.main "$@"\n')
+        cli.chmod(0o755)
         profile = self.rootfs / "etc/crane/profile"
         profile.write_text(f"export PATH=/opt/crane/bin:$PATH\n"
                            f"export PYTHONPATH={GUEST_LIB}:{GUEST_SITE}\n")  # fmt: skip
@@ -413,12 +416,13 @@ class Builder:
         """The guest side's imports under the guest's Python, here: a missing shared library
         or a wheel for the wrong Python fails the build, not a test in the VM."""
         self.guest_python("-c", "import grpc, numpy, google.protobuf, cffi, zstandard, lz4; "
-                          "import crane.interposer.bind, crane.guest.transport")  # fmt: skip
+                          "import crane.interposer.bind, crane.guest.transport, "
+                          "crane.cli.main")  # fmt: skip
 
 
 def check_pins(pins: list[str]) -> None:
-    """Refuse pins outside pyproject.toml's requirements for Crane's guest dependencies, and a
-    guest dependency without a pin (the recipe must follow the package's own needs)."""
+    """Refuse pins outside pyproject.toml's requirements for Crane's run-time dependencies, and
+    a dependency without a pin (the recipe must follow the package's own needs)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from crane.interposer.guest_env import parse_requirement, satisfies
@@ -427,7 +431,8 @@ def check_pins(pins: list[str]) -> None:
     for pin in pins:
         name, _, version = pin.partition("==")
         pinned[name.lower().replace("_", "-")] = version
-    for text in interposer_build().guest_requirements():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for text in deps:
         req = parse_requirement(text)
         version = pinned.get(req.name.lower())
         if version is None:
