@@ -21,8 +21,8 @@ from pathlib import Path
 
 from crane import __version__
 from crane.api.errors import ProtocolError
-from crane.craned.config import load_config
-from crane.craned.server import ServerTls, build_server
+from crane.craned.config import DaemonConfig, load_config
+from crane.craned.server import Listening, ServerTls, build_server
 from crane.daemon.callers import Callers
 from crane.daemon.devices import resolve_devices
 from crane.daemon.domains import DomainConfig, resolve_group
@@ -60,6 +60,22 @@ def domain_flags(flags: list[str]) -> dict[str, DomainConfig]:
         name, _, tenant = flag.partition("=")
         out[name] = DomainConfig.from_table(name, {"tenant": tenant} if tenant else {})
     return out
+
+
+def serve_vm_guests(cfg: DaemonConfig, listening: Listening) -> VsockListener | None:
+    """Serve the configured domains' sockets, and the vsock port bridged to them (if any)."""
+    assert listening.domains is not None
+    listening.domains.attach_configured()
+    if not cfg.vsock_port:
+        return None
+    resolver = CidResolver(cfg.vsock_libvirt_uri)
+    vsock = VsockListener(cfg.vsock_port, resolver.domain_of, listening.domains.socket_of)
+    log.info(
+        "vsock port %d: bridged to the domain sockets by CID (libvirt %s)",
+        cfg.vsock_port,
+        cfg.vsock_libvirt_uri,
+    )
+    return vsock
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -253,34 +269,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:  # ready before the main socket answers: whoever waits for it may use them
+        vsock = serve_vm_guests(cfg, listening)
+    except (ProtocolError, OSError) as e:
+        log.error("cannot serve VM guests: %s", getattr(e, "message", None) or e)
+        pool.close()
+        listening.close()
+        return 2
     server.start()
     listening.open_up()
     for b in listening.bound:
         log.info("listening on %s", b)
-    try:
-        listening.domains.attach_configured()
-    except ProtocolError as e:
-        log.error("cannot serve a domain socket: %s", e.message)
-        server.stop(None)
-        pool.close()
-        listening.close()
-        return 2
-    vsock = None
-    if cfg.vsock_port:
-        try:
-            resolver = CidResolver(cfg.vsock_libvirt_uri)
-            vsock = VsockListener(cfg.vsock_port, resolver.domain_of, listening.domains.socket_of)
-        except OSError as e:
-            log.error("cannot listen on vsock port %d: %s", cfg.vsock_port, e)
-            server.stop(None)
-            pool.close()
-            listening.close()
-            return 2
-        log.info(
-            "vsock port %d: bridged to the domain sockets by CID (libvirt %s)",
-            cfg.vsock_port,
-            cfg.vsock_libvirt_uri,
-        )
     sd_notify("READY=1")
     stop.wait()
     sd_notify("STOPPING=1")

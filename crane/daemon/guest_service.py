@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 
@@ -18,6 +19,7 @@ from crane.api.errors import ProtocolError
 from crane.daemon.callers import Callers
 from crane.daemon.lifecycle import AWAY, SessionState
 from crane.daemon.render import opened
+from crane.daemon.session import DaemonSession
 from crane.daemon.sessions import SessionManager, worker_exited
 from crane.host.channel import ChannelClosed
 from crane.host.messages import Tag
@@ -80,27 +82,37 @@ class GuestServicer:
     def Calls(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         caller = self.callers.identify(context)  # once, at the stream's opening
         md = dict(context.invocation_metadata())
+        stream = object()  # this stream, as the session knows it (stream_ended)
         session = self.sessions.attach(
-            md.get("crane-session"), md.get("crane-token-bin"), context.peer(), caller
+            md.get("crane-session"), md.get("crane-token-bin"), context.peer(), caller, stream
         )
-        context.add_callback(lambda: self.sessions.close(session, "stream ended"))
+        # the RPC ended without this loop noticing (blocked on the worker, a kernel running):
+        # the guest's connection broke or the guest cancelled
+        context.add_callback(lambda: self.sessions.stream_ended(session, stream, clean=False))
         session.end_stream = context.cancel
         ch = session.worker.channel
+        clean = False
         try:
             for raw in requests:
                 with session.channel_lock:  # a checkpoint waits for the batch to be answered
                     if session.state is SessionState.PARKED:
                         raise ProtocolError("UNAVAILABLE", f"{session.id} is parked")
                     while session.pending:
-                        yield session.pending.pop(0)
+                        yield session.pending[0]
+                        session.pending.pop(0)  # only once delivered (kept for a VM's guest)
                     ch.send(Tag.BATCH, raw)
                     if peek_flags(raw) & EXPECTS_REPLY:
                         # the guest waits: forward answers up to this batch's last one
                         while True:
                             tag, frame = ch.recv()
                             if tag == Tag.CLOSE:
+                                clean = True  # the worker ended the session
                                 return
-                            yield frame
+                            try:
+                                yield frame
+                            except GeneratorExit:  # the stream broke: keep the batch's rest
+                                _keep_unsent(session, ch, frame, tag)
+                                raise
                             if tag == Tag.REPLY_LAST:
                                 break
                     else:
@@ -108,8 +120,14 @@ class GuestServicer:
                         while ch.readable():
                             tag, frame = ch.recv()
                             if tag == Tag.CLOSE:
+                                clean = True  # the worker ended the session
                                 return
-                            yield frame
+                            try:
+                                yield frame
+                            except GeneratorExit:
+                                _keep_unsent(session, ch, frame, Tag.REPLY_LAST)
+                                raise
+            clean = True  # the guest closed its side: it is done with the session
         except ChannelClosed:
             if session.state in AWAY:
                 raise ProtocolError("UNAVAILABLE", f"session {session.id} is parked") from None
@@ -120,7 +138,26 @@ class GuestServicer:
             # session already), the guest hears the same: it resumes and is told why
             raise ProtocolError("UNAVAILABLE", worker_exited(session.id)) from None
         finally:
-            self.sessions.close(session, "stream ended")
+            self.sessions.stream_ended(session, stream, clean)
+
+
+def _keep_unsent(session: DaemonSession, ch: Any, frame: bytes, tag: int) -> None:
+    """A VM guest's stream broke while ``frame`` (of a batch it waits for, up to its
+    ``REPLY_LAST``) was being sent: keep it and the batch's other answers for the stream the
+    guest resumes with (the worker's channel must hold no answer of an old batch when the
+    next one is sent), while the channel lock is still held. Other sessions end with their
+    stream: nothing to keep."""
+    if not session.domain:
+        return
+    session.pending.append(frame)
+    try:
+        while tag != Tag.REPLY_LAST:
+            tag, more = ch.recv()
+            if tag == Tag.CLOSE:
+                return
+            session.pending.append(more)
+    except ChannelClosed:
+        return
 
 
 def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:

@@ -67,6 +67,11 @@ class DaemonSession:
     #: The libvirt domain whose guest opened the session ("": not a VM's), from the socket or
     #: certificate it came in by (crane.daemon.domains); kept in its record like the tenant.
     domain: str = ""
+    #: The call stream attached now (a token of the Calls RPC that attached it; None: none):
+    #: an old stream's end must not detach its successor.
+    stream: object | None = None
+    #: Set when a VM guest's stream broke (a marker the re-attach grace checks is unchanged).
+    detached: object | None = None
     #: Ends the relay's call stream (the gRPC call's ``cancel``) once the session is over, so
     #: a guest that closed it without a synchronizing batch does not hold a daemon thread.
     end_stream: Callable[[], object] | None = None

@@ -62,6 +62,9 @@ SWITCHOVER_WAIT_S = 10.0
 _POLL_S = 0.05
 #: How often a guest's presence watch looks whether its worker is still the session's.
 _PRESENCE_POLL_S = 0.5
+#: How long a VM guest's session waits for its guest after its connection broke (a VM's
+#: connections reset when it migrates, or when its vsock bridge restarts) before it is closed.
+DOMAIN_REATTACH_GRACE_S = 60.0
 
 
 class SessionManager:
@@ -245,9 +248,15 @@ class SessionManager:
 
     # ---- the guest's stream --------------------------------------------------------------------
     def attach(
-        self, sid: str | None, token: bytes | None, peer: str, caller: Caller
+        self,
+        sid: str | None,
+        token: bytes | None,
+        peer: str,
+        caller: Caller,
+        stream: object | None = None,
     ) -> DaemonSession:
-        """Bind the guest's call stream to its session (one stream at a time)."""
+        """Bind the guest's call stream (``stream``: its token, for :meth:`stream_ended`) to
+        its session (one stream at a time)."""
         with self.table.lock:
             session = self.table.entries().get(sid or "")
             if session is None:
@@ -260,7 +269,53 @@ class SessionManager:
                 )
             session.move(SessionState.RUNNING)
             session.peer = peer
+            session.stream = stream
+            session.detached = None
         return session
+
+    def stream_ended(self, session: DaemonSession, stream: object, clean: bool) -> None:
+        """The call stream ``stream`` of ``session`` ended: ``clean`` (the guest closed it)
+        or not (cancelled, or its connection broke). Ends the session, but one case: a VM
+        guest's connection that broke while the session is migrating or being checkpointed.
+        A VM's connections reset when the VM migrates, and the source VM stops (its forward's
+        connections close) when libvirt is done with it, which may be before the session's own
+        switchover is: the session's move goes on, and if it gives up the session waits, ready,
+        for its guest to come back by token for :data:`DOMAIN_REATTACH_GRACE_S`."""
+        away = (SessionState.MIGRATING, SessionState.CHECKPOINTING)
+        with self.table.lock:
+            keep = not clean and bool(session.domain) and session.state in away
+            if keep and session.stream is stream:
+                session.stream = None
+                marker = session.detached = object()
+            elif keep:
+                return  # a later stream took over, or this one's end was handled already
+        if not keep:
+            self.close(session, "stream ended")
+            return
+        log.info(
+            "session %s: domain %s's connection broke while it is %s; it goes on without",
+            session.id,
+            session.domain,
+            session.state.value,
+        )
+        self._await_guest(session, marker)
+
+    def _await_guest(self, session: DaemonSession, marker: object) -> None:
+        timer = threading.Timer(DOMAIN_REATTACH_GRACE_S, self._reattach_overdue, (session, marker))
+        timer.daemon = True
+        timer.start()
+
+    def _reattach_overdue(self, session: DaemonSession, marker: object) -> None:
+        """A VM guest whose connection broke did not attach again in time: its session ends
+        once it is back (ready) here; while it is still away, look again later."""
+        with self.table.lock:
+            if session.detached is not marker:
+                return
+            state = session.state
+        if state in (SessionState.MIGRATING, SessionState.CHECKPOINTING):
+            self._await_guest(session, marker)
+        elif state is SessionState.READY and self.table.find(session.id) is session:
+            self.close(session, f"domain {session.domain}'s guest did not come back")
 
     def watch_guest(self, sid: str, token: bytes, gone: threading.Event, caller: Caller) -> None:
         """Hold a direct guest's presence stream: when ``gone`` is set (the stream ended: the
@@ -395,6 +450,8 @@ class SessionManager:
         ``during`` (a session closed meanwhile stays closed)."""
         with self.table.lock:
             if session.state is during:
+                if before is SessionState.RUNNING and session.domain and session.stream is None:
+                    before = SessionState.READY  # its VM's connection broke meanwhile
                 session.move(before)
 
     def moved_away(self, session: DaemonSession, to: str) -> threading.Event:

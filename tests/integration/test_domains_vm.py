@@ -12,6 +12,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from crane.cli.control_client import ControlClient
 from crane.cli.demo_migrate import ITERATIVE_PROGRAM, STEPS, reference_checksum
 from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
+from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from tests.integration.vmfwd import Forward
 from tests.interposer.conftest import guest_lib  # noqa: F401 - a fixture used below
 
@@ -41,18 +43,22 @@ def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None
 
 
 @pytest.mark.usefixtures("guest_lib")
-@pytest.mark.parametrize("how", ["migrate", "park-restore"])
+@pytest.mark.parametrize("how", ["migrate", "park-restore", "cut-in-switchover"])
 def test_vm_guest_resumes_at_the_same_address_on_another_daemon(
     tmp_path: Path, cuda_build: Callable[..., Path], how: str
 ) -> None:
     exe = cuda_build(ITERATIVE_PROGRAM, suffix=".exe")
     dom = ["--domain", "vm1=alice"]
+    # cut-in-switchover: the destination holds its final acknowledgement for 3 s, and the VM's
+    # connection breaks inside that window (the source VM stopped before the session's own
+    # switchover was over): the source must not end the session it is moving
+    slow = {**os.environ, TEST_DELAY_FINAL_ACK_ENV: "3"} if how == "cut-in-switchover" else None
     with (
         DaemonProcess(
             tmp_path / "a", ["sim:a100-80gb"], extra_args=dom, checkpoint_dir=tmp_path
         ) as a,
         DaemonProcess(
-            tmp_path / "b", ["sim:h100-80gb"], extra_args=dom, checkpoint_dir=tmp_path
+            tmp_path / "b", ["sim:h100-80gb"], extra_args=dom, checkpoint_dir=tmp_path, env=slow
         ) as b,
     ):
         fwd = Forward(a.run_dir / "domains" / "vm1.sock")
@@ -78,6 +84,18 @@ def test_vm_guest_resumes_at_the_same_address_on_another_daemon(
             if how == "migrate":
                 last = migrate(a.address, sid, b.address)[-1]
                 assert last.phase == "done", last.error
+            elif how == "cut-in-switchover":
+                out_: list = []
+                t = threading.Thread(target=lambda: out_.extend(migrate(a.address, sid, b.address)))
+                t.start()
+                _wait_for(
+                    lambda: "delaying the final acknowledgement" in b.log_text(),
+                    "the destination never reached its final acknowledgement",
+                )
+                fwd.stop()  # every connection of the VM resets, mid-switchover
+                t.join(60)
+                assert out_ and out_[-1].phase == "done", out_[-1].error if out_ else "no end"
+                assert "connection broke while it is migrating" in a.log_text()
             else:
                 with ControlClient(a.address, timeout=None) as c:
                     assert c.checkpoint(sid, "vm.ckpt", release=True).state == "parked"

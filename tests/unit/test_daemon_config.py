@@ -101,3 +101,36 @@ def test_module_cache_bound_from_file_and_flag(tmp_path: Path) -> None:
     f.write_text('module_cache_bytes = "lots"\n')
     with pytest.raises(ValueError, match="module_cache_bytes"):
         load_config(f, {})
+
+
+def test_domains_and_vsock_from_file_and_flags(tmp_path: Path) -> None:
+    from crane.craned.main import domain_flags
+
+    cfg_file = tmp_path / "craned.toml"
+    cfg_file.write_text(
+        'domain_socket_group = "0"\nvsock_port = 7000\n'
+        '[domains.vm1]\ntenant = "alice"\n[domains.vm2]\n'
+    )
+    cfg = load_config(cfg_file, {})
+    assert {n: d.effective_tenant for n, d in cfg.domains.items()} == {
+        "vm1": "alice",
+        "vm2": "domain:vm2",
+    }
+    assert (cfg.vsock_port, cfg.vsock_libvirt_uri) == (7000, "qemu:///system")
+    flags = parse_args(["--domain", "web=bob", "--domain", "db", "--vsock-port", "9"])
+    cfg = load_config(cfg_file, {"domains": domain_flags(flags.domain), "vsock_port": 9})
+    assert {n: d.effective_tenant for n, d in cfg.domains.items()} == {
+        "web": "bob",
+        "db": "domain:db",
+    }
+    for text, message in (
+        ("vsock_port = -1\n", "vsock_port"),
+        ('vsock_port = "x"\n', "vsock_port"),
+        ("[domains.vm1]\ncid = 3\n", "unknown keys"),
+        ("domains = 3\n", "tables"),
+    ):
+        cfg_file.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_config(cfg_file, {})
+    with pytest.raises(ValueError, match="not accepted"):
+        domain_flags(["a/b"])
