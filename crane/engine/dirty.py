@@ -13,7 +13,11 @@ copy up to :data:`SCAN_LIMIT` bytes (pointer tables are built on the host and up
 device-to-device copy (the destination inherits the source's pointers), and every allocation a
 migration or checkpoint reads (so tables written by kernels are learnt at the next round, and a
 restored session learns its tables again). A launch marks what its parameters point into and,
-transitively, what those allocations point into. References are only ever added while an
+transitively, what those allocations point into. Module variables holding pointers (a
+``__device__`` struct of buffers that kernels taking no pointer parameter follow) are learnt
+the same way, from uploads into them (``cudaMemcpyToSymbol``) and from a migration's reads of
+them, and every launch marks what they point into, since any kernel of the module may follow
+them. References are only ever added while an
 allocation lives (over-marking costs copying, never correctness). The known gap: a table that
 a kernel writes and another kernel follows, both after the last read of the table, is not
 learnt in time; docs/design.md lists it.
@@ -50,6 +54,8 @@ class DirtyTracker:
         self.globals_dirty = False
         self._whole: set[int] = set()  # allocations that fill their chunk (VMM mappings)
         self.refs: dict[int, set[int]] = {}  # allocation -> allocations it holds pointers into
+        #: allocations that memory outside every allocation (module variables) points into
+        self.global_refs: set[int] = set()
 
     def add(self, addr: int, size: int, whole_chunk: bool = False) -> None:
         """A new allocation: dirty (its contents are whatever the device held)."""
@@ -68,6 +74,7 @@ class DirtyTracker:
         self.dirty.discard(addr)
         self._whole.discard(addr)
         self.refs.pop(addr, None)  # a stale target left in another's set only over-marks
+        self.global_refs.discard(addr)
 
     def find(self, ptr: int) -> int | None:
         """Start of the allocation containing ``ptr``, if any."""
@@ -102,11 +109,12 @@ class DirtyTracker:
         return np.unique(hits).tolist() if len(hits) else []
 
     def learn(self, addr: int, values: list[int]) -> None:
-        """Record that the allocation at ``addr`` holds these pointer values."""
-        holder = self.find(addr)
-        if holder is None or not values:
+        """Record that the allocation at ``addr`` holds these pointer values (memory outside
+        every allocation: a module variable, whose pointers every launch may follow)."""
+        if not values:
             return
-        found = self.refs.setdefault(holder, set())
+        holder = self.find(addr)
+        found = self.global_refs if holder is None else self.refs.setdefault(holder, set())
         for v in values:
             a = self.find(v)
             if a is not None and a != holder:
@@ -116,8 +124,9 @@ class DirtyTracker:
         """Memory read or written whole by a checkpoint, restore or migration round: learn its
         pointers if it belongs to a small allocation (where pointer tables live)."""
         i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0 and addr < self._starts[i] + self._sizes[i] and self._sizes[i] <= SCAN_LIMIT:
-            self.scan(addr, data)
+        inside = i >= 0 and addr < self._starts[i] + self._sizes[i]
+        if (self._sizes[i] <= SCAN_LIMIT) if inside else (len(data) <= SCAN_LIMIT):
+            self.scan(addr, data)  # outside every allocation: a module variable
 
     def scan(self, addr: int, data: bytes | memoryview) -> None:
         """Learn the pointers that ``data``, now stored at ``addr``, holds into allocations."""
@@ -173,10 +182,13 @@ class DirtyTracker:
             todo.extend(self.refs.get(x, ()))
 
     def launch(self, params: bytes) -> None:
-        """Mark every allocation a kernel parameter points into, and all module variables."""
+        """Mark every allocation a kernel parameter points into, all module variables, and
+        what the module variables point into."""
         self.globals_dirty = True
         if not self._starts:
             return
+        for a in list(self.global_refs):
+            self._follow(a)
         lo, hi = self._starts[0], self._starts[-1] + self._sizes[-1]
         n = len(params) // 8
         for (v,) in struct.iter_unpack("<Q", params[: n * 8]) if n else ():

@@ -85,6 +85,34 @@ def test_a_kernel_following_an_uploaded_pointer_table_marks_what_the_table_point
     assert d.mark()[0] == {table, a, b, c}
 
 
+def test_a_kernel_following_pointers_in_a_module_variable_marks_what_they_point_to() -> None:
+    """vm-images/programs/migrate_loop: its kernels take no pointer, they follow a __device__
+    struct of buffers uploaded with cudaMemcpyToSymbol (memory outside every allocation)."""
+    d = DirtyTracker()
+    state, nxt, table, unrelated = 0x10_0000, 0x20_0000, 0x30_0000, 0x40_0000
+    for x in (state, nxt, table, unrelated):
+        d.add(x, 0x1000)
+    d.scan(table, struct.pack("<Q", unrelated))  # pointers inside an allocation stay its own
+    variable = 0x7000_0000  # a module variable: no allocation of the session holds it
+    d.scan(variable, struct.pack("<QQQ", state, nxt, table))
+    d.mark()
+    d.launch(struct.pack("<i", 4096))  # step(int n)
+    dirty, globals_dirty = d.mark()
+    assert dirty == {state, nxt, table, unrelated} and globals_dirty
+    # a migration round reading the variable learns pointers a kernel stored in it
+    d2 = DirtyTracker()
+    for x in (state, nxt):
+        d2.add(x, 0x1000)
+    d2.contents(variable, struct.pack("<QQ", nxt, 12345))
+    d2.mark()
+    d2.launch(b"")
+    assert d2.mark()[0] == {nxt}
+    # a freed allocation is no longer followed
+    d2.remove(nxt)
+    d2.launch(b"")
+    assert d2.mark()[0] == set()
+
+
 def test_pointer_values_are_aligned_and_inside_the_allocations() -> None:
     d = DirtyTracker()
     d.add(0x10_0000, 0x1000)
