@@ -12,9 +12,12 @@ clients:
 demo: setup
 	.venv/bin/crane demo
 
-# scripts/vm_deps.sh: the Debian packages of the `vm` tests (QEMU, libvirt), when it can.
-test: setup clients
+# scripts/vm_deps.sh first: the Debian packages of the `vm` tests (QEMU, libvirt, and the
+# headers libvirt-python builds against, which setup then installs), when it can.
+test:
 	@scripts/vm_deps.sh
+	@scripts/setup.sh
+	@scripts/client_libs.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
 lint: setup

@@ -14,11 +14,17 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=.venv/.crane-setup
-inputs=$(cat pyproject.toml setup.py proto/crane/v1/*.proto | sha256sum | cut -d' ' -f1)
+# libvirt-python (the `vm` extra) builds against libvirt's headers: installed only where they are
+# (scripts/vm_deps.sh puts them there for `make test`); without it the vm tests skip by name.
+vm_extra=""
+if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libvirt 2>/dev/null; then
+    vm_extra=",vm"
+fi
+inputs=$( (cat pyproject.toml setup.py proto/crane/v1/*.proto; echo "$vm_extra") | sha256sum | cut -d' ' -f1)
 lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/guest_pb2.py ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    extras="test"
+    extras="test$vm_extra"
     if ! command -v nvcc >/dev/null 2>&1; then
         extras="test,cuda-compiler"   # nvcc, cudart and crt headers from PyPI
     fi
