@@ -27,8 +27,19 @@ class ControlClient:
     def devices(self) -> control_pb2.ListDevicesReply:
         return self._stub.ListDevices(control_pb2.ListDevicesRequest(), timeout=self.timeout)
 
-    def sessions(self) -> control_pb2.ListSessionsReply:
-        return self._stub.ListSessions(control_pb2.ListSessionsRequest(), timeout=self.timeout)
+    def sessions(self, domain: str = "") -> control_pb2.ListSessionsReply:
+        """Sessions the caller may see; ``domain``: only that libvirt domain's."""
+        req = control_pb2.ListSessionsRequest(domain=domain)
+        return self._stub.ListSessions(req, timeout=self.timeout)
+
+    def attach_domain(self, domain: str, tenant: str = "") -> control_pb2.AttachDomainReply:
+        """Have the daemon serve ``domain``'s socket (idempotent); its path in the reply."""
+        req = control_pb2.AttachDomainRequest(domain=domain, tenant=tenant)
+        return self._stub.AttachDomain(req, timeout=self.timeout)
+
+    def detach_domain(self, domain: str) -> control_pb2.DetachDomainReply:
+        req = control_pb2.DetachDomainRequest(domain=domain)
+        return self._stub.DetachDomain(req, timeout=self.timeout)
 
     def checkpoint(self, session: str, path: str, release: bool) -> control_pb2.CheckpointReply:
         req = control_pb2.CheckpointRequest(session_id=session, path=path, release=release)

@@ -51,7 +51,9 @@ def _show(  # type: ignore[no-untyped-def]
     (and, when ``more_rows(reply)`` has any, a second table with the headers ``more``)."""
     with ControlClient(args.daemon) as c:
         try:
-            reply = c.devices() if what == "devices" else c.sessions()
+            reply = (
+                c.devices() if what == "devices" else c.sessions(getattr(args, "domain", "") or "")
+            )
         except grpc.RpcError as e:
             print(f"crane: {rpc_failure(e, c.address)}", file=sys.stderr)
             return 1
@@ -85,6 +87,7 @@ _TENANT_COLUMNS = ["TENANT", "MEMORY", "LIMIT", "SESSIONS", "MAX"]
 _SESSION_COLUMNS = [
     "SESSION",
     "TENANT",
+    "DOMAIN",
     "STATE",
     "DEV",
     "MODEL",
@@ -151,6 +154,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
             [
                 s.id,
                 s.tenant or "-",
+                s.domain or "-",
                 f"{s.state} {s.location}" if s.location else s.state,
                 str(s.device),
                 s.model or "-",

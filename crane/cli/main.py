@@ -1,7 +1,7 @@
 """``crane``: the command-line front end (operators and guests).
 
     crane devices [--json]      devices the daemon serves
-    crane ps [--json]           sessions: id, peer, device, memory, calls, state
+    crane ps [--json] [--domain NAME]  sessions: id, domain, peer, device, memory, calls, state
     crane demo                  a daemon on the simulated GPU and a CUDA workload through it
     crane run -- CMD ARGS...    run an unmodified CUDA program through the interposer
     crane guest-lib [--dir] [--python PY] [--build]  path of the interposer libcuda.so.1 (for
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=inventory.cmd_devices)
     s = sub.add_parser("ps", help="list sessions")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--domain", metavar="NAME", help="only the sessions of this libvirt domain")
     s.set_defaults(func=inventory.cmd_ps)
     m = sub.add_parser("demo", help="run the built-in demo on an embedded simulated-GPU daemon")
     m.add_argument("--profile", default="h100-80gb", help="simulated device profile")

@@ -31,6 +31,17 @@ Example ``/etc/crane/craned.toml``::
     max_sessions = 4
     kernel_time_limit_s = 30               # simulated GPU: a longer launch fails LAUNCH_TIMEOUT
 
+    # VM guests (crane/daemon/domains.py): each attached libvirt domain gets a socket
+    # <run_dir>/domains/NAME.sock that its QEMU forwards the guest's vm:// address to; every
+    # call on it is that domain's guest. More are attached at run time (crane.v1.Control's
+    # AttachDomain, what `crane migrate DOMAIN` and the libvirt hook use).
+    domain_socket_group = "libvirt-qemu"   # group of the domain sockets (mode 0660; default root)
+    vsock_port = 7000                      # AF_VSOCK listener bridged to the domains' sockets
+                                           # by the peer's CID (0: none)
+
+    [domains.vm1]
+    tenant = "alice"                       # default: domain:vm1
+
 Flags given on the command line replace the file's value for that key.
 
 Why the two lifetimes: a daemon keeps an entry for a session that left it. A *moved* entry (the
@@ -51,6 +62,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from crane.daemon.domains import DomainConfig, resolve_group
 from crane.daemon.tenants import TenantConfig, parse_size
 
 __all__ = ["DaemonConfig", "load_config"]
@@ -87,6 +99,12 @@ class DaemonConfig:
     #: The most bytes of module images the run directory's store keeps; least recently used
     #: images no live session has loaded are evicted past it (crane.modules.store). 0: no bound.
     module_cache_bytes: int = 1 << 30
+    #: libvirt domains whose sockets are served from the start (``[domains.NAME]``).
+    domains: dict[str, DomainConfig] = field(default_factory=dict)
+    #: Group (name or gid) owning the domain sockets, mode 0660 ("": root).
+    domain_socket_group: str | int = ""
+    #: AF_VSOCK port bridged to the domain sockets by the connecting CID's domain (0: none).
+    vsock_port: int = 0
 
 
 _SECONDS = ("moved_ttl_s", "parked_ttl_s")
@@ -109,6 +127,10 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
                 if not isinstance(v, dict):
                     raise ValueError(f"{path}: tenants must be tables [tenants.NAME]")
                 v = {name: TenantConfig.from_table(name, t) for name, t in v.items()}
+            if k == "domains":
+                if not isinstance(v, dict):
+                    raise ValueError(f"{path}: domains must be tables [domains.NAME]")
+                v = {name: DomainConfig.from_table(name, t) for name, t in v.items()}
             setattr(cfg, k, v)
     for k, v in overrides.items():
         if v not in (None, [], ""):
@@ -118,6 +140,10 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
         cfg.module_cache_bytes = parse_size(cfg.module_cache_bytes)
     except ValueError as e:
         raise ValueError(f"module_cache_bytes: {e}") from None
+    resolve_group(cfg.domain_socket_group)  # a group that does not exist: refused at start
+    port = cfg.vsock_port
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 1 << 32:
+        raise ValueError(f"vsock_port must be a port number (0: none), not {port!r}")
     for k in _SECONDS:
         v = getattr(cfg, k)
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:

@@ -20,10 +20,12 @@ import threading
 from pathlib import Path
 
 from crane import __version__
+from crane.api.errors import ProtocolError
 from crane.craned.config import load_config
 from crane.craned.server import ServerTls, build_server
 from crane.daemon.callers import Callers
 from crane.daemon.devices import resolve_devices
+from crane.daemon.domains import DomainConfig, resolve_group
 from crane.daemon.sessions import SessionManager
 from crane.daemon.workers import WorkerPool
 from crane.host.lifeline import PidFiles
@@ -48,6 +50,15 @@ def sd_notify(state: str) -> None:
             s.sendall(state.encode())
         except OSError as e:
             log.warning("sd_notify(%s) failed: %s", state, e)
+
+
+def domain_flags(flags: list[str]) -> dict[str, DomainConfig]:
+    """``--domain NAME[=TENANT]`` flags as ``[domains.*]`` tables say the same."""
+    out = {}
+    for flag in flags:
+        name, _, tenant = flag.partition("=")
+        out[name] = DomainConfig.from_table(name, {"tenant": tenant} if tenant else {})
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,6 +124,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="bound of the run directory's module image cache, e.g. 512MiB; least recently used "
         "images no session has loaded are evicted past it; 0: no bound (default 1GiB)",
     )
+    p.add_argument(
+        "--domain",
+        action="append",
+        default=[],
+        metavar="NAME[=TENANT]",
+        help="serve RUN_DIR/domains/NAME.sock for libvirt domain NAME's guest (repeatable); its "
+        "sessions are tenant TENANT (default domain:NAME)",
+    )
+    p.add_argument(
+        "--domain-socket-group", help="group owning the domain sockets (mode 0660; default root)"
+    )
+    p.add_argument(
+        "--vsock-port",
+        type=int,
+        help="bridge AF_VSOCK connections on this port to the domain socket of the peer CID's "
+        "libvirt domain (0: none)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -137,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                 "insecure_tcp": args.insecure_tcp,
                 "checkpoint_dir": args.checkpoint_dir,
                 "module_cache_bytes": args.module_cache_bytes,
+                "domains": domain_flags(args.domain),
+                "domain_socket_group": args.domain_socket_group,
+                "vsock_port": args.vsock_port,
             },
         )
     except (OSError, ValueError) as e:
@@ -195,7 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("checkpoint directory: %s", sessions.checkpoints.root)
     try:
-        server, listening = build_server(sessions, cfg.listen, note, callers, tls)
+        server, listening = build_server(
+            sessions,
+            cfg.listen,
+            note,
+            callers,
+            tls,
+            cfg.domains,
+            resolve_group(cfg.domain_socket_group),
+        )
     except (OSError, RuntimeError, ValueError) as e:
         log.error("cannot listen: %s", e)
         pool.close()
@@ -212,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     listening.open_up()
     for b in listening.bound:
         log.info("listening on %s", b)
+    try:
+        listening.domains.attach_configured()
+    except ProtocolError as e:
+        log.error("cannot serve a domain socket: %s", e.message)
+        server.stop(None)
+        pool.close()
+        listening.close()
+        return 2
     sd_notify("READY=1")
     stop.wait()
     sd_notify("STOPPING=1")

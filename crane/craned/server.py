@@ -3,6 +3,8 @@
 unix listeners are plain gRPC sockets with an ident socket beside each (who calls is told by
 the credential it fetched there: :mod:`crane.daemon.ident`); tcp listeners require mutual TLS
 (a client certificate signed by ``client_ca``), or are plain TCP when ``insecure_tcp`` is set.
+Domain sockets (:mod:`crane.daemon.domains`) are servers of their own, one per libvirt domain,
+serving the Guest and Control services to that domain's guest.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import grpc
 
 from crane.daemon.callers import Callers
 from crane.daemon.control_service import ControlServicer, control_handler
+from crane.daemon.domains import DomainConfig, DomainSockets
 from crane.daemon.guest_service import GuestServicer, guest_handler
 from crane.daemon.ident import IdentServer
 from crane.daemon.sessions import SessionManager
@@ -27,7 +30,7 @@ from crane.migrate.peer_service import (
     migration_handler,
     peer_handler,
 )
-from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.address import CHANNEL_OPTIONS, SERVER_KEEPALIVE_OPTIONS, to_grpc_target
 from crane.wire.ident import ident_path
 
 __all__ = ["Listening", "ServerTls", "build_server"]
@@ -58,6 +61,7 @@ class Listening:
 
     bound: list[str] = field(default_factory=list)
     idents: list[IdentServer] = field(default_factory=list)
+    domains: DomainSockets | None = None
 
     def open_up(self) -> None:
         """unix sockets mode 0666 once they exist (the server started): any local user may
@@ -68,6 +72,8 @@ class Listening:
                 os.chmod(b[len("unix://") :], 0o666)
 
     def close(self) -> None:
+        if self.domains is not None:
+            self.domains.close()
         for ident in self.idents:
             ident.close()
         for b in self.bound:
@@ -81,18 +87,35 @@ def build_server(
     backend_note: str,
     callers: Callers,
     tls: ServerTls | None = None,
+    domains: dict[str, DomainConfig] | None = None,
+    domain_group: int = 0,
 ) -> tuple[grpc.Server, Listening]:
     """Build and bind the server (not started); what it bound. A tcp:// address without
-    ``tls`` is plain TCP: the caller checked that ``insecure_tcp`` allows it."""
+    ``tls`` is plain TCP: the caller checked that ``insecure_tcp`` allows it. ``domains``:
+    the configured domains (``Listening.domains.attach_configured()`` serves their sockets),
+    ``domain_group``: the gid owning domain sockets."""
+    options = [*CHANNEL_OPTIONS, *SERVER_KEEPALIVE_OPTIONS]
     # Each guest's call stream holds one thread for its lifetime; leave room for control RPCs.
+    threads = sessions.max_sessions * 2 + 8
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=sessions.max_sessions * 2 + 8, thread_name_prefix="rpc"),
-        options=CHANNEL_OPTIONS,
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"), options=options
     )
+
+    def domain_handlers(domain_callers: Callers) -> list[grpc.GenericRpcHandler]:
+        return [
+            guest_handler(GuestServicer(sessions, domain_callers)),
+            control_handler(ControlServicer(sessions, backend_note, domain_callers)),
+        ]
+
+    out = Listening()
+    out.domains = DomainSockets(
+        sessions.run_dir, domain_handlers, domains, domain_group, threads, options
+    )
+    callers.domain_tenant = out.domains.tenant_for  # certificates naming a domain
     server.add_generic_rpc_handlers(
         (
             guest_handler(GuestServicer(sessions, callers)),
-            control_handler(ControlServicer(sessions, backend_note, callers)),
+            control_handler(ControlServicer(sessions, backend_note, callers, out.domains)),
             diagnostics_handler(
                 DiagnosticsServicer(lambda c: callers.operator(c, "transport diagnostics"))
             ),
@@ -100,7 +123,6 @@ def build_server(
             migration_handler(MigrationServicer(sessions, callers)),
         )
     )
-    out = Listening()
     try:
         for address in listen:
             target = to_grpc_target(address)

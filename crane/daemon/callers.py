@@ -5,6 +5,8 @@
 * **TCP with mutual TLS**: the client certificate's common name and subject alternative names
   (gRPC verified the chain against ``client_ca`` in the handshake).
 * **plain TCP** (``insecure_tcp``, development only): tenant ``tcp``, operator.
+* **a domain socket** (:mod:`crane.daemon.domains`): that libvirt domain's guest, never an
+  operator; a certificate with a SAN URI ``urn:crane:domain:NAME`` is domain NAME's guest too.
 
 Mapping, without ``[tenants.*]``: a unix caller of uid U is tenant ``uid:U``, operator when U is
 0 or the daemon's own euid; a certificate is tenant ``cert:NAME`` (its CN, else its first SAN).
@@ -19,20 +21,33 @@ PERMISSION_DENIED) with a one-line reason; the RPC boundary logs it with the met
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
 
 from crane.api.errors import ProtocolError
+from crane.daemon.domain_names import check_domain_name
 from crane.daemon.ident import Signer, UnixIds
 from crane.daemon.tenants import TenantConfig
 from crane.wire.ident import CREDENTIAL_KEY
 
-__all__ = ["INSECURE_TCP_TENANT", "Caller", "Callers", "from_cert", "from_unix", "may_use"]
+__all__ = [
+    "DOMAIN_URI_PREFIX",
+    "INSECURE_TCP_TENANT",
+    "Caller",
+    "Callers",
+    "cert_domain",
+    "from_cert",
+    "from_unix",
+    "may_use",
+]
 
 #: The one tenant of every plain-TCP caller (``insecure_tcp``).
 INSECURE_TCP_TENANT = "tcp"
+#: A client certificate's SAN URI ``urn:crane:domain:NAME`` makes it libvirt domain NAME's
+#: guest (a VM reaching the daemon over virtio-net with mutual TLS).
+DOMAIN_URI_PREFIX = "urn:crane:domain:"
 _SAN = "x509_subject_alternative_name"  # gRPC's auth context key
 
 
@@ -49,6 +64,8 @@ class Caller:
     unix: bool = False
     #: A unix caller's uid (None over TCP): it may connect to its session's worker directly.
     uid: int | None = None
+    #: The libvirt domain whose guest this is ("": not a VM's guest), as the host knows it.
+    domain: str = ""
 
     def __str__(self) -> str:
         role = ", operator" if self.operator else ""
@@ -74,17 +91,40 @@ def from_unix(ids: UnixIds, tenants: Mapping[str, TenantConfig], daemon_euid: in
     return f"uid {ids.uid} (gid {ids.gid}) is in no tenant of this daemon"
 
 
+def cert_domain(alt_names: Iterable[str]) -> str | None:
+    """The libvirt domain a certificate's SAN URI ``urn:crane:domain:NAME`` names (None:
+    none); ``ValueError`` when it names an invalid one or several."""
+    found = {n[len(DOMAIN_URI_PREFIX) :] for n in alt_names if n.startswith(DOMAIN_URI_PREFIX)}
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(f"the client certificate names several domains: {sorted(found)}")
+    (name,) = found
+    return check_domain_name(name)
+
+
 def from_cert(
     common_name: str,
     alt_names: Iterable[str],
     tenants: Mapping[str, TenantConfig],
     peers: Iterable[str],
+    domain_tenant: Callable[[str], str] | None = None,
 ) -> Caller | str:
-    """The caller a verified client certificate makes, or why it makes none."""
+    """The caller a verified client certificate makes, or why it makes none. A certificate
+    naming a domain (:data:`DOMAIN_URI_PREFIX`) is that domain's guest whatever else it names:
+    tenant ``domain_tenant(NAME)`` (the domain's configured one, or ``domain:NAME``), never an
+    operator nor a peer."""
     names = [n for n in (common_name, *alt_names) if n]
     if not names:
         return "the client certificate names no one (no CN, no SAN)"
     subject = f"CN={common_name}" if common_name else f"SAN={','.join(names)}"
+    try:
+        domain = cert_domain(alt_names)
+    except ValueError as e:
+        return f"certificate {subject}: {e}"
+    if domain is not None:
+        tenant = domain_tenant(domain) if domain_tenant else f"domain:{domain}"
+        return Caller(tenant, False, f"cert {subject} of domain {domain}", domain=domain)
     peers = set(peers)
     peer = next((n for n in names if n in peers), "")
     how = f"peer {peer}" if peer else f"cert {subject}"
@@ -114,6 +154,8 @@ class Callers:
         self.insecure_tcp = insecure_tcp
         self.signer = signer or Signer()
         self.euid = os.geteuid()
+        #: The tenant of a domain's guest (crane.daemon.domains.DomainSockets.tenant_for).
+        self.domain_tenant: Callable[[str], str] | None = None
 
     def identify(self, context: grpc.ServicerContext, *, tenant: bool = True) -> Caller:
         """Who is calling (refused: UNAUTHENTICATED or PERMISSION_DENIED with the reason).
@@ -145,7 +187,7 @@ class Callers:
             if auth.get("transport_security_type") == [b"ssl"]:
                 cn = b"".join(auth.get("x509_common_name", [])).decode(errors="replace")
                 sans = [s.decode(errors="replace") for s in auth.get(_SAN, [])]
-                found = from_cert(cn, sans, self.tenants, self.peers)
+                found = from_cert(cn, sans, self.tenants, self.peers, self.domain_tenant)
             elif self.insecure_tcp:
                 return Caller(INSECURE_TCP_TENANT, True, f"insecure tcp {peer}", peer=True)
             else:
@@ -180,11 +222,20 @@ class Callers:
         return caller
 
 
-def may_use(caller: Caller, owner: str, sid: str) -> None:
-    """Refuse ``caller`` acting on session ``sid`` of tenant ``owner`` unless it is that
-    tenant's or an operator (the resume token alone is not enough)."""
-    if caller.operator or caller.tenant == owner:
+def may_use(caller: Caller, owner: str, sid: str, domain: str = "") -> None:
+    """Refuse ``caller`` acting on session ``sid`` of tenant ``owner`` (and of libvirt domain
+    ``domain``, "" for none) unless it is that tenant's and that domain's, or an operator (the
+    resume token alone is not enough: a VM's guest cannot take another VM's session)."""
+    if caller.operator:
         return
-    raise ProtocolError(
-        "PERMISSION_DENIED", f"session {sid} belongs to another tenant than {caller}"
-    )
+    if caller.domain != domain:
+        theirs = f"domain {domain}" if domain else "no domain (a host process's)"
+        ours = f"domain {caller.domain}" if caller.domain else "no domain"
+        raise ProtocolError(
+            "PERMISSION_DENIED",
+            f"session {sid} belongs to {theirs}; {caller} is of {ours}",
+        )
+    if caller.tenant != owner:
+        raise ProtocolError(
+            "PERMISSION_DENIED", f"session {sid} belongs to another tenant than {caller}"
+        )

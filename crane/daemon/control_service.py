@@ -3,14 +3,17 @@ thin translation between RPCs and the session manager."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import grpc
 
 from crane import __version__
+from crane.api.errors import ProtocolError
 from crane.daemon.callers import Callers
 from crane.daemon.checkpoints import BOUNDARY_WAIT_S
+from crane.daemon.domains import DomainSockets
 from crane.daemon.render import device_info, session_info
 from crane.daemon.sessions import SessionManager
 from crane.v1 import control_pb2
@@ -18,15 +21,47 @@ from crane.wire.handlers import unary
 
 __all__ = ["ControlServicer", "control_handler"]
 
+log = logging.getLogger("craned")
+
 
 class ControlServicer:
     """Devices: any identified caller. Sessions: an operator sees all, a tenant its own.
-    Checkpoint and restore: operators only."""
+    Checkpoint and restore, attaching and detaching domains: operators only."""
 
-    def __init__(self, sessions: SessionManager, backend_note: str, callers: Callers) -> None:
+    def __init__(
+        self,
+        sessions: SessionManager,
+        backend_note: str,
+        callers: Callers,
+        domains: DomainSockets | None = None,
+    ) -> None:
         self.sessions = sessions
         self.backend_note = backend_note
         self.callers = callers
+        self.domains = domains
+
+    def AttachDomain(
+        self, request: control_pb2.AttachDomainRequest, context: grpc.ServicerContext
+    ) -> control_pb2.AttachDomainReply:
+        caller = self.callers.operator(context, f"attaching domain {request.domain!r}")
+        path, tenant, already = self._domains().attach(request.domain, request.tenant)
+        if not already:
+            log.info("domain %s attached by %s", request.domain, caller)
+        return control_pb2.AttachDomainReply(path=str(path), tenant=tenant, already=already)
+
+    def DetachDomain(
+        self, request: control_pb2.DetachDomainRequest, context: grpc.ServicerContext
+    ) -> control_pb2.DetachDomainReply:
+        caller = self.callers.operator(context, f"detaching domain {request.domain!r}")
+        detached, path = self._domains().detach(request.domain)
+        if detached:
+            log.info("domain %s detached by %s", request.domain, caller)
+        return control_pb2.DetachDomainReply(detached=detached, path=str(path))
+
+    def _domains(self) -> DomainSockets:
+        if self.domains is None:  # a domain socket's own Control service
+            raise ProtocolError("PERMISSION_DENIED", "domains are attached on the daemon's socket")
+        return self.domains
 
     def ListDevices(self, request: Any, context: grpc.ServicerContext) -> Any:
         caller = self.callers.identify(context)
@@ -46,7 +81,10 @@ class ControlServicer:
         caller = self.callers.identify(context)
         mgr = self.sessions
         return control_pb2.ListSessionsReply(
-            sessions=[session_info(s, mgr.table, mgr.expiry) for s in mgr.listing(caller)]
+            sessions=[
+                session_info(s, mgr.table, mgr.expiry)
+                for s in mgr.listing(caller, request.domain or None)
+            ]
         )
 
     def Checkpoint(
@@ -105,6 +143,16 @@ def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
             ),
             "Restore": unary(
                 servicer.Restore, control_pb2.RestoreRequest, control_pb2.RestoreReply
+            ),
+            "AttachDomain": unary(
+                servicer.AttachDomain,
+                control_pb2.AttachDomainRequest,
+                control_pb2.AttachDomainReply,
+            ),
+            "DetachDomain": unary(
+                servicer.DetachDomain,
+                control_pb2.DetachDomainRequest,
+                control_pb2.DetachDomainReply,
             ),
         },
     )

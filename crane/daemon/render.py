@@ -57,6 +57,7 @@ def session_info(s: DaemonSession, table: SessionTable, expiry: Expiry) -> commo
         va_size=WINDOW_SIZE,
         location=location,
         tenant=s.tenant,
+        domain=s.domain,
         model=s.identity.profile,
         model_name=s.identity.name,
     )

@@ -64,6 +64,9 @@ class DaemonSession:
     #: TenantConfig name, or uid:N / cert:NAME without tenants); only that tenant's callers
     #: (and operators) may act on it. Kept in its record, so restores and migrations keep it.
     tenant: str = ""
+    #: The libvirt domain whose guest opened the session ("": not a VM's), from the socket or
+    #: certificate it came in by (crane.daemon.domains); kept in its record like the tenant.
+    domain: str = ""
     #: Ends the relay's call stream (the gRPC call's ``cancel``) once the session is over, so
     #: a guest that closed it without a synchronizing batch does not hold a daemon thread.
     end_stream: Callable[[], object] | None = None
@@ -101,6 +104,7 @@ class DaemonSession:
             told=dict(self.told),
             device=self.identity,
             tenant=self.tenant,
+            domain=self.domain,
         )
 
     def adopt(self, record: SessionRecord) -> None:

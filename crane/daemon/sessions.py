@@ -129,6 +129,7 @@ class SessionManager:
                 uuid_seed=secrets.token_hex(16),
                 client=client,
                 tenant=caller.tenant,
+                domain=caller.domain,
             )
             owner = -1 if caller.uid is None else caller.uid
             session = self.start(record, device, SessionState.READY, owner_uid=owner)
@@ -205,6 +206,7 @@ class SessionManager:
             uuid_seed=uuid_seed,
             told=dict(identity.attributes),
             tenant=record.tenant,
+            domain=record.domain,
         )
 
     def admit(self, session: DaemonSession) -> None:
@@ -465,17 +467,22 @@ class SessionManager:
         """Sessions on this daemon (parked ones included; not those that migrated away)."""
         return self.table.sessions()
 
-    def listing(self, caller: Caller | None = None) -> list[DaemonSession]:
+    def listing(
+        self, caller: Caller | None = None, domain: str | None = None
+    ) -> list[DaemonSession]:
         """What ``crane ps`` shows: :meth:`list` plus the migrated-away entries still kept;
-        for a ``caller`` who is no operator, only its tenant's."""
+        for a ``caller`` who is no operator, only its tenant's (and its domain's); ``domain``:
+        only that libvirt domain's sessions."""
         self.expire()
         with self.table.lock:
             out = list(self.table.entries().values()) + [
                 g.session for g in self.table.moved.values()
             ]
+        if domain is not None:
+            out = [s for s in out if s.domain == domain]
         if caller is None or caller.operator:
             return out
-        return [s for s in out if s.tenant == caller.tenant]
+        return [s for s in out if s.tenant == caller.tenant and s.domain == caller.domain]
 
     def expire(self, now: float | None = None) -> None:
         self.expiry.expire(now)
@@ -488,7 +495,7 @@ def _entitled(session: DaemonSession, token: bytes | None, caller: Caller) -> No
         raise ProtocolError(
             "PERMISSION_DENIED", f"wrong resume token for session {session.id} from {caller}"
         )
-    may_use(caller, session.tenant, session.id)
+    may_use(caller, session.tenant, session.id, session.domain)
 
 
 def worker_exited(sid: str) -> str:

@@ -33,7 +33,7 @@ from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import Op
 from crane.v1 import guest_pb2, guest_pb2_grpc
-from crane.wire.address import CHANNEL_OPTIONS, default_address, to_grpc_target
+from crane.wire.address import CHANNEL_OPTIONS, default_address, is_vm, to_grpc_target
 from crane.wire.batch_flags import EXPECTS_REPLY
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
@@ -54,6 +54,10 @@ MAX_QUEUED_BATCHES = 4096
 MAX_UNACKED_BYTES = 256 << 20
 #: First pause before asking the daemons again for a session none can serve yet (doubles to 1 s).
 RESUME_FIRST_RETRY_S = 0.005
+#: How long a VM's guest (a ``vm://`` daemon) keeps asking its one address for its session
+#: while nothing there can serve it yet (the forward is down, or reaches a daemon the session
+#: has not reached): the VM is moving, and the address will reach the destination's daemon.
+VM_RESUME_GRACE_S = 120.0
 #: gRPC codes after which the session may still exist elsewhere (parked, moved): try Resume.
 _RESUMABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
@@ -88,6 +92,9 @@ class Transport:
         env_alt = [a for a in os.environ.get("CRANE_DAEMON_ALTERNATES", "").split(",") if a]
         self.addresses = list(dict.fromkeys([self.address, *alternates, *env_alt]))
         self.resume_timeout = float(os.environ.get("CRANE_RESUME_TIMEOUT_S", "600"))
+        grace = os.environ.get("CRANE_VM_RESUME_GRACE_S", "")
+        self.vm_grace = float(grace) if grace else VM_RESUME_GRACE_S
+        self._vm_deadline = 0.0
         self._direct_pref = direct
         self._tls = tls  # for tcp:// daemons (None: $CRANE_TLS_*), the first and any other
         self._channel = open_channel(self.address, tls)
@@ -194,6 +201,7 @@ class Transport:
         sid = self.opened.session_id
         if self._resume_deadline is None:
             self._resume_deadline = time.monotonic() + self.resume_timeout
+            self._vm_deadline = time.monotonic() + self.vm_grace
             log.info("session %s: call stream broke (%s); resuming", sid, cause.message)
         if self._direct_channel is not None:
             # its worker is gone or refused us: a later session worker at the same socket path
@@ -213,9 +221,13 @@ class Transport:
             while i < len(addrs):
                 addr = addrs[i]
                 i += 1
+                # a VM's one address may reach another daemon now (the VM moved): it is
+                # worth asking again until the grace ends, whatever it answered before
+                vm_wait = is_vm(addr) and time.monotonic() < self._vm_deadline
                 # the daemon the stream broke on is connected already: ask it first, on that
-                # channel (a migrated session's redirect comes from it)
-                reuse = addr == self.address
+                # channel (a migrated session's redirect comes from it); a vm:// address gets
+                # a new connection, which reaches whichever daemon the VM's forward reaches now
+                reuse = addr == self.address and not is_vm(addr)
                 ch = self._channel if reuse else open_channel(addr, self._tls)
                 stub = guest_pb2_grpc.GuestStub(ch)
                 try:
@@ -233,6 +245,11 @@ class Transport:
                     if e.code() in (grpc.StatusCode.NOT_FOUND,):
                         # migrated away: that daemon says where to (tried next, no alternates)
                         to = dict(e.trailing_metadata() or ()).get("crane-moved-to")
+                        if vm_wait and (to or e.details().startswith("no session ")):
+                            # a VM's guest reaches no other address: its session moved with
+                            # (or ahead of) the VM, whose forward will reach it here
+                            waiting = True
+                            continue
                         if to and to not in addrs[i:]:
                             addrs.insert(i, to)
                             if to not in self.addresses:
@@ -246,7 +263,7 @@ class Transport:
                         # if some daemon said the session is parked
                         md = dict(e.trailing_metadata() or ())
                         parked_seen = parked_seen or md.get("crane-parked") == "1"
-                        waiting = parked_seen
+                        waiting = waiting or parked_seen or vm_wait
                         continue
                     return _transport_error(e, f"session {sid} cannot resume on {addr}")
                 self._switch(addr, ch, stub, opened)

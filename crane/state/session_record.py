@@ -2,11 +2,11 @@
 
 A session keeps its id, its resume token, its VA window slot (invariant 2: the same device
 addresses everywhere), the seed of its virtual device UUID, what its guest was told about its
-device (:mod:`crane.state.told`) and its tenant on every daemon it moves to. The daemon that
-holds the session makes the record; a checkpoint writes it into META's ``session`` as JSON, a
-migration sends the same JSON to the destination, and a restore or an incoming migration reads
-it back with :meth:`SessionRecord.from_meta`, which accepts every checkpoint format still
-readable.
+device (:mod:`crane.state.told`), its tenant and its libvirt domain on every daemon it moves
+to. The daemon that holds the session makes the record; a checkpoint writes it into META's
+``session`` as JSON, a migration sends the same JSON to the destination, and a restore or an
+incoming migration reads it back with :meth:`SessionRecord.from_meta`, which accepts every
+checkpoint format still readable.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class SessionRecord:
     #: quotas with it ("": not recorded, files made before tenants; only operators may act on
     #: such a session).
     tenant: str = ""
+    #: The libvirt domain whose guest opened the session ("": not a VM's guest, or a file made
+    #: before domains): only that domain's guest may resume it wherever it moves.
+    domain: str = ""
 
     @property
     def va_base(self) -> int:
@@ -52,6 +55,7 @@ class SessionRecord:
             "client": self.client,
             "told": told_to_json(self.told),
             "tenant": self.tenant,
+            "domain": self.domain,
         }
         if self.device is not None:
             out["device"] = identity_to_json(self.device)
@@ -76,5 +80,6 @@ class SessionRecord:
             told=dict(told.limits),
             device=told.identity,
             tenant=str(ident.get("tenant") or ""),
+            domain=str(ident.get("domain") or ""),
         )
         return record, told.note

@@ -9,6 +9,9 @@ TLS on TCP.
   ``$CRANE_TLS_CERT``/``$CRANE_TLS_KEY``/``$CRANE_TLS_CA``), verifying the daemon's certificate
   against that CA; plain TCP otherwise, which only a daemon started with ``insecure_tcp``
   accepts.
+* ``vm://`` addresses (a VM's guest): plain HTTP/2 over TCP, no TLS, no ident: the host side
+  of the connection is the VM's forward to its domain socket (QEMU ``guestfwd``, or the vsock
+  bridge), and that socket says who the guest is; the guest could vouch for nothing itself.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
+from crane.wire.address import CHANNEL_OPTIONS, VM_CHANNEL_OPTIONS, is_vm, to_grpc_target
 from crane.wire.ident import CREDENTIAL_KEY, IdentError, credential_for, ident_path
 
 __all__ = ["TlsFiles", "open_channel"]
@@ -75,6 +78,10 @@ def open_channel(
     ``tls`` None: from the environment; ``options`` go after :data:`CHANNEL_OPTIONS`."""
     target = to_grpc_target(address)
     opts = [*CHANNEL_OPTIONS, *options]
+    if is_vm(address):
+        return grpc.insecure_channel(
+            target, options=[*CHANNEL_OPTIONS, *VM_CHANNEL_OPTIONS, *options]
+        )
     if target.startswith("unix:"):
         ch = grpc.insecure_channel(target, options=opts)
         return grpc.intercept_channel(ch, _Identify(ident_path(target[len("unix:") :])))
