@@ -170,7 +170,9 @@ class VmMigration:
                 self._detach(self.dest_daemon)
             if self._cancel.is_set():
                 raise VmMigrationFailed(f"{self._cancel_why} during the GPU pre-copy: rolled back")
-            why = "; ".join(f"session {m.sid}: {m.error or 'pre-copy did not converge'}" for m in bad)
+            why = "; ".join(
+                f"session {m.sid}: {m.error or 'pre-copy did not converge'}" for m in bad
+            )
             raise MigrationRefused(why)
         return moves
 
