@@ -12,11 +12,13 @@ clients:
 demo: setup
 	.venv/bin/crane demo
 
+# scripts/vm_deps.sh: the Debian packages of the `vm` tests (QEMU, libvirt), when it can.
 test: setup clients
+	@scripts/vm_deps.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
 lint: setup
-	.venv/bin/ruff check crane tests benchmarks
+	.venv/bin/ruff check crane tests benchmarks vm-images
 
 # On a GPU host: tests/gpu (marker gpu) and benchmarks/bench_gpu.py, results under $OUT or
 # .gpu/results. A GPU machine without network runs scripts/gpu_suite.sh directly, after

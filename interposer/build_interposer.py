@@ -189,15 +189,21 @@ def build(
     site_dirs: list[str] | None = None,
     python: str | None = None,
     private_paths: list[str] | None = None,
+    interpreter: Interpreter | None = None,
+    rpath: str | None = None,
 ) -> Path:
     """Build the library into ``out_dir`` for ``python`` (this interpreter when None).
+
+    A build for an interpreter that cannot run here (a VM image's: vm-images/build.py) gives
+    its facts as ``interpreter`` instead, and ``rpath``, the directory libpython lies in where
+    the library will run (default: the directory it was linked from).
 
     Crane's own build (``private_paths`` None): its Python side finds Crane's dependencies in
     ``site_dirs`` (default: this interpreter's site-packages) and Crane in the package the
     library was installed with. A build for an application's interpreter (crane/cli/guest_
     runtime.py) gets ``private_paths`` instead: a directory holding only Crane's guest
     dependencies for that interpreter and the ``crane`` package."""
-    interp = probe(python)
+    interp = interpreter or probe(python)
     if interp.libpython is None and private_paths is None:
         # Crane's own library serves C programs, which need it to bring its interpreter
         raise RuntimeError(
@@ -214,7 +220,7 @@ def build(
     boot = BOOT.format(paths=paths, add_root=add_root, requirements=guest_requirements())
     sources = sorted(str(p) for p in (HERE / "src").glob("*.c"))
     sources += [str(HERE / "generated" / "entries.c"), str(HERE / "generated" / "procs.c")]
-    link = [interp.libpython, f"-Wl,-rpath,{interp.libdir}"] if interp.libpython else []
+    link = [interp.libpython, f"-Wl,-rpath,{rpath or interp.libdir}"] if interp.libpython else []
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="crane-interposer-") as tmp:
         module_c = Path(tmp) / "_crane_libcuda.c"

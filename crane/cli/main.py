@@ -18,6 +18,7 @@
     crane libvirt-watch [--uri URI]  the hook's event follower, one per host
     crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
                                 can present (craned --backend SPEC@FILE)
+    crane vsock-bridge --port P [--listen HOST:PORT]  (in a VM) loopback TCP -> craned's vsock
 
 Global options, accepted before or after any subcommand (``crane --daemon X ps`` and ``crane ps
 --daemon X`` are the same; after the subcommand wins when both are given): ``--daemon ADDR``
@@ -40,7 +41,7 @@ import argparse
 import os
 import sys
 
-from crane.cli import baseline, demo, inventory, migrate, park, run, vm
+from crane.cli import baseline, demo, inventory, migrate, park, run, vm, vsock_bridge
 from crane.wire.channel import TlsFiles
 
 __all__ = ["GLOBAL_OPTIONS", "SubcommandParser", "add_global_options", "build_parser", "main"]
@@ -202,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_migrate)
     baseline.add_parser(sub)
     vm.add_parsers(sub)
+    vsock_bridge.add_parser(sub)
     return p
 
 

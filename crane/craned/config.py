@@ -38,6 +38,7 @@ Example ``/etc/crane/craned.toml``::
     domain_socket_group = "libvirt-qemu"   # group of the domain sockets (mode 0660; default root)
     vsock_port = 7000                      # AF_VSOCK listener bridged to the domains' sockets
                                            # by the peer's CID (0: none)
+    vsock_libvirt_uri = "qemu:///system"   # where a CID is resolved to its domain
 
     [domains.vm1]
     tenant = "alice"                       # default: domain:vm1
@@ -105,6 +106,8 @@ class DaemonConfig:
     domain_socket_group: str | int = ""
     #: AF_VSOCK port bridged to the domain sockets by the connecting CID's domain (0: none).
     vsock_port: int = 0
+    #: The libvirt connection a vsock peer's CID is resolved against, per connection.
+    vsock_libvirt_uri: str = "qemu:///system"
 
 
 _SECONDS = ("moved_ttl_s", "parked_ttl_s")

@@ -27,6 +27,7 @@ from crane.daemon.callers import Callers
 from crane.daemon.devices import resolve_devices
 from crane.daemon.domains import DomainConfig, resolve_group
 from crane.daemon.sessions import SessionManager
+from crane.daemon.vsock import CidResolver, VsockListener
 from crane.daemon.workers import WorkerPool
 from crane.host.lifeline import PidFiles
 from crane.host.malloc import tune_malloc
@@ -141,6 +142,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="bridge AF_VSOCK connections on this port to the domain socket of the peer CID's "
         "libvirt domain (0: none)",
     )
+    p.add_argument(
+        "--vsock-libvirt-uri",
+        help="libvirt URI a vsock peer's CID is resolved against (default qemu:///system)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 "domains": domain_flags(args.domain),
                 "domain_socket_group": args.domain_socket_group,
                 "vsock_port": args.vsock_port,
+                "vsock_libvirt_uri": args.vsock_libvirt_uri,
             },
         )
     except (OSError, ValueError) as e:
@@ -259,9 +265,27 @@ def main(argv: list[str] | None = None) -> int:
         pool.close()
         listening.close()
         return 2
+    vsock = None
+    if cfg.vsock_port:
+        try:
+            resolver = CidResolver(cfg.vsock_libvirt_uri)
+            vsock = VsockListener(cfg.vsock_port, resolver.domain_of, listening.domains.socket_of)
+        except OSError as e:
+            log.error("cannot listen on vsock port %d: %s", cfg.vsock_port, e)
+            server.stop(None)
+            pool.close()
+            listening.close()
+            return 2
+        log.info(
+            "vsock port %d: bridged to the domain sockets by CID (libvirt %s)",
+            cfg.vsock_port,
+            cfg.vsock_libvirt_uri,
+        )
     sd_notify("READY=1")
     stop.wait()
     sd_notify("STOPPING=1")
+    if vsock is not None:
+        vsock.close()
     server.stop(grace=1.0)
     sessions.close_all("daemon shutting down")
     pool.close()

@@ -163,6 +163,12 @@ class DomainSockets:
             return attached
         return self.configured.get(domain, DomainConfig(domain)).effective_tenant
 
+    def socket_of(self, domain: str) -> Path | None:
+        """The socket of ``domain`` when it is attached here (the vsock bridge's target)."""
+        with self._lock:
+            a = self._attached.get(domain)
+        return a.path if a else None
+
     def attached(self) -> dict[str, str]:
         """Attached domain -> its socket path."""
         with self._lock:
