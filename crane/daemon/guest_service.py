@@ -18,6 +18,7 @@ from crane.api.errors import ProtocolError
 from crane.daemon.callers import Callers
 from crane.daemon.lifecycle import AWAY, SessionState
 from crane.daemon.render import opened
+from crane.daemon.session import DaemonSession
 from crane.daemon.sessions import SessionManager, worker_exited
 from crane.host.channel import ChannelClosed
 from crane.host.messages import Tag
@@ -83,7 +84,7 @@ class GuestServicer:
         session = self.sessions.attach(
             md.get("crane-session"), md.get("crane-token-bin"), context.peer(), caller
         )
-        context.add_callback(lambda: self.sessions.close(session, "stream ended"))
+        context.add_callback(lambda: self._stream_ended(session))
         session.end_stream = context.cancel
         ch = session.worker.channel
         try:
@@ -120,7 +121,18 @@ class GuestServicer:
             # session already), the guest hears the same: it resumes and is told why
             raise ProtocolError("UNAVAILABLE", worker_exited(session.id)) from None
         finally:
-            self.sessions.close(session, "stream ended")
+            self._stream_ended(session)
+
+    def _stream_ended(self, session: DaemonSession) -> None:
+        """The guest's call stream ended: its session ends with it, unless it is migrating.
+        Why: a VM's guest loses its connection whenever the VM moves (the move of its GPU state
+        is under way then), and resumes by token wherever its VM runs; the migration's outcome
+        decides where the session lives, and a guest that never comes back leaves a session
+        its worker's attach timeout ends."""
+        if session.state is SessionState.MIGRATING:
+            log.info("session %s: its stream ended during a migration; kept", session.id)
+            return
+        self.sessions.close(session, "stream ended")
 
 
 def guest_handler(servicer: GuestServicer) -> grpc.GenericRpcHandler:

@@ -68,6 +68,9 @@ class DomainSpec:
     memory_mib: int = 256
     vcpus: int = 1
     domain_type: str = "qemu"  # TCG; "kvm" where the host has it
+    #: libvirt's CPU mode: "maximum" (QEMU's -cpu max: every feature TCG emulates; a guest
+    #: whose NumPy wants x86-64-v2 needs it), "host-model" under KVM
+    cpu_mode: str = "maximum"
     emulator: str = "/usr/bin/qemu-system-x86_64"
 
 
@@ -92,12 +95,16 @@ socket={q(spec.crane_socket)}/>
   </metadata>
   <memory unit='MiB'>{int(spec.memory_mib)}</memory>
   <vcpu>{int(spec.vcpus)}</vcpu>
+  <cpu mode={q(spec.cpu_mode)} check='none'/>
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{_text(spec.kernel)}</kernel>
     <initrd>{_text(spec.initrd)}</initrd>
     <cmdline>{_text(spec.cmdline)}</cmdline>
   </os>
+  <features>
+    <acpi/>
+  </features>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>destroy</on_reboot>
   <on_crash>destroy</on_crash>

@@ -93,6 +93,8 @@ class VmMigration:
     _cancel: threading.Event = field(default_factory=threading.Event)
     _cancel_why: str = ""
     _moves: list[GpuMove] = field(default_factory=list)
+    _committed: bool = False
+    _failures: list[str] = field(default_factory=list)
     vm: dict[str, Any] = field(default_factory=dict)  # what libvirt said of the VM's migration
 
     def cancel(self, why: str = "cancelled") -> None:
@@ -246,7 +248,7 @@ class VmMigration:
                 f"libvirt migration of {self.domain} failed ({why}); rolled back: the VM and its "
                 "GPU state stay on the source"
             )
-        failures = self._commit_all(moves)
+        failures = self._failures if self._committed else self._commit_all(moves)
         if daemon and not failures:
             self._detach(daemon)  # the VM left: no new connection from it will come here
         result = {
@@ -294,6 +296,12 @@ class VmMigration:
             elif ev.event == libvirt.VIR_DOMAIN_EVENT_RESUMED:
                 times["resumed" if ev.side == "destination" else "source-resumed"] = ev.at
                 self._progress(f"vm-resumed-{ev.side}")
+                if ev.side == "destination" and not self._committed:
+                    # the VM runs there: no way back for it (libvirt's confirm step, which
+                    # returns seconds later, only tidies the source), so serve its sessions
+                    # there now rather than when migrateToURI3 returns
+                    self._committed = True
+                    self._failures = self._commit_all(moves)
             elif ev.event == libvirt.VIR_DOMAIN_EVENT_STOPPED and ev.side == "source":
                 times["vm-done"] = times.get("vm-done", ev.at)
                 self._progress("vm-left-source")

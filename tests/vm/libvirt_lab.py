@@ -176,9 +176,13 @@ class Libvirtd:
 
 
 @contextlib.contextmanager
-def two_hosts(root: Path, hooks: dict[str, str] | None = None) -> Iterator[tuple[Libvirtd, ...]]:
-    """Hosts ``a`` and ``b``, each its own libvirtd (both with ``hooks``), torn down on exit."""
-    hosts = [Libvirtd(root / n, f"crane-lab-{n}", hooks) for n in ("a", "b")]
+def two_hosts(
+    root: Path, hooks: list[dict[str, str]] | None = None
+) -> Iterator[tuple[Libvirtd, ...]]:
+    """Hosts ``a`` and ``b``, each its own libvirtd (with its ``hooks``: name -> script),
+    torn down on exit."""
+    hooks = hooks or [{}, {}]
+    hosts = [Libvirtd(root / n, f"crane-lab-{n}", h) for n, h in zip("ab", hooks, strict=True)]
     try:
         for h in hosts:
             h.start()
