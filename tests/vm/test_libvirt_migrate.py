@@ -33,7 +33,7 @@ from tests.vm.vmlab import Lab, lab
 
 pytestmark = pytest.mark.vm
 
-MIGRATE_AT = "^tick 5 "
+MIGRATE_AT = r"^tick 5\b"
 #: A known bug (docs/operators-vm.md, Limits): a held session whose guest resumed at the
 #: destination the moment it was committed computes a different result from there on; it
 #: reproduces without a VM (a vm:// forward cut during the hold), not with a plain migration.
@@ -214,3 +214,21 @@ def test_libvirt_migration_cancelled_midway_rolls_back(vmlab: Lab, reference: li
     assert s.state in ("ready", "running"), s
     assert g.output() == reference
     assert not [s for s in _sessions(vmlab.b.daemon.address) if s.domain == g.name]
+
+
+def test_the_same_migration_without_a_cuda_program(
+    vmlab: Lab, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The baseline of the benchmark: the same VM and cadence of ticks, no GPU session; every
+    tick arrives, in order, across the move."""
+    g = vmlab.start(vmlab.a, program=False)
+    g.wait_for(MIGRATE_AT, 120)
+    assert crane_main(_migrate_args(vmlab, g.name, "--json")) == 0
+    result = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln[:1] == "{"][-1]
+    assert result["event"] == "done" and result["sessions"] == [], result
+    out = g.output()
+    assert [ln for ln in out if ln.startswith("tick ")] == [f"tick {i}" for i in range(60)]
+    print(
+        f"\nsame VM, no CUDA program: total {result['total_s']:.2f} s, VM downtime "
+        f"{result['vm_downtime_s']} s, longest pause between ticks {g.max_gap():.2f} s"
+    )

@@ -119,7 +119,7 @@ class Lab:
         else:
             run = (
                 f"i=0; while [ $i -lt {ITERATIONS} ]; do echo tick $i; i=$((i+1)); "
-                f"usleep {DELAY_MS * 1000}; done"
+                f"usleep {DELAY_MS * 1000} 2>/dev/null || sleep 0.{DELAY_MS:03d}; done"
             )
         log = self.root / f"{name}.serial"
         spec = DomainSpec(
