@@ -12,6 +12,10 @@
     crane restore FILE [--daemon ADDR] [--device N] [--timeout S]  recreate a checkpointed session
     crane migrate --session ID --to ADDR [--no-precopy] [--accept-lower-limits]  move a
         running session, live
+    crane migrate DOMAIN --to DEST_LIBVIRT_URI --dest-daemon ADDR [-c SRC_URI] [--json]  live-
+        migrate a libvirt VM and the GPU state of its Crane guest (crane/vm/migrate.py)
+    crane libvirt-hook install | DOMAIN OP SUB-OP EXTRA  libvirt's qemu hook (crane/vm/hook.py)
+    crane libvirt-watch [--uri URI]  the hook's event follower, one per host
     crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
                                 can present (craned --backend SPEC@FILE)
     crane vsock-bridge --port P [--listen HOST:PORT]  (in a VM) loopback TCP -> craned's vsock
@@ -37,7 +41,7 @@ import argparse
 import os
 import sys
 
-from crane.cli import baseline, demo, inventory, migrate, park, run, vsock_bridge
+from crane.cli import baseline, demo, inventory, migrate, park, run, vm, vsock_bridge
 from crane.wire.channel import TlsFiles
 
 __all__ = ["GLOBAL_OPTIONS", "SubcommandParser", "add_global_options", "build_parser", "main"]
@@ -143,9 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
         "baseline model, crane baseline)",
     )
     t.set_defaults(func=park.cmd_restore)
-    v = sub.add_parser("migrate", help="move a running session to another daemon, live")
-    v.add_argument("--session", required=True, help="session id (see crane ps)")
-    v.add_argument("--to", required=True, help="destination daemon address")
+    v = sub.add_parser(
+        "migrate", help="move a running session, or a VM with its sessions, to another host, live"
+    )
+    v.add_argument("domain", nargs="?", help="a libvirt domain to migrate (instead of --session)")
+    v.add_argument("--session", help="session id (see crane ps)")
+    v.add_argument(
+        "--to",
+        required=True,
+        help="destination daemon address (--session), or destination libvirt URI (DOMAIN)",
+    )
     v.add_argument("--device", type=int, default=-1, help="device index there")
     v.add_argument(
         "--rounds", type=int, default=8, help="rounds at most, the stop-and-copy included"
@@ -159,12 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--timeout",
         type=float,
-        default=60.0,
+        default=None,
         metavar="SECONDS",
-        help="longest the migration waits on anyone: the session's call in progress each time "
-        "it needs a call boundary, and the destination (its pre-flight answer, draining the "
-        "transfer, acknowledging a round: no progress for this long); past it the migration "
-        "fails and the session carries on here (default %(default)g)",
+        help="--session: longest the migration waits on anyone: the session's call in progress "
+        "each time it needs a call boundary, and the destination (its pre-flight answer, "
+        "draining the transfer, acknowledging a round: no progress for this long); past it the "
+        "migration fails and the session carries on here (default 60). DOMAIN: roll the whole "
+        "migration back if it is not done by then (default: no limit)",
     )
     v.add_argument(
         "--accept-lower-limits",
@@ -174,10 +186,39 @@ def build_parser() -> argparse.ArgumentParser:
         "device's limits fails as it would on that GPU (the other way: start guests under a "
         "baseline model, crane baseline)",
     )
-    v.set_defaults(func=migrate.cmd_migrate)
+    v.add_argument("--dest-daemon", help="DOMAIN: the destination host's craned (peer address)")
+    v.add_argument(
+        "-c", "--connect", default="qemu:///system", help="DOMAIN: the source libvirt URI"
+    )
+    v.add_argument("--migrate-uri", help="DOMAIN: libvirt's data connection (e.g. tcp://HOST)")
+    v.add_argument("--listen-address", help="DOMAIN: where the destination QEMU listens")
+    v.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="DOMAIN: longest a session waits, frozen, for the VM's switchover (then aborts)",
+    )
+    v.add_argument("--json", action="store_true", help="DOMAIN: one JSON object per event")
+    v.set_defaults(func=_migrate)
     baseline.add_parser(sub)
+    vm.add_parsers(sub)
     vsock_bridge.add_parser(sub)
     return p
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """The two forms of ``crane migrate``: a session (--session) or a libvirt domain."""
+    if (args.domain is None) == (args.session is None):
+        print("crane migrate: give either DOMAIN or --session ID", file=sys.stderr)
+        return 2
+    if args.session is not None:
+        args.timeout = 60.0 if args.timeout is None else args.timeout
+        return migrate.cmd_migrate(args)
+    if not args.dest_daemon:
+        print("crane migrate DOMAIN: --dest-daemon ADDR is required", file=sys.stderr)
+        return 2
+    return vm.cmd_migrate_domain(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,7 +75,7 @@ OPERATIONS: dict[str, frozenset[SessionState]] = {
 }
 
 #: A resuming guest is told to retry: its session is away for a moment, or parked.
-RETRY_LATER = frozenset({S.PARKED, S.RESTORING, S.CHECKPOINTING, S.MIGRATING})
+RETRY_LATER = frozenset({S.PARKED, S.RESTORING, S.CHECKPOINTING, S.MIGRATING, S.INCOMING})
 
 #: Closing is a no-op: nothing of the session runs here (a stream ending is what parking or
 #: moving causes, so it does not close the entry).

@@ -217,7 +217,16 @@ class SessionManager:
         when another session of that id got here first)."""
         with self.table.lock:
             old = self.table.entries().get(session.id)  # its parked entry, if it had one here
-            if old is not None and old.state not in (SessionState.PARKED, SessionState.RESTORING):
+            # (or itself: a held migration's arrival waits in the table, incoming, till its commit)
+            if (
+                old is not None
+                and old is not session
+                and old.state
+                not in (
+                    SessionState.PARKED,
+                    SessionState.RESTORING,
+                )
+            ):
                 raise ProtocolError("ALREADY_EXISTS", f"session {session.id} appeared here")
             session.move(SessionState.READY)
             self.table.add(session)

@@ -149,6 +149,13 @@ class MigrateRequest:
     peer_timeout_s: float = 60.0
     #: The destination may offer less than the guest was told (never less than it uses).
     accept_lower_limits: bool = False
+    #: Two-phase switchover (crane.migrate.source): after the final round the session stays
+    #: frozen here until a Commit or Abort arrives on the FIFO ``decide`` (``gate``: the final
+    #: round itself waits for a Stop there); none within ``hold_timeout_s`` aborts.
+    hold: bool = False
+    gate: bool = False
+    hold_timeout_s: float = 120.0
+    decide: str = ""
 
 
 @dataclass(frozen=True)

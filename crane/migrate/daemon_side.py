@@ -53,7 +53,7 @@ from crane.state.session_record import SessionRecord
 from crane.v1 import peer_pb2
 from crane.wire.fingerprint import mismatch
 
-__all__ = ["Incoming", "abort_incoming", "migrate_out", "preflight", "transfer"]
+__all__ = ["Incoming", "abort_incoming", "decide", "migrate_out", "preflight", "transfer"]
 
 log = logging.getLogger("craned")
 
@@ -80,16 +80,23 @@ def migrate_out(
     stop_bytes: int,
     boundary_wait_s: float = BOUNDARY_WAIT_S,
     accept_lower_limits: bool = False,
+    hold: bool = False,
+    gate: bool = False,
+    hold_timeout_s: float = 0.0,
 ) -> DaemonSession:
     """Start moving ``sid`` to ``to``; progress lands in ``session.migration``.
     ``boundary_wait_s``: longest it waits for the guest's call in progress at each batch
-    boundary it needs (then it fails and the session carries on here)."""
+    boundary it needs (then it fails and the session carries on here). ``hold``: a two-phase
+    switchover, decided by :func:`decide` (``gate``: the final round waits for a Stop too)."""
     session, before = host.claim(sid, "migrate", SessionState.MIGRATING)
     session.location = f"-> {to}"
     host.publish(session, {"phase": Phase.PREFLIGHT.value}, switching=False, fresh=True)
     progress = session.stats_path.with_suffix(".migrate")
     progress.unlink(missing_ok=True)
     wake = _Wake(session.stats_path.with_suffix(".migrate-wake"))
+    decisions = _Wake(session.stats_path.with_suffix(".migrate-decide")) if hold else None
+    if decisions is not None:
+        _DECISIONS[sid] = decisions
     req = MigrateRequest(
         to=to,
         device=device,
@@ -104,11 +111,16 @@ def migrate_out(
         # one knob (crane migrate --timeout): the guest's call at a boundary, the destination
         peer_timeout_s=boundary_wait_s,
         accept_lower_limits=accept_lower_limits,
+        hold=hold,
+        gate=gate and hold,
+        hold_timeout_s=hold_timeout_s or HOLD_TIMEOUT_S,
+        decide=str(decisions.path) if decisions is not None and decisions.path else "",
     )
     # the relay holds the channel while a batch runs: a kernel that never ends must not hold
     # the migration (and the session in "migrating") with it
     if not session.channel_lock.acquire(timeout=boundary_wait_s):
         wake.close()
+        _forget_decisions(sid)
         why = (
             f"migration not started: a relayed call batch did not return within "
             f"{boundary_wait_s:g} s (a kernel that does not finish?); the session stays here "
@@ -120,6 +132,7 @@ def migrate_out(
         session.worker.channel.send(*encode(req))
     except ChannelClosed as e:
         wake.close()
+        _forget_decisions(sid)
         failed = {"phase": Phase.FAILED.value, "error": f"worker gone: {e}"}
         _settle(host, session, before, failed)
         return session
@@ -172,6 +185,46 @@ class _Wake:
             self.path = None
 
 
+#: The decision FIFOs of held migrations out of this daemon, by session id.
+_DECISIONS: dict[str, _Wake] = {}
+#: Default hold limit (MigrateRequest.hold_timeout_s = 0).
+HOLD_TIMEOUT_S = 120.0
+#: The destination drops a held session this long after the source's own limit would have.
+HOLD_MARGIN_S = 5.0
+#: Which phases each decision may be given in (the worker reads it when it gets there).
+_DECIDABLE = {
+    "s": (Phase.PREFLIGHT, Phase.PRECOPY),
+    "c": (Phase.HELD,),
+    "a": (Phase.PREFLIGHT, Phase.PRECOPY, Phase.STOPPING, Phase.HELD),
+}
+
+
+def _forget_decisions(sid: str) -> None:
+    d = _DECISIONS.pop(sid, None)
+    if d is not None:
+        d.close()
+
+
+def decide(host: SessionHost, sid: str, what: str) -> str:
+    """Deliver a held migration's decision (``"s"`` stop, ``"c"`` commit, ``"a"`` abort) to
+    the source worker; the phase it was given in. FAILED_PRECONDITION when the session has no
+    held migration, or one in a phase where that decision means nothing (a Commit before the
+    destination acknowledged the final round)."""
+    session = host.get(sid)
+    d = _DECISIONS.get(sid)
+    phase = Phase(session.migration.get("phase", Phase.PREFLIGHT.value))
+    if d is None or d.wfd < 0 or session.state is not SessionState.MIGRATING:
+        raise ProtocolError("FAILED_PRECONDITION", f"session {sid} has no held migration")
+    if phase not in _DECIDABLE[what]:
+        names = {"s": "stopped", "c": "committed", "a": "aborted"}
+        raise ProtocolError(
+            "FAILED_PRECONDITION",
+            f"the migration of session {sid} is {phase.value}: it cannot be {names[what]} now",
+        )
+    os.write(d.wfd, what.encode())
+    return phase.value
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -202,6 +255,7 @@ def _watch(
             wake.wait(POLL_S)
     finally:
         wake.close()
+        _forget_decisions(session.id)
     path.unlink(missing_ok=True)
     _settle(host, session, before, st)
 
@@ -353,18 +407,40 @@ class Incoming:
 
 
 def transfer(
-    host: SessionHost, requests: Iterator[peer_pb2.TransferChunk], incoming: Incoming
+    host: SessionHost,
+    requests: Iterator[peer_pb2.TransferChunk],
+    incoming: Incoming,
+    cancel: Callable[[], object] | None = None,
 ) -> Iterator[peer_pb2.TransferAck]:
-    """Relay rounds to a worker for the incoming session; acknowledge each once applied."""
+    """Relay rounds to a worker for the incoming session; acknowledge each once applied.
+
+    A held migration (``hold`` on the first chunk) is acknowledged at its final round but only
+    admitted at the ``commit`` chunk after it; meanwhile the session sits in the table as
+    ``incoming``, so a guest that reconnects early is told to retry (crane-parked) rather than
+    that it does not exist. No commit within the hold's limit: ``cancel`` ends the stream and
+    the session is dropped, as when the source aborts."""
     session: DaemonSession | None = None
     record: SessionRecord | None = None
     claimed: int | None = None  # the window slot held for the session while it arrives
     committed = False
+    held: threading.Timer | None = None  # set while the session waits for its commit
+    hold = False
+    hold_timeout_s = 0.0
     in_round = False
     device = 0
     try:
         for chunk in requests:
+            if chunk.commit:
+                if held is None or session is None:
+                    raise ProtocolError("FAILED_PRECONDITION", "commit without a held session")
+                held.cancel()
+                incoming.commit(session.id, functools.partial(host.admit, session))
+                committed = True
+                log.info("held session %s committed: serving it here", session.id)
+                yield peer_pb2.TransferAck(round=chunk.round)
+                continue
             if record is None:
+                hold, hold_timeout_s = chunk.hold, chunk.hold_timeout_s or HOLD_TIMEOUT_S
                 try:
                     ident = {"session": json.loads(chunk.identity_json)}
                     record, _ = SessionRecord.from_meta(ident, FORMAT_VERSION, "the record")
@@ -414,7 +490,9 @@ def transfer(
             if not isinstance(answer, RoundApplied):
                 why = reason(answer)
                 raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {why}")
-            if chunk.final:
+            if chunk.final and hold:
+                held = _hold(host, session, hold_timeout_s, cancel)
+            elif chunk.final:
                 incoming.commit(session.id, functools.partial(host.admit, session))
                 committed = True
                 log.info(
@@ -431,7 +509,12 @@ def transfer(
     except ChannelClosed as e:
         raise ProtocolError("ABORTED", f"the incoming session's worker exited: {e}") from None
     finally:
+        if held is not None:
+            held.cancel()
         if not committed and session is not None:
+            if held is not None:
+                with host.table.lock:
+                    host.table.remove(session)
             host.release(session)
             log.info("incoming migration of %s ended before switchover; released", session.id)
         if claimed is not None:
@@ -439,6 +522,34 @@ def transfer(
                 host.table.unclaim_slot(claimed)
         if record is not None and claimed is not None:
             incoming.leave(record.id)
+
+
+def _hold(
+    host: SessionHost,
+    session: DaemonSession,
+    limit_s: float,
+    cancel: Callable[[], object] | None,
+) -> threading.Timer:
+    """Show a held session in the table (``incoming``: a Resume is told to retry) and arm its
+    deadline: no commit within ``limit_s`` (plus a margin, so the source's own limit, which
+    aborts cleanly, fires first) cancels the transfer, which drops it."""
+    with host.table.lock:
+        if host.table.entries().get(session.id) not in (None, session):
+            other = host.table.entries()[session.id]
+            if other.state is not SessionState.PARKED:
+                raise ProtocolError("ALREADY_EXISTS", f"session {session.id} appeared here")
+        host.table.add(session)
+
+    def expire() -> None:
+        log.warning("held session %s: no commit within %.0f s; dropping it", session.id, limit_s)
+        if cancel is not None:
+            cancel()
+
+    timer = threading.Timer(limit_s + HOLD_MARGIN_S, expire)
+    timer.daemon = True
+    timer.start()
+    log.info("session %s arrived held: ready, not serving until its commit", session.id)
+    return timer
 
 
 def abort_incoming(host: SessionHost, sid: str, token: bytes, incoming: Incoming) -> bool:

@@ -36,6 +36,8 @@ _FIELDS = [
     "total",
     "error",
     "done_seq",
+    "switchover",
+    "awaiting",
 ]
 
 
@@ -54,7 +56,7 @@ class PeerServicer:
 
     def Transfer(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         self.callers.peer(context, "migrating a session here")
-        yield from daemon_side.transfer(self.host, requests, self.incoming)
+        yield from daemon_side.transfer(self.host, requests, self.incoming, context.cancel)
 
     def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.callers.peer(context, "aborting a migration")
@@ -80,6 +82,9 @@ class MigrationServicer:
             request.stop_bytes,
             request.boundary_wait_s or daemon_side.BOUNDARY_WAIT_S,
             request.accept_lower_limits,
+            request.hold,
+            request.gate,
+            request.hold_timeout_s,
         )
         last = None
         changes = self.host.changes
@@ -95,6 +100,20 @@ class MigrationServicer:
             if over and session.state is not SessionState.MIGRATING:
                 return
             seen = changes.wait(seen, 0.5)
+
+    def _decide(self, request: Any, context: grpc.ServicerContext, what: str, verb: str) -> Any:
+        self.callers.operator(context, f"{verb} the migration of session {request.session_id}")
+        phase = daemon_side.decide(self.host, request.session_id, what)
+        return control_pb2.MigrateDecisionReply(phase=phase)
+
+    def Stop(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._decide(request, context, "s", "stopping")
+
+    def Commit(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._decide(request, context, "c", "committing")
+
+    def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._decide(request, context, "a", "aborting")
 
 
 def peer_handler(servicer: PeerServicer) -> grpc.GenericRpcHandler:
@@ -122,5 +141,13 @@ def migration_handler(servicer: MigrationServicer) -> grpc.GenericRpcHandler:
             "Migrate": unary_stream(
                 servicer.Migrate, control_pb2.MigrateRequest, control_pb2.MigrateProgress
             ),
+            **{
+                name: unary(
+                    getattr(servicer, name),
+                    control_pb2.MigrateDecision,
+                    control_pb2.MigrateDecisionReply,
+                )
+                for name in ("Stop", "Commit", "Abort")
+            },
         },
     )

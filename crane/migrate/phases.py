@@ -18,6 +18,7 @@ class Phase(Enum):
     PREFLIGHT = "preflight"
     PRECOPY = "precopy"
     STOPPING = "stopping"
+    HELD = "held"  # two-phase switchover: frozen here, ready there, until Commit or Abort
     DONE = "done"
     FAILED = "failed"
 
@@ -28,13 +29,14 @@ class Phase(Enum):
     @property
     def switching(self) -> bool:
         """The guest is stopped or already moved: a Resume waits for the redirect."""
-        return self in (Phase.STOPPING, Phase.DONE)
+        return self in (Phase.STOPPING, Phase.HELD, Phase.DONE)
 
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.PREFLIGHT: frozenset({Phase.PRECOPY, Phase.STOPPING, Phase.FAILED}),
     Phase.PRECOPY: frozenset({Phase.STOPPING, Phase.FAILED}),
-    Phase.STOPPING: frozenset({Phase.DONE, Phase.FAILED}),
+    Phase.STOPPING: frozenset({Phase.HELD, Phase.DONE, Phase.FAILED}),
+    Phase.HELD: frozenset({Phase.DONE, Phase.FAILED}),
     Phase.DONE: frozenset(),
     Phase.FAILED: frozenset(),
 }

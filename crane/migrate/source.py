@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +51,18 @@ from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
 from crane.worker.attach import TooLate, WorkerSession, WorkerState
 
-__all__ = ["MigrationFailed", "Phase", "migrate_out", "preflight", "start", "structure"]
+__all__ = [
+    "ABORT",
+    "COMMIT",
+    "STOP",
+    "Decisions",
+    "MigrationFailed",
+    "Phase",
+    "migrate_out",
+    "preflight",
+    "start",
+    "structure",
+]
 
 log = logging.getLogger("crane.worker")
 
@@ -68,6 +81,8 @@ ABORT_WAIT_S = 1.0
 #: How long, and how often, an unanswered abort is retried.
 ABORT_RETRY_S = 600.0
 ABORT_RETRY_EVERY_S = 1.0
+#: How long a held migration waits for its Stop / Commit when the request names no limit.
+HOLD_TIMEOUT_S = 120.0
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -156,6 +171,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         "est_downtime": 0.0,
     }
     progress(st)
+    decisions = Decisions(req.decide)
     ident = req.identity
     phase = Phase.PREFLIGHT
 
@@ -202,6 +218,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             "identity_json": json.dumps(ident.to_json()),
             "device": req.device,
             "accept_lower_limits": req.accept_lower_limits,
+            "hold": req.hold,
+            "hold_timeout_s": req.hold_timeout_s,
         }
         sink = WireSink(outbox, first)
         transfer = channel.stream_stream(
@@ -216,7 +234,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         def ack(round_: int) -> peer_pb2.TransferAck:
             stall.step = (
                 f"waiting for the acknowledgement of the final round {round_} (switchover)"
-                if phase is Phase.STOPPING
+                if phase in (Phase.STOPPING, Phase.HELD)
                 else f"waiting for the acknowledgement of round {round_} (pre-copy)"
             )
             try:
@@ -309,8 +327,11 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 st["dirty_bytes"] = sum(allocs_now[a] for a in sendable)
                 st["est_downtime"] = SWITCH_OVERHEAD_S + st["dirty_bytes"] / max(st["rate"], 1.0)
                 progress(st)
+                if decisions.poll(0) == ABORT:
+                    raise MigrationFailed("aborted by the operator during pre-copy")
                 if (
-                    round_ >= max_rounds - 1
+                    STOP in decisions.seen
+                    or round_ >= max_rounds - 1
                     or st["dirty_bytes"] <= stop_bytes
                     or (last_dirty is not None and st["dirty_bytes"] > CONVERGENCE * last_dirty)
                 ):
@@ -330,6 +351,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 pending -= set(sendable)
                 _account(st, sink, w.memory_bytes, time.monotonic() - r0)
                 round_ += 1
+        if req.gate:  # the caller picks the moment to stop (a VM's own switchover)
+            _await(decisions, st, progress, req.hold_timeout_s, STOP, "Stop before the final round")
         # ---- stop-and-copy: quiesce at a batch boundary, held until the destination acks
         enter(Phase.STOPPING)
         st["round"] = round_
@@ -370,15 +393,24 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         sink.end()
         sent = time.monotonic()
         a = ack(round_)
-        # the destination holds the session now: this worker must never run a call again
-        ws.move(WorkerState.PARKED)
         acked = time.monotonic()
         switchover = acked - stop
         _account(st, sink, w.memory_bytes, switchover)
+        if req.hold:  # two-phase: frozen here, ready there, until Commit or Abort
+            enter(Phase.HELD)
+            st.update(switchover=switchover, done_seq=a.done_seq)
+            _await(decisions, st, progress, req.hold_timeout_s, COMMIT, "Commit or Abort")
+            stall.step = "waiting for the destination to acknowledge the commit"
+            outbox.put(peer_pb2.TransferChunk(round=round_, commit=True).SerializeToString())
+            a = ack(round_)
+            acked = time.monotonic()
+        # the destination holds the session now: this worker must never run a call again
+        ws.move(WorkerState.PARKED)
         st.update(
             phase=advance(phase, Phase.DONE).value,
             # the source daemon extends both to when it can redirect the guest
-            downtime=switchover,
+            downtime=acked - stop,
+            switchover=switchover,
             total=acked - t0,
             stopped_at=stop,
             started_at=t0,
@@ -417,6 +449,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         raise MigrationFailed(f"internal error: {e!r}") from None
     finally:
         stall.close()
+        decisions.close()
         outbox.end()
         if held:
             ws.lock.release()
@@ -426,6 +459,78 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             threading.Thread(target=channel.close, name="migrate-close", daemon=True).start()
         else:
             channel.close()
+
+
+#: What the source daemon writes to a held migration's decision FIFO (crane migrate's Stop,
+#: Commit and Abort RPCs), one byte each.
+STOP, COMMIT, ABORT = "s", "c", "a"
+
+
+class Decisions:
+    """The read end of the FIFO a held migration's decisions arrive on (see
+    :mod:`crane.migrate.daemon_side`); without one (no hold) nothing ever arrives. Why a FIFO:
+    the worker's channel belongs to the relay while the guest runs, and a decision is on the
+    guest's clock (a poll interval would add to the pause it sees)."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = -1
+        self.seen: set[str] = set()
+        if path:
+            try:
+                self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as e:
+                log.warning("no decision FIFO at %s: %s", path, e)
+
+    def poll(self, timeout: float) -> str | None:
+        """Wait up to ``timeout`` for decisions; the most decisive one seen so far (abort
+        first), or None."""
+        if self.fd >= 0 and select.select([self.fd], [], [], max(timeout, 0.0))[0]:
+            try:
+                got = os.read(self.fd, 64)
+            except BlockingIOError:
+                got = b"?"
+            if not got:  # the daemon's end closed (it went away): no decision will come
+                self.close()
+            self.seen |= set(got.decode("ascii", "replace"))
+        elif self.fd < 0 and timeout > 0:
+            time.sleep(timeout)
+        for d in (ABORT, COMMIT, STOP):
+            if d in self.seen:
+                return d
+        return None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _await(
+    decisions: Decisions,
+    st: dict[str, Any],
+    progress: Progress,
+    limit_s: float,
+    want: str,
+    what: str,
+) -> None:
+    """Report that the migration waits for ``want`` and wait for it (the guest's state is as
+    the phase says: running before the final round, frozen after it). Abort, or nothing within
+    ``limit_s``, fails the migration, which thaws the session here."""
+    st["awaiting"] = True
+    progress(st)
+    deadline = time.monotonic() + (limit_s or HOLD_TIMEOUT_S)
+    while True:
+        d = decisions.poll(min(deadline - time.monotonic(), 1.0))
+        if d == ABORT:
+            raise MigrationFailed("aborted by the operator; the session stays here as it was")
+        if d == want or (want == STOP and d == COMMIT):
+            break
+        if time.monotonic() >= deadline:
+            raise MigrationFailed(
+                f"no {what} within {limit_s or HOLD_TIMEOUT_S:g} s: aborted; the session stays "
+                "here as it was"
+            )
+    st["awaiting"] = False
 
 
 def _packed(w: CheckpointWriter, last: float) -> float:
