@@ -127,7 +127,13 @@ class GuestServicer:
                             except GeneratorExit:
                                 _keep_unsent(session, ch, frame, Tag.REPLY_LAST)
                                 raise
-            clean = True  # the guest closed its side: it is done with the session
+            # the guest closed its side: it is done with the session. But gRPC may end the
+            # requests of a connection that broke as if the guest had closed them (which of
+            # "no more messages" and "cancelled" it notices first is a race), and a VM's
+            # connection breaks whenever the VM moves: a domain's session that is migrating or
+            # being checkpointed is not taken as done by it (a guest that is done says so with
+            # SESSION_CLOSE, which ends the session through its worker)
+            clean = not (session.domain and session.state in MOVING)
         except ChannelClosed:
             if session.state in AWAY:
                 raise ProtocolError("UNAVAILABLE", f"session {session.id} is parked") from None
@@ -139,6 +145,10 @@ class GuestServicer:
             raise ProtocolError("UNAVAILABLE", worker_exited(session.id)) from None
         finally:
             self.sessions.stream_ended(session, stream, clean)
+
+
+#: States in which a domain's session outlives its guest's broken connection (see stream_ended).
+MOVING = (SessionState.MIGRATING, SessionState.CHECKPOINTING)
 
 
 def _keep_unsent(session: DaemonSession, ch: Any, frame: bytes, tag: int) -> None:

@@ -34,23 +34,20 @@ from tests.vm.vmlab import Lab, lab
 pytestmark = pytest.mark.vm
 
 MIGRATE_AT = r"^tick 5\b"
+
+
 #: A known bug (docs/operators-vm.md, Limits): a held session whose guest resumed at the
 #: destination the moment it was committed computes a different result from there on; it
 #: reproduces without a VM (a vm:// forward cut during the hold), not with a plain migration.
-KNOWN_DIVERGENCE = (
-    "known bug: a held session whose relay stream broke during the hold diverges after its "
-    "guest resumes at the destination (docs/operators-vm.md, Limits)"
-)
-
-
 def _same_output(out: list[str], reference: list[str]) -> None:
-    """Everything else was checked: the program finished and passed its own checks; its
-    output must match the unmigrated run's (an expected failure while the bug stands)."""
     assert out[-1] == "PASSED", out[-5:]
     if out != reference:
         pairs = enumerate(zip(out, reference, strict=False))
         diff = next((i for i, (x, y) in pairs if x != y), min(len(out), len(reference)))
-        pytest.xfail(f"{KNOWN_DIVERGENCE}; outputs differ from line {diff}")
+        raise AssertionError(
+            f"the migrated program's output differs from an unmoved run's from line {diff}: "
+            f"{out[diff : diff + 2]} vs {reference[diff : diff + 2]}"
+        )
 
 
 @pytest.fixture(scope="module")

@@ -144,9 +144,8 @@ class Lab:
 def lab(root: Path, image: Any) -> Iterator[Lab]:
     """Daemons first (the hooks name them), then the libvirtds with the hooks installed."""
     da = DaemonProcess(root / "craned-a", ["sim:a100-80gb"])
-    # the same model on both: a mid-run move across models of vm-images' migrate_loop diverges
-    # today, with or without a VM (plain crane migrate --session too); see docs/operators-vm.md
-    db = DaemonProcess(root / "craned-b", ["sim:a100-80gb"])
+    # another GPU model (upwards: the guest, told the A100's limits, needs no acceptance)
+    db = DaemonProcess(root / "craned-b", ["sim:h100-80gb"])
     try:
         hooks = [{"crane": hook_script(HookConfig(d.address))} for d in (da, db)]
         with two_hosts(root / "libvirt", hooks) as (la, lb):
