@@ -41,7 +41,7 @@ from tests.vm.image import ensure_image, missing_tools
 from tests.vm.libvirt_lab import lab_missing
 from tests.vm.vmlab import Guest, Lab, lab
 
-MIGRATE_AT = "^tick 5 "
+MIGRATE_AT = r"^tick 5\b"
 
 
 def _gaps(g: Guest) -> tuple[float, float]:

@@ -105,6 +105,9 @@ class Transport:
                     fingerprint=fingerprint(), client=client or _describe_self(), device=device
                 ),
                 timeout=60,
+                # a VM's forward (QEMU's guestfwd starts a socat per connection) can drop the
+                # first connection while the host is loaded: keep trying within the deadline
+                wait_for_ready=is_vm(self.address),
             )
         except grpc.RpcError as e:
             self._channel.close()
