@@ -42,6 +42,7 @@ class BuildWithGuestLibrary(build_py):
 
     def run(self) -> None:
         _build_interposer()  # into crane/interposer/_lib: package data (pyproject.toml)
+        _build_ring()  # into crane/wire: package data
         super().run()
         if not self.editable_mode:
             dest = Path(self.build_lib) / "crane" / "interposer" / "_build"
@@ -86,6 +87,24 @@ def _build_interposer() -> Path | None:
             file=sys.stderr,
         )
         return None
+
+
+def _build_ring() -> None:
+    """The call ring's C core (crane/wire/ring_build.py). Without it guests on this host use
+    the worker's gRPC socket (the transport says why), so a missing compiler is not fatal."""
+    import importlib.util
+
+    try:
+        for name in ("ring_build", "bulk_build"):  # the ring, and its bulk area (bulk copies)
+            path = HERE / "crane" / "wire" / f"{name}.py"
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            spec.loader.exec_module(mod)  # type: ignore[union-attr]
+            mod.build()
+    except Exception as e:
+        if os.environ.get("CRANE_REQUIRE_GUEST_LIB") == "1":
+            raise
+        print(f"warning: call ring not built ({e}); guests use the gRPC socket", file=sys.stderr)
 
 
 _generate_protos()

@@ -49,8 +49,8 @@ MiB = 1 << 20
 class Bare:
     """Bare gRPC calls on a Diagnostics service (daemon's or a worker's socket)."""
 
-    def __init__(self, address: str) -> None:
-        self.ch = open_channel(address)
+    def __init__(self, address: str, tls: TlsFiles | None = None) -> None:
+        self.ch = open_channel(address, tls)
         self.echo = self.ch.stream_stream(
             "/crane.v1.Diagnostics/Echo",
             request_serializer=diag_pb2.Blob.SerializeToString,

@@ -9,6 +9,11 @@ Measures, in the backend (``PtxProgram.launch`` on a SimMemory, no RPC):
 * wall time of a 512x512 linear-filtered, normalized-coordinate 2D texture read (``tex.2d``
   through a texture object over a float array), checked against a NumPy bilinear reference;
 * load (parse + decode) time of the benchmark module;
+* the PTX compiler (``crane/backends/sim/ptx/jit``) against the interpreter and NumPy, runs
+  interleaved (compiled, interpreted, NumPy, again): 1M-element saxpy, a 16M-float sum (a
+  shared-memory tree with ``__syncthreads``, one partial per block, the partials summed by
+  NumPy inside the timing), the 512x512 tiled matmul, and the compile time of each kernel.
+  The interpreter metrics above run with ``CRANE_PTX_JIT=0``;
 * wall time of a Thrust sort of 1M unsigned keys (CUB's radix sort, as nvcc ships it) in an
   nvcc-built program run through ``crane run`` on a ``sim:h100-80gb`` daemon (the whole product
   path: interposer, wire, worker, interpreter), timed by the program around ``thrust::sort``
@@ -88,6 +93,22 @@ extern "C" __global__ void reduce(const float* in, float* out, int n) {
         for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
         if (lane == 0) atomicAdd(out, v);
     }
+}
+
+// Grid-stride sum, then a shared-memory tree with __syncthreads (no shuffles, no atomics):
+// one partial sum per block.
+extern "C" __global__ void reduce_tree(const float* in, float* partial, int n) {
+    __shared__ float s[256];
+    float v = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+        v += in[i];
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
 }
 
 // One linear-filtered, normalized-coordinate tex2D per thread (texture object).
@@ -173,7 +194,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs per measurement")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     ap.add_argument("--no-thrust", action="store_true", help="skip the Thrust sort (a daemon)")
+    ap.add_argument("--jit-only", action="store_true", help="only the compiler comparison")
     args = ap.parse_args()
+    os.environ["CRANE_PTX_JIT"] = "0"  # the interpreter's own metrics; the compiler's below
     nvcc = find_nvcc()
     if nvcc is None:
         print("nvcc not found: install the CUDA toolkit or `pip install nvidia-cuda-nvcc`")
@@ -189,64 +212,9 @@ def main() -> int:
     def best(fn) -> float:
         return min(fn() for _ in range(args.repeat))
 
-    # throughput: instructions executed per thread counted from the loop structure
-    threads = 1 << 16 if not args.quick else 1 << 12
-    iters = 200
-    out = b.upload(np.zeros(threads, np.float32))
-    spin_s = best(lambda: b.run("spin", (threads // 256, 1, 1), (256, 1, 1), out, np.int32(iters)))
-    body = _loop_body_instructions(ptx, "spin")
-    metrics["spin_threads"] = threads
-    metrics["spin_s"] = spin_s
-    metrics["thread_instructions_per_s"] = threads * iters * body / spin_s
-
-    n = 1 << 20 if not args.quick else 1 << 16
-    x = b.upload(rng.standard_normal(n).astype(np.float32))
-    y = b.upload(rng.standard_normal(n).astype(np.float32))
-    metrics["saxpy_1m_s"] = best(
-        lambda: b.run(
-            "saxpy", ((n + 255) // 256, 1, 1), (256, 1, 1), np.int32(n), np.float32(2.0), x, y
-        )
-    )
-
-    # baselines measured in the same run: the same computation done directly by NumPy
-    hx, hy = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    metrics["saxpy_numpy_s"] = best(lambda: _timed(lambda: np.float32(2.0) * hx + hy))
-    metrics["saxpy_vs_numpy"] = metrics["saxpy_1m_s"] / metrics["saxpy_numpy_s"]
-
-    m = 512 if not args.quick else 64
-    A = rng.standard_normal((m, m)).astype(np.float32)
-    B = rng.standard_normal((m, m)).astype(np.float32)
-    pa, pb, pc = b.upload(A), b.upload(B), b.upload(np.zeros((m, m), np.float32))
-    metrics["matmul_512_s"] = best(
-        lambda: b.run("matmul", (m // 16, m // 16, 1), (16, 16, 1), pa, pb, pc, np.int32(m))
-    )
-    got = b.read(pc, m * m, np.float32).reshape(m, m)
-    metrics["matmul_numpy_s"] = best(lambda: _timed(lambda: A @ B))
-    metrics["matmul_vs_numpy"] = metrics["matmul_512_s"] / metrics["matmul_numpy_s"]
-    metrics["matmul_max_rel_err"] = float(
-        np.max(np.abs(got - A.astype(np.float64) @ B)) / np.max(np.abs(A.astype(np.float64) @ B))
-    )
-
-    r = 1 << 24 if not args.quick else 1 << 18
-    data = rng.random(r, dtype=np.float32)
-    pin = b.upload(data)
-    pout = b.upload(np.zeros(1, np.float32))
-
-    def red() -> float:
-        b.mem.write(pout, np.zeros(1, np.float32).view(np.uint8))
-        return b.run("reduce", (1024, 1, 1), (256, 1, 1), pin, pout, np.int32(r))
-
-    metrics["reduce_16m_s"] = best(red)
-    metrics["reduce_numpy_s"] = best(lambda: _timed(lambda: data.sum()))
-    metrics["reduce_vs_numpy"] = metrics["reduce_16m_s"] / metrics["reduce_numpy_s"]
-    total = float(b.read(pout, 1, np.float32)[0])
-    metrics["reduce_rel_err"] = abs(total - float(data.astype(np.float64).sum())) / float(
-        data.astype(np.float64).sum()
-    )
-
-    _bench_texture(b, rng, metrics, best, 512 if not args.quick else 64)
-    if not args.no_thrust:
-        _bench_thrust_sort(nvcc, metrics, (1 << 20) if not args.quick else (1 << 14), args.repeat)
+    if not args.jit_only:
+        _bench_interpreter(b, ptx, rng, metrics, best, args, nvcc)
+    _bench_jit(b, rng, metrics, args.repeat, args.quick)
 
     where = f"{platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}"
     print(f"PTX interpreter benchmarks ({where})")
@@ -378,6 +346,140 @@ def _bench_thrust_sort(nvcc: str, metrics: dict[str, float], n: int, repeat: int
     metrics["thrust_sort_1m_s"] = float(fields[fields.index("sort_seconds") + 1])
     metrics["sort_numpy_s"] = min(_timed(lambda: np.sort(keys)) for _ in range(repeat))
     metrics["thrust_sort_vs_numpy"] = metrics["thrust_sort_1m_s"] / metrics["sort_numpy_s"]
+
+
+def _bench_interpreter(
+    b: Bench, ptx: str, rng, metrics: dict[str, float], best, args, nvcc
+) -> None:
+    """The interpreter's own metrics (CRANE_PTX_JIT=0 for the whole process until here)."""
+    # throughput: instructions executed per thread counted from the loop structure
+    threads = 1 << 16 if not args.quick else 1 << 12
+    iters = 200
+    out = b.upload(np.zeros(threads, np.float32))
+    spin_s = best(lambda: b.run("spin", (threads // 256, 1, 1), (256, 1, 1), out, np.int32(iters)))
+    body = _loop_body_instructions(ptx, "spin")
+    metrics["spin_threads"] = threads
+    metrics["spin_s"] = spin_s
+    metrics["thread_instructions_per_s"] = threads * iters * body / spin_s
+
+    n = 1 << 20 if not args.quick else 1 << 16
+    x = b.upload(rng.standard_normal(n).astype(np.float32))
+    y = b.upload(rng.standard_normal(n).astype(np.float32))
+    metrics["saxpy_1m_s"] = best(
+        lambda: b.run(
+            "saxpy", ((n + 255) // 256, 1, 1), (256, 1, 1), np.int32(n), np.float32(2.0), x, y
+        )
+    )
+
+    # baselines measured in the same run: the same computation done directly by NumPy
+    hx, hy = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    metrics["saxpy_numpy_s"] = best(lambda: _timed(lambda: np.float32(2.0) * hx + hy))
+    metrics["saxpy_vs_numpy"] = metrics["saxpy_1m_s"] / metrics["saxpy_numpy_s"]
+
+    m = 512 if not args.quick else 64
+    A = rng.standard_normal((m, m)).astype(np.float32)
+    B = rng.standard_normal((m, m)).astype(np.float32)
+    pa, pb, pc = b.upload(A), b.upload(B), b.upload(np.zeros((m, m), np.float32))
+    metrics["matmul_512_s"] = best(
+        lambda: b.run("matmul", (m // 16, m // 16, 1), (16, 16, 1), pa, pb, pc, np.int32(m))
+    )
+    got = b.read(pc, m * m, np.float32).reshape(m, m)
+    metrics["matmul_numpy_s"] = best(lambda: _timed(lambda: A @ B))
+    metrics["matmul_vs_numpy"] = metrics["matmul_512_s"] / metrics["matmul_numpy_s"]
+    metrics["matmul_max_rel_err"] = float(
+        np.max(np.abs(got - A.astype(np.float64) @ B)) / np.max(np.abs(A.astype(np.float64) @ B))
+    )
+
+    r = 1 << 24 if not args.quick else 1 << 18
+    data = rng.random(r, dtype=np.float32)
+    pin = b.upload(data)
+    pout = b.upload(np.zeros(1, np.float32))
+
+    def red() -> float:
+        b.mem.write(pout, np.zeros(1, np.float32).view(np.uint8))
+        return b.run("reduce", (1024, 1, 1), (256, 1, 1), pin, pout, np.int32(r))
+
+    metrics["reduce_16m_s"] = best(red)
+    metrics["reduce_numpy_s"] = best(lambda: _timed(lambda: data.sum()))
+    metrics["reduce_vs_numpy"] = metrics["reduce_16m_s"] / metrics["reduce_numpy_s"]
+    total = float(b.read(pout, 1, np.float32)[0])
+    metrics["reduce_rel_err"] = abs(total - float(data.astype(np.float64).sum())) / float(
+        data.astype(np.float64).sum()
+    )
+
+    _bench_texture(b, rng, metrics, best, 512 if not args.quick else 64)
+    if not args.no_thrust:
+        _bench_thrust_sort(nvcc, metrics, (1 << 20) if not args.quick else (1 << 14), args.repeat)
+
+
+def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: bool) -> None:
+    """Compiled vs interpreted vs NumPy on the same data, in ``repeat`` rounds that interleave
+    the three (so load on the machine hits all alike); in a round the compiled kernel and
+    NumPy run twice and the second run is timed (warm caches: the interpreter's run before
+    evicts them), the interpreter once. Each path's best round. The compiled and the
+    interpreted kernel must leave the same bytes (checked in every round)."""
+    from crane.backends.sim.ptx import jit
+
+    jit.COMPILE_MIN_LANES = 1  # compiled from the first launch, whatever the size (--quick)
+    os.environ["CRANE_PTX_JIT_CACHE"] = "0"  # compile times measured, not disk-cache loads
+    n = 1 << 20 if not quick else 1 << 16
+    hx = rng.standard_normal(n).astype(np.float32)
+    hy = rng.standard_normal(n).astype(np.float32)
+    x, y = b.upload(hx), b.upload(hy)
+
+    def saxpy() -> float:
+        b.mem.write(y, hy.view(np.uint8))
+        g = ((n + 255) // 256, 1, 1)
+        return b.run("saxpy", g, (256, 1, 1), np.int32(n), np.float32(2.0), x, y)
+
+    r = 1 << 24 if not quick else 1 << 18
+    data = rng.random(r, dtype=np.float32)
+    pin, part = b.upload(data), b.upload(np.zeros(1024, np.float32))
+
+    def reduce_tree() -> float:
+        t = b.run("reduce_tree", (1024, 1, 1), (256, 1, 1), pin, part, np.int32(r))
+        t0 = time.perf_counter()
+        b.read(part, 1024, np.float32).sum(dtype=np.float32)
+        return t + time.perf_counter() - t0
+
+    m = 512 if not quick else 64
+    A = rng.standard_normal((m, m)).astype(np.float32)
+    B = rng.standard_normal((m, m)).astype(np.float32)
+    pa, pb, pc = b.upload(A), b.upload(B), b.upload(np.zeros((m, m), np.float32))
+
+    def matmul() -> float:
+        return b.run("matmul", (m // 16, m // 16, 1), (16, 16, 1), pa, pb, pc, np.int32(m))
+
+    cases = (
+        ("saxpy_1m", saxpy, lambda: np.float32(2.0) * hx + hy, (y, n * 4)),
+        ("reduce_16m", reduce_tree, lambda: data.sum(), (part, 1024 * 4)),
+        ("matmul_512", matmul, lambda: A @ B, (pc, m * m * 4)),
+    )
+    for name, run, ref, (out, size) in cases:
+        times: dict[str, list[float]] = {"jit": [], "interp": [], "numpy": []}
+        for _ in range(repeat):  # rounds interleave the paths; each path timed warm
+            os.environ["CRANE_PTX_JIT"] = "1"
+            run()
+            times["jit"].append(run())
+            got = b.mem.read(out, size)
+            os.environ["CRANE_PTX_JIT"] = "0"
+            times["interp"].append(run())
+            if b.mem.read(out, size) != got:
+                raise SystemExit(f"{name}: compiled and interpreted results differ")
+            _timed(ref)
+            times["numpy"].append(_timed(ref))
+        jit_s, int_s, np_s = (min(times[k]) for k in ("jit", "interp", "numpy"))
+        metrics[f"jit_{name}_s"] = jit_s
+        metrics[f"jit_{name}_interp_s"] = int_s
+        metrics[f"jit_{name}_numpy_s"] = np_s
+        metrics[f"jit_{name}_vs_numpy"] = jit_s / np_s
+        metrics[f"jit_{name}_speedup_vs_interp"] = int_s / jit_s
+    os.environ["CRANE_PTX_JIT"] = "1"
+    compiled = dict(jit.stats()["compiled"])
+    for k in ("saxpy", "reduce_tree", "matmul"):
+        if k not in compiled:
+            raise SystemExit(f"the PTX compiler did not take {k}: {jit.stats()['refused']}")
+        metrics[f"jit_compile_{k}_ms"] = compiled[k]
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]

@@ -21,21 +21,29 @@ if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libvirt 2>/dev/n
     vm_extra=",vm"
 fi
 inputs=$( (cat pyproject.toml setup.py proto/crane/v1/*.proto; echo "$vm_extra") | sha256sum | cut -d' ' -f1)
-lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* pyproject.toml | sha256sum | cut -d' ' -f1)
+lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* pyproject.toml \
+    crane/wire/ringcore.c crane/wire/ring_build.py crane/wire/bulkcore.c crane/wire/bulk_build.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/guest_pb2.py ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    extras="test$vm_extra"
+    extras="test,sim$vm_extra"
     if ! command -v nvcc >/dev/null 2>&1; then
-        extras="test,cuda-compiler"   # nvcc, cudart and crt headers from PyPI
+        extras="test,sim,cuda-compiler"   # nvcc, cudart and crt headers from PyPI
     fi
     .venv/bin/python -m pip install -q -e ".[$extras]"
     echo "$inputs" > "$stamp"
+    # the install's build hook rebuilt the library as a wheel's (its paths are the installed
+    # package's, not this venv's site-packages): build this checkout's own again below
+    rm -f .venv/.crane-interposer
 fi
 # The guest library (libcuda.so.1): rebuilt whenever its C sources or generated stubs change
 # (an editable install does not rerun the build hook for those).
 lib_stamp=.venv/.crane-interposer
 if [ ! -f "$lib_stamp" ] || [ "$(cat "$lib_stamp")" != "$lib_inputs" ] \
-        || [ ! -f crane/interposer/_lib/libcuda.so.1 ]; then
+        || [ ! -f crane/interposer/_lib/libcuda.so.1 ] \
+        || ! ls crane/wire/_ringcore.*.so >/dev/null 2>&1 \
+        || ! ls crane/wire/_bulkcore.*.so >/dev/null 2>&1; then
     .venv/bin/python interposer/build_interposer.py >/dev/null
+    .venv/bin/python crane/wire/ring_build.py >/dev/null  # the call ring's C core
+    .venv/bin/python crane/wire/bulk_build.py >/dev/null  # its bulk area (bulk copies)
     echo "$lib_inputs" > "$lib_stamp"
 fi

@@ -99,6 +99,15 @@ class Op:
     writes_via_params: bool = False
     #: Still runs after a sticky fault (tearing down is always allowed).
     teardown: bool = False
+    #: The op's bytes travel in the call ring's bulk area, not in the call (``"h2d"``: the
+    #: guest writes ``size`` bytes there; ``"d2h"``: the worker does): the handler's data
+    #: parameter is then that stream (crane.engine.staged), never ``Call.data``.
+    staged: str = ""
+    #: What the worker's accounting (crane.engine.meter) counts this op as besides a call:
+    #: "launch" (a kernel: its function is the ``function`` arg), "h2d" (bytes copied: the
+    #: data), "d2h" / "d2d" (bytes copied: the ``size`` arg), "memset" (copy-engine time, no
+    #: bytes copied); "": a call only. Not part of the wire protocol (no signature change).
+    meter: str = ""
     doc: str = ""
     retired: bool = False
     _args_struct: struct.Struct = field(init=False, repr=False, compare=False)
@@ -140,6 +149,12 @@ class Op:
         return self._args_struct.pack(*values[:i], *grid, *block, shared, *values[i + 1 :])
 
     @property
+    def packer(self) -> Callable[..., bytes]:
+        """The fastest callable equivalent to :meth:`pack` (the struct's own ``pack`` when every
+        arg is one wire field): the guest's hottest calls pack with it."""
+        return self._args_struct.pack if self._config_at < 0 else self.pack
+
+    @property
     def decoder(self) -> Callable[[bytes], tuple]:
         """The fastest callable equivalent to :meth:`unpack` (the struct's own ``unpack`` when
         every arg is one wire field): the worker decodes every call with it."""
@@ -167,6 +182,8 @@ class Op:
         flags = f"sync={int(self.sync)} in={self.data_in} out={int(self.data_out)}"
         rules = f"writes={','.join(self.writes)} via_params={int(self.writes_via_params)}"
         rules += f" teardown={int(self.teardown)}"
+        if self.staged:
+            rules += f" staged={self.staged}"
         return f"{self.id} {self.name}({args})->({res}) {flags} {rules} retired={int(self.retired)}"
 
 
@@ -197,13 +214,15 @@ OPS: tuple[Op, ...] = (
     op(9, "MEM_GET_INFO", results="free:SIZE total:SIZE", sync=True,
        doc="Free and total device memory, as cuMemGetInfo."),
     op(10, "MEMCPY_HTOD", "dst:DEVPTR stream:HANDLE", data_in="src", writes=("dst",),
+       meter="h2d",
        doc="Copy the call's data to device memory, in stream order."),
     op(11, "MEMCPY_DTOH", "src:DEVPTR size:SIZE stream:HANDLE", sync=True, data_out=True,
+       meter="d2h",
        doc="Read device memory back, in stream order."),
     op(12, "MEMCPY_DTOD", "dst:DEVPTR src:DEVPTR size:SIZE stream:HANDLE", writes=("dst",),
-       doc="Device-to-device copy, in stream order."),
+       meter="d2d", doc="Device-to-device copy, in stream order."),
     op(13, "MEMSET", "dst:DEVPTR value:U32 elem_size:U32 count:SIZE stream:HANDLE",
-       writes=("dst",), doc="cuMemsetD8/D16/D32, in stream order."),
+       writes=("dst",), meter="memset", doc="cuMemsetD8/D16/D32, in stream order."),
     op(14, "STREAM_CREATE", "ctx:HANDLE stream:HANDLE flags:U32 priority:I32",
        doc="Create a stream under a guest-chosen handle."),
     op(15, "STREAM_DESTROY", "stream:HANDLE", teardown=True,
@@ -233,14 +252,14 @@ OPS: tuple[Op, ...] = (
        doc="Give a kernel of a loaded module a guest-chosen handle (no round trip: the guest "
            "already knows the kernel exists from the MODULE_LOAD reply)."),
     op(28, "LAUNCH", "function:HANDLE config:LAUNCH_CONFIG stream:HANDLE", data_in="params",
-       writes_via_params=True,
+       writes_via_params=True, meter="launch",
        doc="Launch a kernel with its packed parameter buffer, in stream order; every "
            "allocation a pointer-sized parameter points into counts as written."),
     op(29, "FUNCTION_SET_MAX_DYNAMIC_SHARED", "function:HANDLE size:U32",
        doc="cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES): later launches "
            "of the function may use up to this much dynamic shared memory."),
     op(30, "LAUNCH_COOPERATIVE", "function:HANDLE config:LAUNCH_CONFIG stream:HANDLE",
-       data_in="params", writes_via_params=True,
+       data_in="params", writes_via_params=True, meter="launch",
        doc="cuLaunchCooperativeKernel: as LAUNCH, but every block is resident at once and the "
            "kernel gets the grid-sync workspace (cooperative_groups grid.sync()); a grid above "
            "the device's co-residency limit fails with COOPERATIVE_LAUNCH_TOO_LARGE."),
@@ -251,12 +270,21 @@ OPS: tuple[Op, ...] = (
     op(32, "LAUNCH_CLUSTER",
        "function:HANDLE config:LAUNCH_CONFIG stream:HANDLE cluster_x:U32 cluster_y:U32 "
        "cluster_z:U32 flags:U32",
-       data_in="params", writes_via_params=True,
+       data_in="params", writes_via_params=True, meter="launch",
        doc="cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (or a kernel whose "
            "REQUIRED_CLUSTER_* attributes were set): as LAUNCH, the grid made of clusters of "
            "cluster_x x cluster_y x cluster_z blocks that run together and share their shared "
            "memory. flags: 1 cooperative (as LAUNCH_COOPERATIVE), 2 the function allows "
            "non-portable cluster sizes (above 8 blocks)."),
+    op(33, "MEMCPY_HTOD_STAGED", "dst:DEVPTR size:SIZE stream:HANDLE", data_in="src",
+       writes=("dst",), meter="h2d", staged="h2d",
+       doc="MEMCPY_HTOD whose size bytes (at most 16 MiB) come through the call ring's "
+           "bulk area, in call order: a guest on the worker's host copies them there while "
+           "the worker copies the previous ones to the device."),
+    op(34, "MEMCPY_DTOH_STAGED", "src:DEVPTR size:SIZE stream:HANDLE", data_in="dst",
+       sync=True, meter="d2h", staged="d2h",
+       doc="MEMCPY_DTOH whose size bytes (at most MAX_CHUNK) go back through the call ring's "
+           "bulk area, in call order (zeros when the read fails: the reply says so)."),
 )
 # fmt: on
 

@@ -15,14 +15,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.device.identity import DeviceSnapshot
 from crane.modules.image import ModuleImage
 
-__all__ = ["Backend", "GlobalVar", "LoadedModule"]
+__all__ = ["Backend", "GlobalVar", "LoadedModule", "StagedSource"]
+
+
+class StagedSource(Protocol):
+    """The bytes of a staged host-to-device copy (``crane.engine.staged.StagedIn``)."""
+
+    def __len__(self) -> int: ...
+
+    def read_into(self, dst: Any) -> None:
+        """Fill the writable buffer ``dst`` with the next bytes."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,24 @@ class Backend(ABC):
 
     #: The device the guest is told about.
     snapshot: DeviceSnapshot
+    #: Launches and copies return before the device is done with them (a real GPU): a call's
+    #: execution time is not its GPU time, the backend times the work itself and reports it
+    #: to :meth:`report_work`'s sink. False: the work is done when the call returns (sim).
+    async_work: bool = False
+    #: :meth:`memcpy_dtoh`'s views stay valid across later calls (the simulator's: views of
+    #: its one mapping), so a stopped migration round sends them from several threads without
+    #: a copy. False: valid until the next call only (the cuda backend's staging buffers).
+    stable_views: bool = False
+
+    def report_work(self, sink: Callable[[str, str, int, int], None]) -> None:
+        """Where an ``async_work`` backend reports completed work: ``sink(kind, kernel name,
+        ns, completed at (time.monotonic_ns))``, kind ``"launch"`` or a copy direction. A
+        backend whose work is done inside the call has nothing to report."""
+        del sink  # its calls' own times are the work's (crane.engine.meter, inline)
+
+    def settle_work(self) -> None:  # noqa: B027 - optional: only async_work backends report
+        """Report the work that completed since the last time (an ``async_work`` backend; the
+        worker calls this after each batch and before publishing its accounting)."""
 
     # ---- memory -------------------------------------------------------------------------------
     @abstractmethod
@@ -68,6 +95,15 @@ class Backend(ABC):
 
     @abstractmethod
     def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None: ...
+
+    def memcpy_htod_staged(self, dst: int, src: StagedSource, stream: Any) -> None:
+        """A host-to-device copy whose bytes arrive from the call ring's bulk area
+        (crane.engine.staged). This default gathers them in host memory and uploads them
+        with :meth:`memcpy_htod` (one copy more than needed, always correct); a backend that
+        can write device memory from any host address reads them straight there."""
+        buf = bytearray(len(src))
+        src.read_into(buf)
+        self.memcpy_htod(dst, buf, stream)  # type: ignore[arg-type]
 
     @abstractmethod
     def memcpy_dtoh(self, src: int, size: int, stream: Any) -> bytes | memoryview:

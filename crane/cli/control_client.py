@@ -53,6 +53,12 @@ class ControlClient:
         )
         return self._stub.Restore(req, timeout=self.timeout)
 
+    def profiles(self, session: str = "", top: int = 0) -> control_pb2.ProfileReply:
+        """Profiles of ``session`` ("": every session the caller may see), ``top`` kernels
+        each (0: all the daemon keeps)."""
+        req = control_pb2.ProfileRequest(session_id=session, top=top)
+        return self._stub.GetProfile(req, timeout=self.timeout)
+
     def close(self) -> None:
         self._channel.close()
 

@@ -94,6 +94,7 @@ _SESSION_COLUMNS = [
     "MEMORY",
     "CALLS",
     "AGE",
+    "TRANSPORT",
     "PEER",
     "CLIENT",
 ]
@@ -161,6 +162,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
                 format_bytes(s.mem_used),
                 str(s.calls),
                 f"{now - s.opened_at:.0f}s",
+                s.transport or "-",
                 s.peer,
                 s.client,
             ]

@@ -19,6 +19,11 @@
     crane baseline ADDR... [-o FILE] [--name NAME]  the device model all those daemons' devices
                                 can present (craned --backend SPEC@FILE)
     crane vsock-bridge --port P [--listen HOST:PORT]  (in a VM) loopback TCP -> craned's vsock
+    crane profile SESSION [--json] [--top N]  a session's top kernels by GPU time, launches,
+                                mean duration, and its kernel/copy/idle shares (profile window)
+    crane top [--once] [--json] [--interval S]  devices and sessions, live (rich)
+    crane doctor [--host [--config FILE]] [--guest] [--json]  what is wrong with this machine's
+        set-up and how to fix it (crane/cli/doctor.py); exit 1 when a check fails
 
 Global options, accepted before or after any subcommand (``crane --daemon X ps`` and ``crane ps
 --daemon X`` are the same; after the subcommand wins when both are given): ``--daemon ADDR``
@@ -41,7 +46,19 @@ import argparse
 import os
 import sys
 
-from crane.cli import baseline, demo, inventory, migrate, park, run, vm, vsock_bridge
+from crane.cli import (
+    baseline,
+    demo,
+    doctor,
+    inventory,
+    migrate,
+    park,
+    profile,
+    run,
+    top,
+    vm,
+    vsock_bridge,
+)
 from crane.wire.channel import TlsFiles
 
 __all__ = ["GLOBAL_OPTIONS", "SubcommandParser", "add_global_options", "build_parser", "main"]
@@ -202,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="DOMAIN: one JSON object per event")
     v.set_defaults(func=_migrate)
     baseline.add_parser(sub)
+    profile.add_parser(sub)
+    top.add_parser(sub)
+    doctor.add_parser(sub)
     vm.add_parsers(sub)
     vsock_bridge.add_parser(sub)
     return p

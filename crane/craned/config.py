@@ -8,11 +8,18 @@ Example ``/etc/crane/craned.toml``::
                                        # guests that model (crane/device/presented.py)
     run_dir = "/run/crane"
     log_level = "info"
+    log_format = "text"                # or "json": one object per line (crane/host/logs.py)
     prespawn = 1                       # idle workers kept ready, so a session opens fast
     moved_ttl_s = 600                  # how long a migrated-away session's entry redirects
     parked_ttl_s = 3600                # how long a parked session waits for its restore
     module_cache_bytes = "1GiB"        # module images kept on disk (LRU; images in use stay)
     checkpoint_dir = "/var/lib/crane/checkpoints"  # the only place checkpoints are read/written
+    metrics_listen = "127.0.0.1:9400"  # Prometheus /metrics (crane/daemon/metrics.py); "": off
+    accounting = true                  # per-session call/GPU accounting and profiles (crane
+                                       # profile, crane top, the crane_ metrics); false: off
+    profile_window_s = 60              # the profiles' sliding window
+    call_ring = true                   # guests on this host send calls through shared-memory
+                                       # rings (crane/worker/ring.py); false: the gRPC socket
 
     # Mutual TLS on every tcp:// listener (and for migrations to other daemons).
     tls_cert = "/etc/crane/tls/craned.pem"
@@ -21,6 +28,8 @@ Example ``/etc/crane/craned.toml``::
     peers = ["craned-b.example"]           # daemons allowed to migrate sessions here (CN/SAN)
     insecure_tcp = false                   # true: plain TCP, every caller is tenant "tcp" and
                                            # an operator (development only; craned warns)
+    worker_tcp_ports = "7481-7544"         # each session's worker listens on one (same TLS and
+                                           # caller rules): remote guests skip the relay; "": off
 
     [tenants.alice]                        # who is who, and what each may use
     uids = [1001]                          # unix-socket callers (SO_PEERCRED uid, or gid)
@@ -65,6 +74,8 @@ from pathlib import Path
 
 from crane.daemon.domains import DomainConfig, resolve_group
 from crane.daemon.tenants import TenantConfig, parse_size
+from crane.daemon.worker_tcp import parse_port_range
+from crane.host.logs import FORMATS
 
 __all__ = ["DaemonConfig", "load_config"]
 
@@ -75,6 +86,9 @@ class DaemonConfig:
     backend: list[str] = field(default_factory=lambda: ["auto"])
     run_dir: str = "/run/crane"
     log_level: str = "info"
+    #: "text" (human lines) or "json" (one object per line, with the session, tenant and
+    #: domain as fields): craned's and its workers' stderr (crane.host.logs).
+    log_format: str = "text"
     prespawn: int = 1
     max_sessions: int = 64
     #: Seconds a migrated-away session's entry is kept (redirects its guest); 0: forever.
@@ -96,6 +110,10 @@ class DaemonConfig:
     #: Plain TCP without TLS: every tcp caller is tenant "tcp" and an operator (a development
     #: setting; craned warns at start). Without it a tcp listener needs the three TLS files.
     insecure_tcp: bool = False
+    #: Ports ("FIRST-LAST") the daemon hands its workers for their own TCP endpoints, on the
+    #: host of its first tcp listener (crane.daemon.worker_tcp): remote guests carry their
+    #: calls there, not through the daemon. "": none, remote guests use the relay.
+    worker_tcp_ports: str | list[int] = ""
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
     #: The most bytes of module images the run directory's store keeps; least recently used
     #: images no live session has loaded are evicted past it (crane.modules.store). 0: no bound.
@@ -108,6 +126,17 @@ class DaemonConfig:
     vsock_port: int = 0
     #: The libvirt connection a vsock peer's CID is resolved against, per connection.
     vsock_libvirt_uri: str = "qemu:///system"
+    #: Where the Prometheus exporter listens (HOST:PORT, :PORT); "": no exporter.
+    metrics_listen: str = ""
+    #: Workers count and time calls and GPU work (crane.engine.meter): the crane_ session and
+    #: tenant metrics, ``crane profile``, ``crane top``. Off: none of those (the GPU metrics
+    #: stay), and the call path does no accounting at all.
+    accounting: bool = True
+    #: The profiles' sliding window, in seconds.
+    profile_window_s: float = 60.0
+    #: Offer guests on this host the shared-memory call ring (crane.worker.ring); off: they
+    #: use the worker's gRPC socket.
+    call_ring: bool = True
 
 
 _SECONDS = ("moved_ttl_s", "parked_ttl_s")
@@ -136,9 +165,12 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
                 v = {name: DomainConfig.from_table(name, t) for name, t in v.items()}
             setattr(cfg, k, v)
     for k, v in overrides.items():
-        if v not in (None, [], ""):
+        if v not in (None, [], {}, ""):  # {}: no --domain flags, keep the file's [domains]
             setattr(cfg, k, v)
     _check_tls(cfg)
+    parse_port_range(cfg.worker_tcp_ports)  # refused at start when malformed
+    if cfg.log_format not in FORMATS:
+        raise ValueError(f"log_format must be one of {list(FORMATS)}, not {cfg.log_format!r}")
     try:
         cfg.module_cache_bytes = parse_size(cfg.module_cache_bytes)
     except ValueError as e:
@@ -147,6 +179,16 @@ def load_config(path: Path | str | None, overrides: dict[str, object]) -> Daemon
     port = cfg.vsock_port
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 1 << 32:
         raise ValueError(f"vsock_port must be a port number (0: none), not {port!r}")
+    if not isinstance(cfg.accounting, bool):
+        raise ValueError(f"accounting must be true or false, not {cfg.accounting!r}")
+    if not isinstance(cfg.call_ring, bool):
+        raise ValueError(f"call_ring must be true or false, not {cfg.call_ring!r}")
+    w = cfg.profile_window_s
+    if isinstance(w, bool) or not isinstance(w, int | float) or not 1 <= w <= 86400:
+        raise ValueError(f"profile_window_s must be a number of seconds in 1..86400, not {w!r}")
+    cfg.profile_window_s = float(w)
+    if not isinstance(cfg.metrics_listen, str):
+        raise ValueError(f"metrics_listen must be HOST:PORT or empty, not {cfg.metrics_listen!r}")
     for k in _SECONDS:
         v = getattr(cfg, k)
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:

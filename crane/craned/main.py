@@ -3,33 +3,41 @@
     craned --listen unix:///run/crane/crane.sock --listen tcp://127.0.0.1:7480 \\
            --backend sim:h100-80gb [--config /etc/crane/craned.toml]
 
-Runs until SIGTERM/SIGINT, then stops accepting, ends every session (their workers exit and
-free their device memory) and removes its unix sockets. Under systemd (``Type=notify``) it
-reports READY=1 once it listens and STOPPING=1 when it shuts down.
+Runs until SIGTERM/SIGINT, then reports NOT_SERVING on its health service, stops accepting,
+ends every session (their workers exit and free their device memory) and removes its unix
+sockets. Under systemd (``Type=notify``, :mod:`crane.craned.notify`) it reports READY=1 once it
+listens, STATUS= lines as its state changes, STOPPING=1 when it shuts down, and pings the
+watchdog (``WatchdogSec=``) while it is alive (:func:`watchdog_probe`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from crane import __version__
 from crane.api.errors import ProtocolError
 from crane.craned.config import DaemonConfig, load_config
+from crane.craned.health import DaemonHealth, probe_server
+from crane.craned.notify import Notifier, Watchdog, watchdog_interval
 from crane.craned.server import Listening, ServerTls, build_server
 from crane.daemon.callers import Callers
-from crane.daemon.devices import resolve_devices
+from crane.daemon.devices import Device, resolve_devices
 from crane.daemon.domains import DomainConfig, resolve_group
+from crane.daemon.gpu_inventory import NvmlUnavailable, gpu_lost
+from crane.daemon.metrics import start_exporter
 from crane.daemon.sessions import SessionManager
 from crane.daemon.vsock import CidResolver, VsockListener
-from crane.daemon.workers import WorkerPool
+from crane.daemon.worker_tcp import WorkerTcp, parse_port_range
+from crane.daemon.workers import WorkerPool, spawner_responsive
+from crane.host import logs
 from crane.host.lifeline import PidFiles
+from crane.host.logs import FORMATS
 from crane.host.malloc import tune_malloc
 from crane.wire.channel import TlsFiles
 
@@ -38,19 +46,69 @@ __all__ = ["main"]
 log = logging.getLogger("craned")
 
 
-def sd_notify(state: str) -> None:
-    """Tell systemd about our state when it started us with Type=notify (no-op otherwise)."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(addr)
-            s.sendall(state.encode())
-        except OSError as e:
-            log.warning("sd_notify(%s) failed: %s", state, e)
+def self_probe_target(bound: list[str], tls: ServerTls | None) -> str | None:
+    """A plain gRPC target of the daemon's own server for its watchdog probe: a unix
+    listener, else a plain tcp one (None: only mutual-TLS listeners, which need a client
+    certificate the daemon may not have)."""
+    for b in bound:
+        if b.startswith("unix://"):
+            return "unix:" + b[len("unix://") :]
+    if tls is None:
+        for b in bound:
+            if b.startswith("tcp://"):
+                return b[len("tcp://") :]
+    return None
+
+
+def device_condition(devices: list[Device]) -> Callable[[], str | None]:
+    """The daemon cannot serve sessions when every GPU it serves is lost (NVML says so); one
+    lost among several is logged once: the others still serve."""
+    gpus = [d for d in devices if d.backend == "cuda"]
+    reported: set[str] = set()
+
+    def devices_present() -> str | None:
+        if not gpus:
+            return None  # simulated devices cannot be lost
+        lost = []
+        for d in gpus:
+            try:
+                why = gpu_lost(int(d.arg))
+            except NvmlUnavailable:
+                return None  # no NVML: cannot tell (the cuda backend still may serve)
+            if why:
+                lost.append(why)
+                if why not in reported:
+                    log.error("device %d lost: %s", d.index, why)
+                    reported.add(why)
+        if len(lost) == len(gpus):
+            return "every GPU is lost: " + "; ".join(lost)
+        return None
+
+    return devices_present
+
+
+def watchdog_probe(
+    target: str | None, health: DaemonHealth, interval: float
+) -> Callable[[], str | None]:
+    """Whether the daemon is alive enough for systemd's watchdog: its server answers a health
+    check on itself, the health monitor keeps evaluating, the worker spawner runs. Not whether
+    it is SERVING: a daemon that answers but lost its GPU is not wedged, and a restart loop
+    would not bring the GPU back."""
+    timeout = max(0.5, min(5.0, interval / 2))
+
+    def alive() -> str | None:
+        if target is not None:
+            why = probe_server(target, timeout)
+            if why:
+                return why
+        stale = health.stale_for(max(30.0, 3 * health.period + 30.0))
+        if stale:
+            return stale
+        if not spawner_responsive(timeout):
+            return f"the worker spawner thread has not answered in {timeout:.1f} s"
+        return None
+
+    return alive
 
 
 def domain_flags(flags: list[str]) -> dict[str, DomainConfig]:
@@ -60,6 +118,30 @@ def domain_flags(flags: list[str]) -> dict[str, DomainConfig]:
         name, _, tenant = flag.partition("=")
         out[name] = DomainConfig.from_table(name, {"tenant": tenant} if tenant else {})
     return out
+
+
+def worker_endpoints(cfg: DaemonConfig, listening: Listening) -> WorkerTcp | None:
+    """Workers' own TCP endpoints on the host of the first tcp listener bound, with its TLS
+    files and caller rules (None: no ``worker_tcp_ports``, or no tcp listener)."""
+    ports = parse_port_range(cfg.worker_tcp_ports)
+    tcp = [b for b in listening.bound if b.startswith("tcp://")]
+    if not ports:
+        return None
+    if not tcp:
+        log.warning("worker_tcp_ports is set but craned has no tcp listener; ignored")
+        return None
+    host = tcp[0][len("tcp://") :].rsplit(":", 1)[0]
+    log.info("workers serve remote guests on %s ports %d-%d", host, ports.start, ports.stop - 1)
+    return WorkerTcp(
+        host,
+        ports,
+        cfg.tls_cert,
+        cfg.tls_key,
+        cfg.client_ca,
+        cfg.tenants,
+        cfg.peers,
+        cfg.insecure_tcp,
+    )
 
 
 def serve_vm_guests(cfg: DaemonConfig, listening: Listening) -> VsockListener | None:
@@ -96,6 +178,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--run-dir", help="state directory (sockets, ledgers, module cache)")
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        help="text (default) or json: one object per line with ts, level, logger, msg and the "
+        "session, tenant and domain a line is about (workers' lines too)",
+    )
     p.add_argument("--prespawn", type=int, help="idle workers to keep ready")
     p.add_argument(
         "--moved-ttl",
@@ -110,6 +198,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="SECONDS",
         help="keep a parked session waiting for its restore this long, then fail its guest; "
         "0: until restored (default 3600)",
+    )
+    p.add_argument(
+        "--worker-tcp-ports",
+        metavar="FIRST-LAST",
+        help="each session's worker serves remote guests on a port of this range (same TLS "
+        "and caller rules as the tcp listener), so their calls skip the daemon's relay",
     )
     p.add_argument("--tls-cert", help="this daemon's certificate (PEM) for tcp:// listeners")
     p.add_argument("--tls-key", help="its private key (PEM)")
@@ -162,6 +256,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--vsock-libvirt-uri",
         help="libvirt URI a vsock peer's CID is resolved against (default qemu:///system)",
     )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: none)",
+    )
+    p.add_argument(
+        "--no-accounting",
+        dest="accounting",
+        action="store_false",
+        default=None,
+        help="no per-session accounting or profiles (crane profile, crane top, crane_ metrics)",
+    )
     p.add_argument("--version", action="version", version=f"craned {__version__}")
     return p.parse_args(argv)
 
@@ -176,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 "backend": args.backend,
                 "run_dir": args.run_dir,
                 "log_level": args.log_level,
+                "log_format": args.log_format,
                 "prespawn": args.prespawn,
                 "moved_ttl_s": args.moved_ttl,
                 "parked_ttl_s": args.parked_ttl,
@@ -184,23 +291,24 @@ def main(argv: list[str] | None = None) -> int:
                 "client_ca": args.client_ca,
                 "peers": args.peer,
                 "insecure_tcp": args.insecure_tcp,
+                "worker_tcp_ports": args.worker_tcp_ports,
                 "checkpoint_dir": args.checkpoint_dir,
                 "module_cache_bytes": args.module_cache_bytes,
-                "domains": domain_flags(args.domain),
+                "domains": domain_flags(args.domain) or None,  # none given: the file's
                 "domain_socket_group": args.domain_socket_group,
                 "vsock_port": args.vsock_port,
                 "vsock_libvirt_uri": args.vsock_libvirt_uri,
+                "metrics_listen": args.metrics_listen,
+                "accounting": args.accounting,
             },
         )
     except (OSError, ValueError) as e:
         print(f"craned: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=cfg.log_level.upper(),
-        format="%(asctime)s craned %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    logs.setup(cfg.log_level, cfg.log_format, "craned")
     tune_malloc()
+    notifier = Notifier()
+    notifier.status("starting: resolving devices")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -221,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     killed = pids.sweep()  # a previous craned's workers, if it died with them still running
     if killed:
         log.warning("killed %d worker(s) of a previous run: %s", len(killed), killed)
-    pool = WorkerPool(cfg.prespawn, cfg.log_level, pids)
+    pool = WorkerPool(cfg.prespawn, cfg.log_level, pids, cfg.log_format)
     try:
         sessions = SessionManager(
             devices,
@@ -234,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             peer_tls=TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.client_ca),
             checkpoint_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"),
             module_cache_bytes=cfg.module_cache_bytes,
+            accounting=cfg.accounting,
+            profile_window_s=cfg.profile_window_s,
+            call_ring=cfg.call_ring,
         )
         refused = sessions.quotas.cuda_refusals([d.backend for d in devices])
         if refused:
@@ -247,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.close()
         return 2
     log.info("checkpoint directory: %s", sessions.checkpoints.root)
+    health = DaemonHealth([pool.check, device_condition(devices)])
     try:
         server, listening = build_server(
             sessions,
@@ -256,11 +368,13 @@ def main(argv: list[str] | None = None) -> int:
             tls,
             cfg.domains,
             resolve_group(cfg.domain_socket_group),
+            health,
         )
     except (OSError, RuntimeError, ValueError) as e:
         log.error("cannot listen: %s", e)
         pool.close()
         return 2
+    sessions.worker_tcp = worker_endpoints(cfg, listening)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -276,20 +390,51 @@ def main(argv: list[str] | None = None) -> int:
         pool.close()
         listening.close()
         return 2
+    exporter = None
+    if cfg.metrics_listen:
+        try:
+            exporter, _port = start_exporter(cfg.metrics_listen, sessions)
+        except (OSError, ValueError) as e:
+            log.error("cannot serve metrics on %s: %s", cfg.metrics_listen, e)
+            if vsock is not None:
+                vsock.close()
+            pool.close()
+            listening.close()
+            return 2
     server.start()
     listening.open_up()
     for b in listening.bound:
         log.info("listening on %s", b)
-    sd_notify("READY=1")
+    serving = f"serving {len(devices)} device(s) on {', '.join(listening.bound)}"
+
+    def tell_status(problem: str | None) -> None:
+        notifier.status(f"unhealthy: {problem}" if problem else serving)
+
+    health.on_change(tell_status)
+    health.ready()
+    notifier.ready(serving if health.problem is None else f"unhealthy: {health.problem}")
+    watchdog = None
+    interval = watchdog_interval()
+    if interval is not None and notifier.enabled:
+        probe = watchdog_probe(self_probe_target(listening.bound, tls), health, interval)
+        watchdog = Watchdog(notifier, interval, probe)
+        watchdog.start()
     stop.wait()
-    sd_notify("STOPPING=1")
+    # NOT_SERVING first: balancers and orchestrators stop sending guests before any session ends
+    health.shutting_down()
+    if watchdog is not None:
+        watchdog.stop()
+    notifier.stopping(f"stopping: ending {len(sessions.list())} session(s)")
     if vsock is not None:
         vsock.close()
     server.stop(grace=1.0)
+    if exporter is not None:
+        exporter.shutdown()
     sessions.close_all("daemon shutting down")
     pool.close()
     listening.close()
     log.info("stopped")
+    notifier.close()
     return 0
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from crane.craned.health import DaemonHealth
 from crane.daemon.callers import Callers
 from crane.daemon.control_service import ControlServicer, control_handler
 from crane.daemon.domains import DomainConfig, DomainSockets
@@ -89,11 +90,15 @@ def build_server(
     tls: ServerTls | None = None,
     domains: dict[str, DomainConfig] | None = None,
     domain_group: int = 0,
+    health: DaemonHealth | None = None,
 ) -> tuple[grpc.Server, Listening]:
     """Build and bind the server (not started); what it bound. A tcp:// address without
     ``tls`` is plain TCP: the caller checked that ``insecure_tcp`` allows it. ``domains``:
     the configured domains (``Listening.domains.attach_configured()`` serves their sockets),
-    ``domain_group``: the gid owning domain sockets."""
+    ``domain_group``: the gid owning domain sockets. ``health``: the statuses the standard
+    health service reports on every listener, the domain sockets' included (a fresh one,
+    NOT_SERVING until told otherwise, when not given)."""
+    health = health or DaemonHealth()
     options = [*CHANNEL_OPTIONS, *SERVER_KEEPALIVE_OPTIONS]
     # Each guest's call stream holds one thread for its lifetime; leave room for control RPCs.
     threads = sessions.max_sessions * 2 + 8
@@ -105,6 +110,7 @@ def build_server(
         return [
             guest_handler(GuestServicer(sessions, domain_callers)),
             control_handler(ControlServicer(sessions, backend_note, domain_callers)),
+            health.handler(),
         ]
 
     out = Listening()
@@ -121,6 +127,7 @@ def build_server(
             ),
             peer_handler(PeerServicer(sessions, callers)),
             migration_handler(MigrationServicer(sessions, callers)),
+            health.handler(),
         )
     )
     try:

@@ -22,13 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crane.backends.factory import make_backend
+from crane.craned.worker_endpoint import start_worker_tcp
 from crane.device.identity import snapshot_to_proto
 from crane.engine.engine import Engine
+from crane.host import logs
 from crane.host.channel import Channel, ChannelClosed
 from crane.host.lifeline import die_with_parent
 from crane.host.malloc import tune_malloc
 from crane.host.messages import (
     CheckpointRequest,
+    DataPlaneOpen,
     MessageError,
     MigrateRequest,
     Restored,
@@ -40,13 +43,15 @@ from crane.host.messages import (
     decode,
     encode,
 )
-from crane.host.stats import MODE_RELAY, SessionStats
+from crane.host.stats import MODE_RELAY, SessionStats, SnapshotFile, snapshot_path
 from crane.migrate.worker_side import MigrationFrames
 from crane.modules.store import ImageStore
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
+from crane.wire.ring import ring_socket_path
 from crane.worker import control
 from crane.worker.attach import SessionParked, WorkerSession
 from crane.worker.direct import start_direct_server
+from crane.worker.ring import start_ring_server
 
 __all__ = ["main", "serve"]
 
@@ -87,9 +92,10 @@ def serve(ch: Channel) -> int:
     except MessageError as e:
         log.error("worker cannot start: %s", e)
         return 2
-    logging.getLogger().handlers[0].setFormatter(
-        logging.Formatter(f"%(asctime)s craned[worker {cfg.session_id}] %(levelname)s %(message)s")
-    )
+    # every line of this process is about its one session from now on
+    logs.set_process_context(cfg.session_id, cfg.tenant, cfg.domain)
+    # the simulated GPU's compiled kernels, kept beside the module images for the next worker
+    os.environ.setdefault("CRANE_PTX_JIT_CACHE", str(Path(cfg.module_cache).parent / "ptx-jit"))
     window = (cfg.va_base, cfg.va_size)
     try:
         backend = make_backend(
@@ -109,8 +115,21 @@ def serve(ch: Channel) -> int:
         ch.send(Tag.CLOSE, f"backend failed to start: {e}".encode())
         return 1
     images = ImageStore(cfg.module_cache, cfg.module_cache_bytes)
-    engine = Engine.create(backend, cfg.session_id, window, images)
-    ws = WorkerSession(engine, cfg.session_id, SessionStats(cfg.stats_path))
+    engine = Engine.create(
+        backend,
+        cfg.session_id,
+        window,
+        images,
+        accounting=cfg.accounting,
+        profile_window_s=cfg.profile_window_s,
+    )
+    snapshots = SnapshotFile(snapshot_path(cfg.stats_path))
+    ws = WorkerSession(engine, cfg.session_id, SessionStats(cfg.stats_path), snapshots)
+    stop_publishing = threading.Event()
+    if ws.snapshots is not None:
+        threading.Thread(
+            target=ws.publish_while_idle, args=(stop_publishing,), daemon=True, name="publish"
+        ).start()
 
     def end_session() -> None:
         ws.end()
@@ -120,6 +139,17 @@ def serve(ch: Channel) -> int:
     if cfg.direct_socket:
         direct = start_direct_server(
             cfg.direct_socket,
+            cfg.session_id,
+            bytes.fromhex(cfg.token),
+            ws,
+            end_session,
+            cfg.direct_uid,
+        )
+    remote = start_worker_tcp(cfg, ws, end_session)  # remote guests skip the relay too
+    ring = None
+    if cfg.direct_socket and cfg.call_ring:
+        ring = start_ring_server(
+            ring_socket_path(cfg.direct_socket),
             cfg.session_id,
             bytes.fromhex(cfg.token),
             ws,
@@ -143,9 +173,13 @@ def serve(ch: Channel) -> int:
     except ChannelClosed:
         log.info("session ended" if ws.ended.is_set() else "daemon closed the session channel")
     finally:
+        stop_publishing.set()
         abandon.cancel()
-        if direct is not None:
-            direct.stop(grace=0.5)
+        for server in (direct, remote):
+            if server is not None:
+                server.stop(grace=0.5)
+        if ring is not None:
+            ring.stop()
         backend.close()
         ws.stats.close()
     return 0
@@ -196,8 +230,10 @@ def _control_frame(
     elif isinstance(msg, RoundBegin):
         if migration.begin(msg):
             abandon.cancel()  # incoming: no guest until the final round
+    elif isinstance(msg, DataPlaneOpen):
+        ch.send(*encode(migration.open_plane(msg)))
     else:  # RoundEnd: the round's bytes are all here
-        answer = migration.end()
+        answer = migration.end(msg.chunks)
         ch.send(*encode(answer))
         if isinstance(answer, RoundApplied) and answer.final:
             abandon.arm()  # switched over: the guest reconnects now
@@ -228,13 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crane-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the daemon")
     parser.add_argument("--log-level", default=os.environ.get("CRANE_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=os.environ.get("CRANE_LOG_FORMAT") or "text",
+        help="craned's: text or json (crane.host.logs)",
+    )
     parser.add_argument("--parent", type=int, default=0, help="craned's pid: die with it")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s craned[worker] %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    logs.setup(args.log_level, args.log_format, "worker")
     # The daemon owns signals: a Ctrl-C in craned's terminal must not kill sessions mid-call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A kernel that never returns must not outlive craned (crane.host.lifeline).

@@ -27,6 +27,7 @@ from crane.daemon.worker_control import reason, request
 from crane.device.layout import module_area_base
 from crane.host.channel import ChannelClosed
 from crane.host.checkpoint_dir import PathRefused
+from crane.host.logs import bind_session
 from crane.host.messages import Checkpointed, CheckpointRequest, Refused, Restored, RestoreRequest
 from crane.state.checkpoint import CheckpointError, Head, read_head
 from crane.state.preflight import Use, assess, check_code, refusals
@@ -158,9 +159,11 @@ def restore(
             "INVALID_ARGUMENT", f"{path}: META lacks the session or is malformed: {e}"
         ) from None
     sid = record.id
+    bind_session(record)  # the rest of this call is about the restored session
     if note:
         log.warning("restore of %s: %s", sid, note)
     mgr.expire()
+    mgr.table.settle_slot(sid, record.slot)
     with mgr.table.lock:
         conflicts = mgr.table.slot_refusals(sid, record.slot)
         if conflicts:  # name every reason, the device's too, not only the first found

@@ -14,8 +14,10 @@ from crane.api.errors import ProtocolError
 from crane.daemon.callers import Callers
 from crane.daemon.checkpoints import BOUNDARY_WAIT_S
 from crane.daemon.domains import DomainSockets
+from crane.daemon.profiles import session_profile
 from crane.daemon.render import device_info, session_info
 from crane.daemon.sessions import SessionManager
+from crane.host.logs import bind
 from crane.v1 import control_pb2
 from crane.wire.handlers import unary
 
@@ -43,6 +45,7 @@ class ControlServicer:
     def AttachDomain(
         self, request: control_pb2.AttachDomainRequest, context: grpc.ServicerContext
     ) -> control_pb2.AttachDomainReply:
+        bind(domain=request.domain)  # the call's lines are about that domain
         caller = self.callers.operator(context, f"attaching domain {request.domain!r}")
         path, tenant, already = self._domains().attach(request.domain, request.tenant)
         if not already:
@@ -52,6 +55,7 @@ class ControlServicer:
     def DetachDomain(
         self, request: control_pb2.DetachDomainRequest, context: grpc.ServicerContext
     ) -> control_pb2.DetachDomainReply:
+        bind(domain=request.domain)
         caller = self.callers.operator(context, f"detaching domain {request.domain!r}")
         detached, path = self._domains().detach(request.domain)
         if detached:
@@ -84,6 +88,25 @@ class ControlServicer:
             sessions=[
                 session_info(s, mgr.table, mgr.expiry)
                 for s in mgr.listing(caller, request.domain or None)
+            ]
+        )
+
+    def GetProfile(
+        self, request: control_pb2.ProfileRequest, context: grpc.ServicerContext
+    ) -> control_pb2.ProfileReply:
+        """Profiles of the sessions the caller may see (a tenant its own, an operator all);
+        a session it may not see is answered as one that does not exist."""
+        caller = self.callers.identify(context)
+        mgr = self.sessions
+        visible = mgr.listing(caller)
+        if request.session_id:
+            visible = [s for s in visible if s.id == request.session_id]
+            if not visible:
+                raise ProtocolError("NOT_FOUND", f"no session {request.session_id} here")
+        return control_pb2.ProfileReply(
+            profiles=[
+                session_profile(s, mgr.table, mgr.expiry, mgr.profile_window_s, request.top)
+                for s in visible
             ]
         )
 
@@ -153,6 +176,9 @@ def control_handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
                 servicer.DetachDomain,
                 control_pb2.DetachDomainRequest,
                 control_pb2.DetachDomainReply,
+            ),
+            "GetProfile": unary(
+                servicer.GetProfile, control_pb2.ProfileRequest, control_pb2.ProfileReply
             ),
         },
     )

@@ -16,6 +16,7 @@ import time
 from crane.daemon.lifecycle import SessionState
 from crane.daemon.registry import SessionTable
 from crane.daemon.session import DaemonSession, Gone
+from crane.host.logs import about
 
 __all__ = ["Expiry", "age"]
 
@@ -76,23 +77,28 @@ class Expiry:
                             if g.to:
                                 forgotten.append(g)
         for s in dropped:
-            log.warning(
-                "session %s: parked to %s %s ago and not restored within parked_ttl_s=%g s; "
-                "its entry expired (slot %d freed); a guest still waiting is told at its next "
-                "resume and its call fails (CUDA_ERROR_NO_DEVICE); the checkpoint file is kept",
-                s.id,
-                s.parked_at,
-                age(now - s.parked_since),
-                self.parked_ttl_s,
-                s.slot,
-            )
+            with about(s):
+                self._dropped(s, now)
         for g in forgotten:
-            log.info(
-                "session %s: forgot its redirect to %s (moved_ttl_s=%g s)",
-                g.session.id,
-                g.to,
-                self.moved_ttl_s,
-            )
+            with about(g.session):
+                log.info(
+                    "session %s: forgot its redirect to %s (moved_ttl_s=%g s)",
+                    g.session.id,
+                    g.to,
+                    self.moved_ttl_s,
+                )
+
+    def _dropped(self, s: DaemonSession, now: float) -> None:
+        log.warning(
+            "session %s: parked to %s %s ago and not restored within parked_ttl_s=%g s; "
+            "its entry expired (slot %d freed); a guest still waiting is told at its next "
+            "resume and its call fails (CUDA_ERROR_NO_DEVICE); the checkpoint file is kept",
+            s.id,
+            s.parked_at,
+            age(now - s.parked_since),
+            self.parked_ttl_s,
+            s.slot,
+        )
 
     def _sweep(self, period: float) -> None:
         while not self._stop.wait(period):

@@ -22,7 +22,18 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GpuInfo", "GpuStatus", "NvmlUnavailable", "cuda_attributes", "gpu_status", "list_gpus"]
+__all__ = [
+    "GpuInfo",
+    "GpuStatus",
+    "GpuTelemetry",
+    "NvmlUnavailable",
+    "XidWatcher",
+    "cuda_attributes",
+    "gpu_lost",
+    "gpu_status",
+    "gpu_telemetry",
+    "list_gpus",
+]
 
 log = logging.getLogger("craned")
 
@@ -188,3 +199,101 @@ def gpu_status(index: int) -> GpuStatus:
     except nv.NVMLError:
         used = 0
     return GpuStatus(util, used, mig)
+
+
+@dataclass(frozen=True)
+class GpuTelemetry:
+    """What the Prometheus exporter reports of a board, in DCGM exporter's units; None where
+    NVML cannot say (the field is then not exported rather than invented)."""
+
+    pci_bus_id: str
+    utilization_pct: int | None
+    fb_used_mib: float | None
+    fb_free_mib: float | None
+    power_w: float | None
+    temp_c: int | None
+
+
+def gpu_telemetry(index: int) -> GpuTelemetry:
+    """Live figures of board ``index`` for the exporter (NVML; all None without it)."""
+    if _cuda_only:
+        return GpuTelemetry("", None, None, None, None, None)
+    nv = _load()
+    h = nv.nvmlDeviceGetHandleByIndex(index)
+
+    def ask(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(h, *args)
+        except nv.NVMLError:
+            return None
+
+    pci = ask(nv.nvmlDeviceGetPciInfo)
+    util = ask(nv.nvmlDeviceGetUtilizationRates)
+    mem = ask(nv.nvmlDeviceGetMemoryInfo)
+    power = ask(nv.nvmlDeviceGetPowerUsage)  # milliwatts
+    temp = ask(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
+    return GpuTelemetry(
+        pci_bus_id=_text(pci.busId).lower() if pci is not None else "",
+        utilization_pct=int(util.gpu) if util is not None else None,
+        fb_used_mib=mem.used / 2**20 if mem is not None else None,
+        fb_free_mib=mem.free / 2**20 if mem is not None else None,
+        power_w=power / 1000.0 if power is not None else None,
+        temp_c=int(temp) if temp is not None else None,
+    )
+
+
+class XidWatcher:
+    """The last XID error of each board (DCGM_FI_DEV_XID_ERRORS is that value, 0 before any),
+    from NVML's critical-XID events, followed by a thread for the daemon's life."""
+
+    def __init__(self, indexes: list[int]) -> None:
+        self.last: dict[int, int] = dict.fromkeys(indexes, 0)
+        self.error = ""
+        if not indexes or _cuda_only:
+            self.error = "NVML unavailable"
+            return
+        try:
+            nv = _load()
+            self._set = nv.nvmlEventSetCreate()
+            self._uuids = {}
+            for i in indexes:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._set)
+                self._uuids[_text(nv.nvmlDeviceGetUUID(h))] = i
+        except (NvmlUnavailable, Exception) as e:  # a board or driver without events
+            self.error = str(e)
+            log.warning("XID errors will not be reported: %s", e)
+            return
+        threading.Thread(target=self._follow, daemon=True, name="xid-watch").start()
+
+    def _follow(self) -> None:
+        nv = _load()
+        while True:
+            try:
+                ev = nv.nvmlEventSetWait_v2(self._set, 5000)
+            except nv.NVMLError as e:
+                if getattr(e, "value", None) == nv.NVML_ERROR_TIMEOUT:
+                    continue
+                log.warning("XID watch stopped: %s", e)
+                return
+            i = self._uuids.get(_text(nv.nvmlDeviceGetUUID(ev.device)))
+            if i is not None:
+                self.last[i] = int(ev.eventData)
+                log.warning("GPU %d reported XID %d", i, ev.eventData)
+
+
+def gpu_lost(index: int) -> str | None:
+    """Why GPU ``index`` is gone (None: NVML still reaches it, or cannot tell): NVML's "GPU is
+    lost" (fallen off the bus, an XID that needs a reset) or its board no longer found. Only
+    those answers count: any other error (NVML busy, a query the board refuses) says nothing
+    about the board being lost, and the daemon's health must not flap on it."""
+    if _cuda_only:
+        return None
+    nv = _load()
+    lost = {getattr(nv, "NVML_ERROR_GPU_IS_LOST", 15), getattr(nv, "NVML_ERROR_NOT_FOUND", 6)}
+    try:
+        nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index))
+    except nv.NVMLError as e:
+        if getattr(e, "value", None) in lost:
+            return f"GPU {index}: {e}"
+    return None

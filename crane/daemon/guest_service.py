@@ -52,7 +52,7 @@ class GuestServicer:
     ) -> guest_pb2.OpenSessionReply:
         caller = self.callers.identify(context)
         _same_build(request.fingerprint)
-        return opened(self.sessions.open(request.device, request.client, caller))
+        return opened(self.sessions.open(request.device, request.client, caller), caller)
 
     def Resume(
         self, request: guest_pb2.ResumeRequest, context: grpc.ServicerContext
@@ -61,13 +61,13 @@ class GuestServicer:
         _same_build(request.fingerprint)
         sid, token = request.session_id, request.resume_token
         try:
-            return opened(self.sessions.resume(sid, token, caller))
+            return opened(self.sessions.resume(sid, token, caller), caller)
         except ProtocolError as e:
             # stopped for a switchover to another daemon: the redirect is moments away, so
             # wait for it here rather than have the guest back off and poll
             if e.status != "UNAVAILABLE" or not self.sessions.wait_switchover(sid):
                 raise
-        return opened(self.sessions.resume(sid, token, caller))
+        return opened(self.sessions.resume(sid, token, caller), caller)
 
     def Presence(
         self, request: guest_pb2.PresenceRequest, context: grpc.ServicerContext

@@ -20,7 +20,10 @@ from crane.daemon.lifecycle import SessionState
 from crane.daemon.session import DaemonSession, Gone
 from crane.device.layout import WINDOW_SLOTS, window_base
 
-__all__ = ["SessionTable"]
+__all__ = ["SLOT_GRACE_S", "SessionTable"]
+
+#: How long a restore or an arriving migration waits for its window's holder to leave.
+SLOT_GRACE_S = 2.0
 
 
 class SessionTable:
@@ -89,6 +92,24 @@ class SessionTable:
                 ("FAILED_PRECONDITION", f"VA window slot {slot} is being opened on this daemon")
             )
         return out
+
+    def settle_slot(self, sid: str, slot: int, grace_s: float = SLOT_GRACE_S) -> None:
+        """Wait up to ``grace_s`` for another session holding ``slot`` to leave (do not hold
+        :attr:`lock`).
+
+        A guest's close reaches its worker, not the daemon: the session leaves this table when
+        the reaper sees the worker exit, a moment after the guest was answered. A restore or an
+        arriving migration that needs the window of a session its guest has just closed waits
+        for that instead of being refused; a holder that stays is refused after the grace."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            with self.lock:
+                held = any(o.slot == slot and o.id != sid for o in self._sessions.values()) or (
+                    slot in self._starting
+                )
+            if not held or time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
 
     def full(self, sid: str | None = None) -> bool:
         """No room for one more session (``sid``'s own parked entry would be reused)."""

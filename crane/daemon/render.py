@@ -10,14 +10,16 @@ from __future__ import annotations
 import time
 
 from crane import __version__
+from crane.daemon.callers import Caller
 from crane.daemon.devices import Device
 from crane.daemon.expiry import Expiry, age
 from crane.daemon.gpu_inventory import gpu_status
 from crane.daemon.lifecycle import SessionState
 from crane.daemon.registry import SessionTable
 from crane.daemon.session import DaemonSession
+from crane.daemon.worker_tcp import tcp_direct_address
 from crane.device.layout import CHUNK_GRANULARITY, GUEST_SPAN, WINDOW_SIZE
-from crane.host.stats import MODE_DIRECT
+from crane.host.stats import TRANSPORTS, WORKER_MODES
 from crane.v1 import common_pb2, guest_pb2
 from crane.wire.status import DRIVER_VERSION, MAX_CHUNK
 
@@ -29,7 +31,7 @@ def session_info(s: DaemonSession, table: SessionTable, expiry: Expiry) -> commo
         calls, mem, _, mode, peer = s.stats.read()
     except ValueError:  # closed under us
         calls, mem, mode, peer = 0, 0, 0, ""
-    direct = mode == MODE_DIRECT
+    direct = mode in WORKER_MODES
     location = s.location
     now = time.monotonic()
     if s.state is SessionState.PARKED:
@@ -60,10 +62,16 @@ def session_info(s: DaemonSession, table: SessionTable, expiry: Expiry) -> commo
         domain=s.domain,
         model=s.identity.profile,
         model_name=s.identity.name,
+        transport=TRANSPORTS.get(mode, ""),
     )
 
 
-def opened(s: DaemonSession) -> guest_pb2.OpenSessionReply:
+def opened(s: DaemonSession, caller: Caller | None = None) -> guest_pb2.OpenSessionReply:
+    """What the guest is told; ``caller``: who asked, which decides the worker endpoint offered
+    (a unix caller: the worker's socket; a tcp one: its TCP port, when it has one)."""
+    direct = f"unix://{s.direct_socket}" if s.direct_socket else ""
+    if caller is not None and not caller.unix and s.tcp_port:
+        direct = tcp_direct_address(s.tcp_port)
     return guest_pb2.OpenSessionReply(
         session_id=s.id,
         resume_token=s.token,
@@ -74,7 +82,7 @@ def opened(s: DaemonSession) -> guest_pb2.OpenSessionReply:
         chunk_granularity=CHUNK_GRANULARITY,
         max_batch_bytes=MAX_CHUNK,
         daemon_version=__version__,
-        direct_address=f"unix://{s.direct_socket}" if s.direct_socket else "",
+        direct_address=direct,
     )
 
 

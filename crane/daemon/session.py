@@ -45,6 +45,8 @@ class DaemonSession:
     state: SessionState
     peer: str = ""
     direct_socket: Path | None = None
+    #: The worker's own TCP port for remote guests (0: none; crane.daemon.worker_tcp).
+    tcp_port: int = 0
     opened_at: float = field(default_factory=time.time)
     uuid_seed: str = ""
     #: Held by whoever talks on the worker channel (the relay, per batch; a checkpoint).
@@ -72,6 +74,9 @@ class DaemonSession:
     stream: object | None = None
     #: Set when a VM guest's stream broke (a marker the re-attach grace checks is unchanged).
     detached: object | None = None
+    #: A VM guest's stream broke while the session ran: whoever closes it leaves the tombstone
+    #: that tells the resuming guest why (SessionManager.stream_ended).
+    broken: bool = False
     #: Ends the relay's call stream (the gRPC call's ``cancel``) once the session is over, so
     #: a guest that closed it without a synchronizing batch does not hold a daemon thread.
     end_stream: Callable[[], object] | None = None

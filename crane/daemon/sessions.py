@@ -26,6 +26,7 @@ from typing import Any
 
 from crane.api.errors import ProtocolError
 from crane.daemon import checkpoints
+from crane.daemon.accounting import Accounting
 from crane.daemon.callers import Caller, may_use
 from crane.daemon.changes import Changes
 from crane.daemon.devices import Device
@@ -41,16 +42,19 @@ from crane.daemon.registry import SessionTable
 from crane.daemon.session import DaemonSession, Gone, SessionMoved
 from crane.daemon.tenants import TenantConfig
 from crane.daemon.worker_control import configure
+from crane.daemon.worker_tcp import WorkerTcp
 from crane.daemon.workers import WorkerPool
 from crane.device.layout import WINDOW_SIZE
 from crane.device.model_file import model_to_dict
 from crane.host.checkpoint_dir import CheckpointDir
 from crane.host.lifeline import alive
+from crane.host.logs import about, bind_session
 from crane.host.messages import WorkerConfig
-from crane.host.stats import MODE_DIRECT, SessionStats
+from crane.host.stats import WORKER_MODES, SessionStats, SnapshotFile, snapshot_path
 from crane.modules.store import ImageStore
 from crane.state.session_record import SessionRecord
 from crane.wire.channel import TlsFiles
+from crane.wire.ring import ring_socket_path
 
 __all__ = ["SWITCHOVER_WAIT_S", "SessionManager"]
 
@@ -65,6 +69,8 @@ _PRESENCE_POLL_S = 0.5
 #: How long a VM guest's session waits for its guest after its connection broke (a VM's
 #: connections reset when it migrates, or when its vsock bridge restarts) before it is closed.
 DOMAIN_REATTACH_GRACE_S = 60.0
+#: The migration phases that end one (crane.migrate.phases.Phase, a layer above: by value).
+_MIGRATION_OVER = ("done", "failed")
 
 
 class SessionManager:
@@ -81,9 +87,19 @@ class SessionManager:
         peer_tls: TlsFiles | None = None,
         checkpoint_dir: Path | None = None,
         module_cache_bytes: int = 0,
+        accounting: bool = True,
+        profile_window_s: float = 60.0,
+        call_ring: bool = True,
     ) -> None:
         """``checkpoint_dir``: the only directory checkpoints are written to and read from
-        (None: ``run_dir/checkpoints``), created 0700."""
+        (None: ``run_dir/checkpoints``), created 0700. ``accounting``: workers count and time
+        calls and GPU work (crane.engine.meter), over a profile window of
+        ``profile_window_s``."""
+        self.accounting = accounting
+        self.profile_window_s = profile_window_s
+        self.call_ring = call_ring  # offer guests on this host the shared-memory call ring
+        #: What outlives the workers: ended sessions' counts, checkpoints, migrations.
+        self.book = Accounting()
         self.attach_timeout_s = attach_timeout_s
         self.peer_tls = peer_tls or TlsFiles()
         self.checkpoints = CheckpointDir(checkpoint_dir or run_dir / "checkpoints")
@@ -103,6 +119,9 @@ class SessionManager:
         self._releasing: dict[str, threading.Event] = {}  # sid -> set once its worker is gone
         self._releasing_lock = threading.Lock()
         self.expiry = Expiry(self.table, moved_ttl_s, parked_ttl_s)
+        #: Workers' own TCP endpoints for remote guests (None: remote guests use the relay);
+        #: set by craned once its tcp listener is bound (crane.daemon.worker_tcp).
+        self.worker_tcp: WorkerTcp | None = None
 
     @property
     def max_sessions(self) -> int:
@@ -134,6 +153,7 @@ class SessionManager:
                 tenant=caller.tenant,
                 domain=caller.domain,
             )
+            bind_session(record)  # this call's log lines are about the new session
             owner = -1 if caller.uid is None else caller.uid
             session = self.start(record, device, SessionState.READY, owner_uid=owner)
             with self.table.lock:
@@ -164,6 +184,7 @@ class SessionManager:
         done (see :meth:`WorkerPool.take`). ``owner_uid``: the local user whose guest may
         reach the worker's socket (-1: only the daemon's user; others use the relay)."""
         sid = record.id
+        bind_session(record)  # an open, a restore or an arrival: the call is about it now
         # a record without a seed (format 1 checkpoints) gets a fresh virtual device identity
         uuid_seed = record.uuid_seed or secrets.token_hex(16)
         stats_path = self.run_dir / "sessions" / f"{sid}.stats"
@@ -171,6 +192,10 @@ class SessionManager:
         if len(str(direct)) > 100:  # AF_UNIX paths are limited to 108 bytes
             log.warning("session %s: run dir too deep for a direct socket; relay only", sid)
             direct = None
+        # a VM's session keeps the relay (crane.daemon.worker_tcp): no port for it
+        ports = None if record.domain else self.worker_tcp
+        tcp_port = ports.allocate() if ports is not None else 0
+        tcp = ports.worker_fields(tcp_port) if ports is not None and tcp_port else {}
         cfg = WorkerConfig(
             session_id=sid,
             backend=device.backend,
@@ -187,13 +212,22 @@ class SessionManager:
             direct_uid=owner_uid,
             attach_timeout_s=self.attach_timeout_s,
             **self.quotas.worker_fields(record.tenant),
+            domain=record.domain,
             module_cache_bytes=self.images.limit,
             model=model_to_dict(device.model) if device.model is not None else {},
+            accounting=self.accounting,
+            profile_window_s=self.profile_window_s,
+            call_ring=self.call_ring,
+            **tcp,
         )
         # the slot's tenant is known to the ledger before the worker can charge anything
         self.quotas.assign(record.slot, record.tenant)
-        worker = self.pool.take(replenish)
-        identity = configure(worker, cfg)
+        try:
+            worker = self.pool.take(replenish)
+            identity = configure(worker, cfg)
+        except BaseException:
+            self._free_port(tcp_port)
+            raise
         return DaemonSession(
             id=sid,
             token=record.token,
@@ -206,6 +240,7 @@ class SessionManager:
             stats_path=stats_path,
             state=state,
             direct_socket=direct,
+            tcp_port=tcp_port,
             uuid_seed=uuid_seed,
             told=dict(identity.attributes),
             tenant=record.tenant,
@@ -240,6 +275,10 @@ class SessionManager:
     def _reap(self, session: DaemonSession) -> None:
         """A worker ends its session by exiting (guest gone, attach timeout, crash)."""
         code = session.worker.proc.wait()
+        with about(session):
+            self._reaped(session, code)
+
+    def _reaped(self, session: DaemonSession, code: int) -> None:
         if session.state not in WORKER_MAY_EXIT:
             if code:
                 log.error("session %s: worker exited with status %s", session.id, code)
@@ -270,9 +309,10 @@ class SessionManager:
             session = self.table.entries().get(sid or "")
             if session is None:
                 raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
+            bind_session(session)
             _entitled(session, token, caller)
             session.require("attach a call stream")
-            if session.stats.read()[3] == MODE_DIRECT:
+            if session.stats.read()[3] in WORKER_MODES:
                 raise ProtocolError(
                     "FAILED_PRECONDITION", f"session {sid} is attached directly to its worker"
                 )
@@ -299,6 +339,11 @@ class SessionManager:
             elif keep:
                 return  # a later stream took over, or this one's end was handled already
         if not keep:
+            if not clean and session.domain:
+                # said before closing: the two ends of a stream (this, the RPC's callback) race,
+                # and whichever closes the session must leave the tombstone
+                with self.table.lock:
+                    session.broken = True
             self.close(session, "stream ended")
             if not clean and session.domain:
                 self._remember_broken(session)
@@ -313,19 +358,29 @@ class SessionManager:
 
     def _remember_broken(self, session: DaemonSession) -> None:
         """A VM guest's session ended with its connection: its guest, which resumes at the one
-        address it has (and would wait there for a session that is not coming), is told why."""
+        address it has (and would wait there for a session that is not coming), is told why.
+        Called by whoever saw the break, and by :meth:`_close` for a session marked ``broken``
+        (the other end of the stream may be the one closing it)."""
+        with self.table.lock:
+            if session.state is SessionState.CLOSED:
+                self._broken_tombstone(session)
+
+    def _broken_tombstone(self, session: DaemonSession) -> None:
+        """(With the table's lock.) The tombstone of :meth:`_remember_broken`, once."""
         why = (
             f"session {session.id} ended: domain {session.domain}'s connection broke while it "
             "ran (a guest resumes only a session that was migrating, parked or checkpointed)"
         )
-        with self.table.lock:
-            t, sid = self.table, session.id
-            known = sid in t.entries() or sid in t.moved or sid in t.expired
-            if session.state is SessionState.CLOSED and not known:
-                t.expired[sid] = Gone(session, time.monotonic(), why=why)
+        t, sid = self.table, session.id
+        if not (sid in t.entries() or sid in t.moved or sid in t.expired):
+            t.expired[sid] = Gone(session, time.monotonic(), why=why)
 
     def _await_guest(self, session: DaemonSession, marker: object) -> None:
-        timer = threading.Timer(DOMAIN_REATTACH_GRACE_S, self._reattach_overdue, (session, marker))
+        def overdue() -> None:
+            with about(session):
+                self._reattach_overdue(session, marker)
+
+        timer = threading.Timer(DOMAIN_REATTACH_GRACE_S, overdue)
         timer.daemon = True
         timer.start()
 
@@ -355,6 +410,7 @@ class SessionManager:
             session = self.table.entries().get(sid)
             if session is None:
                 raise ProtocolError("NOT_FOUND", f"no session {sid!r} on this daemon")
+            bind_session(session)
             _entitled(session, token, caller)
             worker = session.worker
             session.presences += 1
@@ -377,11 +433,13 @@ class SessionManager:
         self.expire()
         gone = self.table.gone(sid)
         if gone is not None:
+            bind_session(gone.session)
             _entitled(gone.session, token, caller)
             if gone.to:
                 raise SessionMoved(sid, gone.to)
             raise ProtocolError("NOT_FOUND", gone.why)
         session = self.table.get(sid)
+        bind_session(session)
         _entitled(session, token, caller)
         if session.state in RETRY_LATER:
             raise ProtocolError(
@@ -401,6 +459,10 @@ class SessionManager:
         A parked (or restoring, or moved) session has no stream and no worker to lose: a stream
         ending is what parking causes, so it does not close it.
         """
+        with about(session):  # whoever closes it (a call, the reaper, shutdown): its lines
+            self._close(session, why)
+
+    def _close(self, session: DaemonSession, why: str) -> None:
         with self.table.lock:
             if session.state in ENDS_NOTHING:
                 return
@@ -409,6 +471,8 @@ class SessionManager:
         with self.table.lock:
             session.move(SessionState.CLOSED)
             self.table.remove(session)
+            if session.broken:  # in the same step: a Resume never sees it simply gone
+                self._broken_tombstone(session)
         if session.end_stream is not None:
             session.end_stream()
         log.info("session %s closed (%s); worker exit status %s", session.id, why, code)
@@ -430,15 +494,24 @@ class SessionManager:
             self.quotas.clear(session.slot)
             self.images.release_owner(session.worker.pid)  # its modules' pins
             session.stats.close()
-            for path in (session.stats_path, session.direct_socket):
+            snapshots = SnapshotFile(snapshot_path(session.stats_path))
+            self.book.retire(session.tenant, snapshots.read())
+            snapshots.remove()
+            ring = ring_socket_path(str(session.direct_socket)) if session.direct_socket else None
+            for path in (session.stats_path, session.direct_socket, ring):
                 if path is not None:
                     Path(path).unlink(missing_ok=True)
+            self._free_port(session.tcp_port)  # the worker that listened on it is gone
             return code
         finally:
             done.set()
             with self._releasing_lock:
                 if self._releasing.get(session.id) is done:
                     del self._releasing[session.id]
+
+    def _free_port(self, port: int) -> None:
+        if port and self.worker_tcp is not None:
+            self.worker_tcp.free(port)
 
     def wait_released(self, sid: str, timeout: float = 30.0) -> None:
         """Wait until a release of ``sid``'s previous worker here is over: it unlinks the
@@ -463,6 +536,7 @@ class SessionManager:
         """Take session ``sid`` into ``to`` for ``operation`` (refused by name in a state that
         forbids it); the state it had, to go back to when the operation gives up."""
         session = self.table.get(sid)
+        bind_session(session)  # a checkpoint or a migration: the call is about it
         with self.table.lock:
             session.require(operation)
             before = session.state
@@ -500,6 +574,12 @@ class SessionManager:
         was published before (``fresh``: a new migration, nothing kept of an earlier one);
         ``switching``: the guest is stopped for the switchover (or already moved), so a Resume
         waits for the redirect rather than being told to retry."""
+        now = time.monotonic()
+        if fresh:
+            self.book.migration_started(session.id, now)
+        phase = progress.get("phase")
+        if phase in _MIGRATION_OVER:
+            self.book.migration_over(session.id, session.tenant, phase == "done", now)
         session.migration = {**({} if fresh else session.migration), **progress}
         session.switching = switching
         self.changes.bump()
@@ -524,12 +604,27 @@ class SessionManager:
     def checkpoint(
         self, sid: str, path: str, release: bool, wait_s: float = checkpoints.BOUNDARY_WAIT_S
     ) -> tuple[checkpoints.Checkpointed, SessionState, Path]:
-        return checkpoints.checkpoint(self, sid, path, release, wait_s)
+        t0, ok = time.monotonic(), False
+        try:
+            out = checkpoints.checkpoint(self, sid, path, release, wait_s)
+            ok = True
+            return out
+        finally:
+            s = self.table.entries().get(sid)
+            tenant = s.tenant if s is not None else ""
+            self.book.operation("checkpoint", tenant, ok, time.monotonic() - t0)
 
     def restore(
         self, path: str, device_index: int, accept_lower: bool = False
     ) -> tuple[DaemonSession, int]:
-        return checkpoints.restore(self, path, device_index, accept_lower)
+        t0 = time.monotonic()
+        try:
+            session, done_seq = checkpoints.restore(self, path, device_index, accept_lower)
+        except BaseException:
+            self.book.operation("restore", "", False, time.monotonic() - t0)
+            raise
+        self.book.operation("restore", session.tenant, True, time.monotonic() - t0)
+        return session, done_seq
 
     # ---- queries -----------------------------------------------------------------------------
     def get(self, sid: str) -> DaemonSession:

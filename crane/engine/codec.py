@@ -21,6 +21,7 @@ a migration) may ask for again; the state record carries it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from google.protobuf.message import DecodeError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.engine.dispatch import Bound, Dispatcher, Refused
+from crane.engine.staged import BulkPort, run_staged
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.replies import encode_data_reply
@@ -38,6 +40,8 @@ from crane.wire.status import MAX_CHUNK
 __all__ = ["BatchCodec", "CallLog"]
 
 log = logging.getLogger("crane.worker")
+
+_now = time.monotonic_ns
 
 #: Reads at least this large are sent as their own hand-encoded reply (one copy, not three).
 _BULK = 64 << 10
@@ -66,6 +70,8 @@ class BatchCodec:
         self.session_id = session_id
         self.take_stdout = take_stdout
         self.log = CallLog()
+        #: The call ring's bulk area while a guest attached through it (staged copies' bytes).
+        self.bulk: BulkPort | None = None
 
     def run_batch(self, raw: bytes) -> list[bytes]:
         """Execute one serialized CallBatch; return the serialized ReplyBatch messages to send.
@@ -89,22 +95,42 @@ class BatchCodec:
             replies.done_seq = cl.done_seq
             return [replies.SerializeToString()]
         expects = bool(peek_flags(raw) & EXPECTS_REPLY)
-        fresh = [c for c in batch.calls if c.seq > cl.done_seq]
-        if not fresh and len(batch.calls) and expects:
+        calls = batch.calls
+        start = cl.done_seq  # calls at or below it ran before (a batch resent after a resume)
+        # (the first call decides for a batch the guest numbered in order, every batch it
+        # makes; iterating a repeated field builds each element, so it is done once, below)
+        if calls and calls[0].seq <= start and not any(c.seq > start for c in calls) and expects:
             # a resent batch (the guest reconnected): everything in it ran before, its answer
             # may never have arrived; answer again (the guest drops what it already has)
             replies.done_seq = cl.done_seq
             return [*cl.last_replies, replies.SerializeToString()]
         device = self.dispatcher.device
         bound, invoke = self.dispatcher.bound, self.dispatcher.invoke
-        for call in fresh:
+        meter = self.dispatcher.meter
+        if meter is not None:  # accounting: each call's time runs from the previous call's end
+            m_ns, m_hist, t = meter.call_ns, meter.hist, _now()
+        for call in calls:
+            seq = call.seq  # (each field read builds an object: read once)
+            if seq <= start:
+                continue
             # one call, inline (no frame of its own: this loop is the worker's hot path)
-            b = bound.get(call.op)
+            op = call.op
+            b = bound.get(op)
             try:
                 if b is None:
-                    raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, f"unknown op {call.op}")
-                result = invoke(b, call.args, call.data)
-                reply = self._reply(b, call, result) if b.replies else None
+                    raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, f"unknown op {op}")
+                if b.staged:  # its bytes are in the bulk area (crane.engine.staged)
+                    result = run_staged(invoke, b, call.args, self.bulk)
+                else:
+                    result = invoke(b, call.args, call.data)
+                if not b.replies:
+                    reply = None
+                elif result is None:  # most synchronizing calls: success, nothing to carry
+                    replies.replies.add(seq=seq)
+                    pending += 64
+                    reply = None
+                else:
+                    reply = self._reply(b, call, result)
             except Refused as r:
                 reply = self._error(call, b, r.fault, quiet=True)
             except CudaError as e:
@@ -122,7 +148,12 @@ class BatchCodec:
                 log.exception("session %s: %s failed unexpectedly", self.session_id, what)
                 reply = self._error(call, b, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
             cl.calls += 1
-            cl.done_seq = call.seq
+            cl.done_seq = seq
+            if meter is not None and b is not None:
+                t1 = _now()
+                ns, t = t1 - t, t1
+                m_ns[op] += ns
+                m_hist[op][ns.bit_length()] += 1  # Meter.RAW_BUCKETS: no clamp needed
             if isinstance(reply, bytes):  # a bulk read, already a serialized ReplyBatch
                 if len(replies.replies):
                     out.append(self._finish(replies))
@@ -132,10 +163,10 @@ class BatchCodec:
             elif reply is not None:
                 replies.replies.append(reply)
                 pending += len(reply.data) + 64
-                if pending >= MAX_CHUNK:
-                    out.append(self._finish(replies))
-                    replies = guest_pb2.ReplyBatch()
-                    pending = 0
+            if pending >= MAX_CHUNK:
+                out.append(self._finish(replies))
+                replies = guest_pb2.ReplyBatch()
+                pending = 0
             if device.closed:
                 break
         if len(replies.replies) or (not out and expects):

@@ -11,13 +11,17 @@ The rules that depend on the op come from the table, not from lists kept here:
   other call is refused with the fault, quietly (the fault was reported once, when it
   happened), as a GPU fails every call on a faulted context;
 * an op's ``writes`` arguments and, for launches (``writes_via_params``), whatever the
-  parameters lead to are marked in the dirty tracker once the op succeeded.
+  parameters lead to are marked in the dirty tracker once the op succeeded;
+* with accounting on (a :class:`~crane.engine.meter.Meter`), a launch or copy that succeeded
+  (``Op.meter``) is added to the session's GPU work with its kernel or its bytes (every call
+  is counted and timed by the codec's loop).
 """
 
 from __future__ import annotations
 
 import inspect
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +29,12 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import OPS, Op
 from crane.api.results import STICKY, CudaError
+from crane.engine.meter import Meter
 from crane.engine.model import SessionDevice
 
 __all__ = ["Bound", "Dispatcher", "Refused", "bind"]
+
+_now = time.monotonic_ns
 
 
 class Refused(Exception):
@@ -52,6 +59,15 @@ class Bound:
     data_in: bool
     #: The caller needs the outcome: a synchronous op or one that returns data.
     replies: bool
+    #: Accounting needs its arguments: a launch (the kernel) or a copy (the bytes).
+    work: bool
+    #: Accounting needs its own duration: a launch's is its kernel's time (a copy's time is
+    #: its call's, which the codec's loop takes anyway).
+    timed: bool
+    #: Its bytes travel in the bulk area (crane.engine.staged): "h2d", "d2h", or "".
+    staged: str = ""
+    #: The index of a staged op's ``size`` argument.
+    staged_size: int = -1
 
 
 def bind(device: SessionDevice, o: Op) -> Bound:
@@ -74,14 +90,19 @@ def bind(device: SessionDevice, o: Op) -> Bound:
         teardown=o.teardown,
         data_in=o.data_in is not None,
         replies=o.sync or o.data_out,
+        work=o.meter in ("launch", "h2d", "d2h", "d2d"),
+        timed=o.meter == "launch",
+        staged=o.staged,
+        staged_size=args.index("size") if o.staged else -1,
     )
 
 
 class Dispatcher:
     """Executes single calls against one session's device state."""
 
-    def __init__(self, device: SessionDevice) -> None:
+    def __init__(self, device: SessionDevice, meter: Meter | None = None) -> None:
         self.device = device
+        self.meter = meter
         self.bound: dict[int, Bound] = {o.id: bind(device, o) for o in OPS if not o.retired}
 
     def invoke(self, b: Bound, raw_args: bytes, data: bytes) -> Any:
@@ -94,12 +115,16 @@ class Dispatcher:
         dev = self.device
         if dev.sticky is not None and not b.teardown:
             raise Refused(dev.sticky)
+        meter = self.meter if b.work else None
+        t0 = _now() if meter is not None and b.timed else 0
         try:
             result = b.fn(*args, data) if b.data_in else b.fn(*args)
         except CudaError as e:
             if e.code in STICKY:
                 dev.sticky = e
             raise
+        if meter is not None:
+            meter.work_call(b.op.id, args, data, _now() - t0 if t0 else 0)
         if b.writes:
             for i in b.writes:
                 dev.dirty.write(args[i])

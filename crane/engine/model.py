@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +30,11 @@ from crane.backends.base import Backend, LoadedModule
 from crane.device.layout import CHUNK_GRANULARITY, MODULE_AREA, module_area_base
 from crane.engine.dirty import SCAN_LIMIT, DirtyTracker
 from crane.engine.objects import HandleTable
+from crane.engine.staged import StagedIn, StagedOut, staged_size
 from crane.modules.errors import ImageError, NoCompatibleCode
 from crane.modules.image import ModuleImage, inspect_image
 from crane.modules.store import DigestMismatch, ImageStore
+from crane.wire.ring_bulk import D2H, H2D
 from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
 
 __all__ = ["DEFAULT_STREAMS", "ModuleArea", "SessionDevice"]
@@ -154,6 +157,11 @@ class SessionDevice:
             regions += [(v.addr, v.size) for v in variables if v.size]
         return sorted(regions)
 
+    @property
+    def stable_views(self) -> bool:
+        """:meth:`read`'s views outlive later calls (see ``Backend.stable_views``)."""
+        return self.backend.stable_views
+
     def read(self, addr: int, size: int) -> bytes | memoryview:
         """Device bytes in the default stream's order (a view valid until the next call)."""
         return self.backend.memcpy_dtoh(addr, size, self.default_stream)
@@ -163,6 +171,14 @@ class SessionDevice:
         tracker like an upload, so pointer tables in them are known again."""
         self.backend.memcpy_htod(addr, data, self.default_stream)
         self.dirty.contents(addr, data)
+
+    def write_shared(self, addr: int, data: bytes | memoryview, lock: threading.Lock) -> None:
+        """:meth:`write` from several threads at once (a migration's data plane, each thread
+        its own ranges): the copies run side by side (they release the GIL and take their own
+        page faults), the dirty tracker learns under ``lock``."""
+        self.backend.memcpy_htod(addr, data, self.default_stream)
+        with lock:
+            self.dirty.contents(addr, data)
 
     def synchronize(self) -> None:
         self.backend.synchronize()
@@ -303,6 +319,19 @@ class SessionDevice:
                 f"read of {size} bytes exceeds the per-call limit of {MAX_CHUNK}",
             )
         return self.backend.memcpy_dtoh(src, size, self._stream(stream))
+
+    def memcpy_htod_staged(self, dst: int, size: int, stream: int, src: StagedIn) -> None:
+        """MEMCPY_HTOD with the bytes read from the call ring's bulk area as they come."""
+        staged_size(H2D, size)
+        native = self._stream(stream)
+        self.backend.memcpy_htod_staged(dst, src, native)
+        if size <= SCAN_LIMIT:  # as an upload's bytes (crane.engine.dirty), read back
+            self.dirty.scan(dst, self.backend.memcpy_dtoh(dst, size, native))
+
+    def memcpy_dtoh_staged(self, src: int, size: int, stream: int, dst: StagedOut) -> None:
+        """MEMCPY_DTOH with the bytes written to the call ring's bulk area."""
+        staged_size(D2H, size)
+        dst.write(self.backend.memcpy_dtoh(src, size, self._stream(stream)))
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: int) -> None:
         self.backend.memcpy_dtod(dst, src, size, self._stream(stream))

@@ -32,8 +32,10 @@ from crane.api.launch_check import check_cluster, check_cooperative, check_launc
 from crane.api.ops import OPS_BY_NAME, Op
 from crane.api.results import CudaError
 from crane.device.identity import DeviceSnapshot, snapshot_from_proto
+from crane.guest import ring_bulk
 from crane.guest.handles import HandleAllocator, HandleKind
 from crane.guest.mirror import PAGE, HostMirrors, Mirror, MirrorError, map_fixed, unmap_fixed
+from crane.guest.ring_bulk import BULK_MIN
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
 from crane.guest.vmm import Vmm
@@ -47,6 +49,9 @@ _DEFAULT_STREAMS = (0, 1, 2)
 _LAUNCH = _O["LAUNCH"]
 _LAUNCH_COOPERATIVE = _O["LAUNCH_COOPERATIVE"]
 _LAUNCH_CLUSTER = _O["LAUNCH_CLUSTER"]
+_MEMSET = _O["MEMSET"]
+_MEMSET_ARGS = _MEMSET.packer
+_ELEM_MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
 
 
 @dataclass(frozen=True)
@@ -402,6 +407,12 @@ class GuestSession:
             self.mirrors.issued(stream)
 
     def _raw_htod(self, dst: int, view: memoryview, stream: int) -> None:
+        bulk = self._t.bulk if view.nbytes >= BULK_MIN > 0 else None
+        if bulk is not None:  # through the call ring's bulk area (crane.guest.ring_bulk)
+            try:
+                return ring_bulk.htod(self._t, bulk, dst, view, stream)
+            except TransportError as e:
+                raise e.as_cuda_error() from e
         op = _O["MEMCPY_HTOD"]
         for off in range(0, view.nbytes, MAX_CHUNK):
             part = view[off : off + MAX_CHUNK]
@@ -448,6 +459,21 @@ class GuestSession:
         return None if target is not None else bytes(buf)
 
     def _dtoh(self, src: int, size: int, stream: int, buf: memoryview) -> None:
+        bulk = self._t.bulk if size >= BULK_MIN > 0 else None
+        if bulk is not None:  # through the call ring's bulk area (crane.guest.ring_bulk)
+            try:
+                got = ring_bulk.dtoh(self._t, bulk, src, size, stream, buf)
+            except TransportError as e:
+                raise e.as_cuda_error() from e
+            for seq, off, n, arrived in got:
+                data = self._settle(seq, self._wait(seq)).data
+                if not arrived:  # resent as a plain read: its reply has the bytes
+                    if len(data) != n:
+                        raise CudaError(
+                            CUresult.CUDA_ERROR_UNKNOWN, f"a read of {n} bytes returned {len(data)}"
+                        )
+                    buf[off : off + n] = data
+            return
         op = _O["MEMCPY_DTOH"]
         seqs = []
         for off in range(0, size, MAX_CHUNK):  # one batch: the worker streams the pieces back
@@ -475,16 +501,27 @@ class GuestSession:
         self._async(_O["MEMCPY_DTOD"], dst, src, size, stream)
 
     def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
-        spans = self._spans(dst, elem * count)
-        if spans and all(n % elem == 0 for _, n in spans):
-            for a, n in spans:
-                self._memset(a, value, elem, n // elem, stream)
-            return
-        self._range(dst, elem * count)
-        stream = self.check_stream(stream)
+        size = elem * count
+        if not self.va.check(dst, size):  # (the common case first: one allocation)
+            spans = self._spans(dst, size)
+            if spans and all(n % elem == 0 for _, n in spans):
+                for a, n in spans:
+                    self._memset(a, value, elem, n // elem, stream)
+                return
+            self._range(dst, size)
+        if stream not in _DEFAULT_STREAMS:
+            self.check_stream(stream)
         if self.mirrors:
             self.mirrors.issued(stream)
-        self._async(_O["MEMSET"], dst, value & ((1 << (8 * elem)) - 1), elem, count, stream)
+        try:  # (inline, not through _async: the hot path of small asynchronous calls)
+            self._t.enqueue(
+                _MEMSET,
+                _MEMSET_ARGS(dst, value & _ELEM_MASK[elem], elem, count, stream),
+                b"",
+                expect=False,
+            )
+        except TransportError as e:
+            raise e.as_cuda_error() from e
 
     def memset_d8(self, dst: int, value: int, count: int, stream: int = 0) -> None:
         self._memset(dst, value, 1, count, stream)

@@ -32,14 +32,17 @@ import grpc
 from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import Op
+from crane.guest.ring_bulk import GuestBulk, unstage
+from crane.guest.ring_calls import RESUMABLE, RingCalls, connect_ring
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, default_address, is_vm, to_grpc_target
 from crane.wire.batch_flags import EXPECTS_REPLY
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
+from crane.wire.ring import RingClosed, RingRefused
 from crane.wire.status import MAX_CHUNK
 
-__all__ = ["CallReply", "Transport", "TransportError"]
+__all__ = ["CallReply", "Transport", "TransportError", "worker_target"]
 
 log = logging.getLogger("crane.guest")
 
@@ -58,13 +61,17 @@ RESUME_FIRST_RETRY_S = 0.005
 #: while nothing there can serve it yet (the forward is down, or reaches a daemon the session
 #: has not reached): the VM is moving, and the address will reach the destination's daemon.
 VM_RESUME_GRACE_S = 120.0
+#: How long a vm:// guest keeps connecting to its forward before opening a session fails.
+VM_CONNECT_S = 15.0
+#: How long a closing guest waits for room in a full call ring for its last batch.
+CLOSE_FLUSH_S = 2.0
 #: gRPC codes after which the session may still exist elsewhere (parked, moved): try Resume.
 _RESUMABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class CallReply:
     result: int
     out: bytes
@@ -99,23 +106,26 @@ class Transport:
         self._tls = tls  # for tcp:// daemons (None: $CRANE_TLS_*), the first and any other
         self._channel = open_channel(self.address, tls)
         stub = guest_pb2_grpc.GuestStub(self._channel)
+        if is_vm(self.address):
+            # a VM's forward (QEMU's guestfwd starts a socat per connection) can drop the first
+            # connection while the host is loaded: keep connecting for a while; past that (a
+            # domain the daemon does not serve closes every connection) the call below fails
+            # at once with gRPC's own status instead of waiting out its deadline
+            with contextlib.suppress(grpc.FutureTimeoutError):
+                grpc.channel_ready_future(self._channel).result(timeout=VM_CONNECT_S)
         try:
             self.opened = stub.OpenSession(
                 guest_pb2.OpenSessionRequest(
                     fingerprint=fingerprint(), client=client or _describe_self(), device=device
                 ),
                 timeout=60,
-                # a VM's forward (QEMU's guestfwd starts a socat per connection) can drop the
-                # first connection while the host is loaded: keep trying within the deadline
-                wait_for_ready=is_vm(self.address),
             )
         except grpc.RpcError as e:
             self._channel.close()
             raise _transport_error(e, f"cannot open a session on {self.address}") from None
         self._lock = threading.Lock()  # guards the current batch and sequence numbers
         self._seq = 0
-        self._batch = guest_pb2.CallBatch()
-        self._batch_bytes = 0
+        self._new_batch()
         self._batch_started = 0.0
         self._expect: set[int] = set()
         self._requests: queue.SimpleQueue[tuple[guest_pb2.CallBatch, int] | None] = (
@@ -124,6 +134,9 @@ class Transport:
         self._inflight = 0
         self._inflight_cv = threading.Condition()
         self._cv = threading.Condition()  # guards replies
+        #: threads waiting on ``_cv`` for another's reading (guarded by it): a reader notifies
+        #: only when there are some (Condition.notify_all costs a synchronizing call ~1 us)
+        self._waiters = 0
         self._replies: dict[int, CallReply] = {}
         self._async_errors: list[tuple[int, CallReply]] = []
         self._reading = False
@@ -135,8 +148,13 @@ class Transport:
         self._resume_deadline: float | None = None
         self.resumes = 0
         self._direct_channel: grpc.Channel | None = None
+        #: the call stream when it goes through the worker's shared-memory ring
+        self._ring: RingCalls | None = None
         self._presence: grpc.Call | None = None
         self.path = "relay"
+        #: the bytes of staged host-to-device calls the worker may not have run, each when
+        #: asked (crane.guest.ring_bulk): what a resend carries inline
+        self.staged_sources: dict[int, Callable[[], bytes]] = {}
         self._responses = self._open_calls(stub, self._requests)
         self._closed = False
         self._timer = threading.Thread(target=self._timer_loop, name="crane-flush", daemon=True)
@@ -146,34 +164,68 @@ class Transport:
     def _calls_stub(
         self, daemon_stub: guest_pb2_grpc.GuestStub, direct: bool | None
     ) -> guest_pb2_grpc.GuestStub:
-        """The stub to carry calls on: the worker's own socket when reachable, else the daemon."""
-        if direct is None:
-            direct = os.environ.get("CRANE_DIRECT", "1") != "0" and to_grpc_target(
-                self.address
-            ).startswith("unix:")
-        target = self.opened.direct_address
-        if direct and target:
+        """The stub to carry calls on: the worker's own endpoint when reachable, else the
+        daemon. A unix daemon's guest may be offered the worker's socket, a tcp daemon's the
+        worker's TCP port (``tcp://*:PORT``: on the host it reached the daemon by, with the
+        same TLS files); a vm:// guest reaches nothing but its one forward."""
+        target = worker_target(self.address, self.opened.direct_address)
+        if self._wants_worker(direct) and target:
             # a subchannel of its own: one shared with an earlier channel to the same socket
             # path (the session's previous worker here) would inherit its reconnection back-off
-            ch = grpc.insecure_channel(
-                to_grpc_target(target),
-                options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)],
-            )
+            local = [("grpc.use_local_subchannel_pool", 1)]
+            if target.startswith("unix:"):
+                ch = grpc.insecure_channel(target, options=[*CHANNEL_OPTIONS, *local])
+            else:
+                ch = open_channel("tcp://" + target, self._tls, options=local)
             try:
                 grpc.channel_ready_future(ch).result(timeout=2)
             except grpc.FutureTimeoutError:
                 ch.close()
-                log.info("worker socket %s unreachable; calls go through the daemon", target)
+                log.info("worker endpoint %s unreachable; calls go through the daemon", target)
             else:
                 self._direct_channel = ch
                 self.path = "direct"
                 return guest_pb2_grpc.GuestStub(ch)
         return daemon_stub
 
+    def _wants_worker(self, direct: bool | None) -> bool:
+        """Carry calls to the session's worker itself (not through the daemon)?"""
+        if direct is None:
+            return os.environ.get("CRANE_DIRECT", "1") != "0"
+        return direct
+
+    def _ring_calls(self) -> RingCalls | None:
+        """The worker's call ring when it is offered and usable here, else None (one log line
+        says why; the worker's gRPC socket or the daemon's relay carries the calls).
+        ``CRANE_RING=require`` makes a refusal an error instead (tests, benchmarks)."""
+        setting = os.environ.get("CRANE_RING", "1")
+        target = self.opened.direct_address
+        if setting == "0":
+            log.info("call ring not used: CRANE_RING=0")
+            return None
+        why = ""
+        # only a worker's unix socket has a ring beside it (a tcp endpoint is another host's)
+        reachable = worker_target(self.address, target).startswith("unix:")
+        if not reachable or not self._wants_worker(self._direct_pref):
+            why = "the session's worker is not reachable on this host"
+        else:
+            try:
+                return connect_ring(target, self.opened.session_id, self.opened.resume_token)
+            except RingRefused as e:
+                why = str(e)
+        if setting == "require":
+            raise TransportError(
+                CUresult.CUDA_ERROR_NOT_SUPPORTED, f"CRANE_RING=require: no call ring ({why})"
+            )
+        if target:
+            log.info("call ring not used (%s)", why)
+        return None
+
     def _open_calls(
         self, stub: guest_pb2_grpc.GuestStub, requests: queue.SimpleQueue
     ) -> Iterator[guest_pb2.ReplyBatch]:
-        calls = self._calls_stub(stub, self._direct_pref)
+        ring = self._ring_calls()
+        calls = None if ring is not None else self._calls_stub(stub, self._direct_pref)
         if calls is not stub:
             # the daemon never sees our calls: a stream held open to it says we are alive, and
             # its end (this process gone) has the daemon stop a worker stuck in a kernel
@@ -182,6 +234,19 @@ class Transport:
                     session_id=self.opened.session_id, resume_token=self.opened.resume_token
                 )
             )
+        if ring is not None:
+            self._ring, self.path = ring, "ring"
+            # batches kept for a resend (a resume) go first, in order
+            while True:
+                try:
+                    item = requests.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    break
+                ring.send(item[0])
+            return ring
+        assert calls is not None
         return calls.Calls(
             self._request_iter(requests),
             metadata=(
@@ -211,6 +276,7 @@ class Transport:
             # must get a fresh connection, not this channel's reconnection back-off
             self._direct_channel.close()
             self._direct_channel = None
+        self._drop_ring()
         # A daemon holds a Resume while its session switches over, so the redirect comes at
         # once; what is left to wait for here is a parked session's restore: retry soon, then
         # back off.
@@ -291,6 +357,7 @@ class Transport:
         """New stream on ``addr``; resend every kept batch with calls after ``done_seq``."""
         old_direct, old_channel = self._direct_channel, self._channel
         self._direct_channel = None
+        self._drop_ring()
         # ended only once the new stream's presence is open: a daemon that saw none open for a
         # moment would take this guest for gone and stop a worker it is still using
         old_presence, self._presence = self._presence, None
@@ -303,8 +370,9 @@ class Transport:
         with self._lock:
             old, self._requests = self._requests, queue.SimpleQueue()
             for last, _, batch in list(self._unacked):
-                if last > self.done_seq:
-                    self._requests.put((batch, 0))
+                if last > self.done_seq:  # staged copies go as plain ones (crane.guest.ring_bulk)
+                    for b in unstage(batch, self.staged_sources, self.done_seq):
+                        self._requests.put((b, 0))
             old.put(None)
             self._responses = self._open_calls(stub, self._requests)
         with self._inflight_cv:
@@ -339,25 +407,28 @@ class Transport:
         if self._broken is not None:
             raise self._broken
         with self._lock:
-            self._seq += 1
-            seq = self._seq
-            self._batch.calls.add(seq=seq, op=op.id, args=args, data=data)
+            self._seq = seq = self._seq + 1
+            call = self._batch_calls.add()  # (fields set one by one: faster than keywords)
+            call.seq = seq
+            call.op = op.id
+            call.args = args
+            if data:
+                call.data = data
             if expect:
                 self._expect.add(seq)
                 self._batch.flags |= EXPECTS_REPLY
             self._batch_bytes += len(data) + len(args) + 16
-            if (
-                (expect and send)
-                or len(self._batch.calls) >= MAX_BATCH_CALLS
-                or self._batch_bytes >= MAX_CHUNK
-            ):
+            self._batch_n = n = self._batch_n + 1
+            if (expect and send) or n >= MAX_BATCH_CALLS or self._batch_bytes >= MAX_CHUNK:
                 self._flush_locked()
-            elif len(self._batch.calls) == 1:
+            elif n == 1:
                 # first call of a batch that stays open: arm the flush timer (only then, so
                 # that synchronizing calls never wake the timer thread)
                 self._batch_started = time.monotonic()
                 self._timer_wake.set()
-            want, self._ack_wanted = self._ack_wanted, 0
+            want = self._ack_wanted
+            if want:
+                self._ack_wanted = 0
         if want:
             self._wait_until(lambda: self.done_seq >= want)
         return seq
@@ -366,18 +437,61 @@ class Transport:
         with self._lock:
             self._flush_locked()
 
-    def _flush_locked(self) -> None:
-        if not self._batch.calls:
-            return
-        batch, self._batch = self._batch, guest_pb2.CallBatch()
-        size = self._batch_bytes
+    # ---- bulk copies (crane.guest.ring_bulk) ----------------------------------------------------
+    @property
+    def bulk(self) -> GuestBulk | None:
+        """The call ring's bulk area, when the session is attached through one."""
+        ring = self._ring
+        return ring.bulk if ring is not None else None
+
+    def enqueue_run(self, op: Op, args: list[bytes], *, ack: bool) -> list[int]:
+        """Append calls of ``op`` back to back and send them now; their sequence numbers.
+        A synchronous op's calls are each waited for (:meth:`wait`); ``ack``: the worker
+        answers the batch with its ``done_seq`` (:meth:`wait_done`)."""
+        if self._broken is not None:
+            raise self._broken
+        with self._lock:
+            seqs = []
+            for a in args:
+                self._seq += 1
+                self._batch_calls.add(seq=self._seq, op=op.id, args=a)
+                self._batch_n += 1
+                seqs.append(self._seq)
+                if op.sync:
+                    self._expect.add(self._seq)
+                self._batch_bytes += len(a) + 16
+            if op.sync or ack:
+                self._batch.flags |= EXPECTS_REPLY
+            self._flush_locked()
+        return seqs
+
+    def wait_done(self, seq: int) -> None:
+        """Block until the worker ran every call up to ``seq`` (asynchronous ones included;
+        a batch sent with ``ack`` brings the answer)."""
+        self._wait_until(lambda: self.done_seq >= seq)
+
+    def _new_batch(self) -> None:
+        """Start an empty batch (the caller holds the lock, or is the constructor)."""
+        self._batch = guest_pb2.CallBatch()
+        self._batch_calls = self._batch.calls  # (looked up once per batch, not per call)
+        self._batch_n = 0  # calls in it (counted: len() of a repeated field costs a call)
         self._batch_bytes = 0
-        last = batch.calls[-1].seq
+
+    def _flush_locked(self) -> None:
+        if not self._batch_n:
+            return
+        batch, size = self._batch, self._batch_bytes
+        self._new_batch()
+        last = self._seq  # the batch's last call: calls are added in order under the lock
         self._unacked.append((last, size, batch))
         self._unacked_bytes += size
         if self._unacked_bytes > MAX_UNACKED_BYTES and not batch.flags & EXPECTS_REPLY:
             batch.flags |= EXPECTS_REPLY  # the worker answers it with its done_seq
             self._ack_wanted = last
+        if self._ring is not None:
+            # straight into shared memory: the ring's own space is the backpressure
+            self._ring.send(batch)
+            return
         # Backpressure, kept off the small-call path: bulk batches are bounded in bytes, small
         # ones in number (a C-level qsize, no lock hand-off per call).
         if size >= BULK_BATCH:
@@ -396,7 +510,7 @@ class Transport:
             self._timer_wake.clear()
             while not self._closed:
                 with self._lock:
-                    if not self._batch.calls:
+                    if not self._batch_n:
                         break
                     due = self._batch_started + FLUSH_AFTER_S - time.monotonic()
                     if due <= 0:
@@ -407,9 +521,9 @@ class Transport:
     # ---- receiving ----------------------------------------------------------------------------
     def wait(self, seq: int) -> CallReply:
         """Block until the reply for ``seq`` arrives."""
-        self._wait_until(lambda: seq in self._replies)
-        with self._cv:
-            return self._replies.pop(seq)
+        replies = self._replies
+        self._wait_until(lambda: seq in replies)
+        return replies.pop(seq)  # only this caller takes ``seq`` (a dict's pop is atomic)
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
         """Read replies (one thread at a time) until ``ready()`` holds; resume on a break."""
@@ -420,7 +534,11 @@ class Transport:
                 if self._broken is not None:
                     raise self._broken
                 if self._reading:
-                    self._cv.wait()
+                    self._waiters += 1
+                    try:
+                        self._cv.wait()
+                    finally:
+                        self._waiters -= 1
                     continue
                 self._reading = True
             batch = None
@@ -435,6 +553,15 @@ class Transport:
                 broken = _transport_error(e, "the session's call stream broke")
                 if e.code() in _RESUMABLE and not self._closed:
                     broken = self._resume(broken)
+            except RingClosed as e:
+                broken = TransportError(
+                    CUresult.CUDA_ERROR_NO_DEVICE
+                    if e.code in RESUMABLE
+                    else CUresult.CUDA_ERROR_UNKNOWN,
+                    f"the session's call ring ended: {e}",
+                )
+                if e.code in RESUMABLE and not self._closed:
+                    broken = self._resume(broken)
             except StopIteration:
                 # not closed by us: the session ended there; its daemon says why on Resume
                 broken = TransportError(
@@ -448,28 +575,40 @@ class Transport:
                     self._broken = broken
                 elif batch is not None:
                     self._absorb(batch)
-                self._cv.notify_all()
+                if self._waiters:
+                    self._cv.notify_all()
+                if broken is None and ready():  # (saves taking the lock once more)
+                    return
 
     def _absorb(self, batch: guest_pb2.ReplyBatch) -> None:
-        if batch.stdout:
-            os.write(1, batch.stdout)
+        stdout = batch.stdout
+        if stdout:
+            os.write(1, stdout)
         before = self.done_seq
-        self.done_seq = max(self.done_seq, batch.done_seq)
+        done = batch.done_seq  # (each field read builds an object: read once)
+        if done > before:
+            self.done_seq = done
+        expect = self._expect
         for r in batch.replies:
-            reply = CallReply(r.result, r.out, r.data, r.detail)
-            if r.seq in self._expect:
-                self._expect.discard(r.seq)
-                self._replies[r.seq] = reply
-            elif r.seq > before or r.seq == 0:
-                self._async_errors.append((r.seq, reply))
+            seq = r.seq
+            if seq in expect:
+                expect.discard(seq)
+                self._replies[seq] = CallReply(r.result, r.out, r.data, r.detail)
+            elif seq > before or seq == 0:
+                self._async_errors.append((seq, CallReply(r.result, r.out, r.data, r.detail)))
             # else: a repeated answer after a resume, already delivered
-        if self.done_seq > before:
+        if done > before:
+            unacked = self._unacked
             with self._lock:
-                while self._unacked and self._unacked[0][0] <= self.done_seq:
-                    self._unacked_bytes -= self._unacked.popleft()[1]
+                while unacked and unacked[0][0] <= done:
+                    self._unacked_bytes -= unacked.popleft()[1]
 
     def take_async_error(self, before: int) -> CallReply | None:
         """The earliest failed asynchronous call with a sequence number below ``before``."""
+        if not self._async_errors:
+            # (no lock: the reply the caller waited for was absorbed under it, after or with
+            # every error before it, so an error it must see is there already)
+            return None
         with self._cv:
             for i, (seq, reply) in enumerate(self._async_errors):
                 if seq < before:
@@ -478,6 +617,13 @@ class Transport:
         return None
 
     # ---- lifecycle ----------------------------------------------------------------------------
+    def _drop_ring(self) -> None:
+        """Detach from the worker's ring (it is gone, or the session moves on)."""
+        with self._lock:  # no batch is being written into it meanwhile (one producer)
+            ring, self._ring = self._ring, None
+            if ring is not None:
+                ring.cancel()
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -487,8 +633,12 @@ class Transport:
             return
         self._closed = True
         self._timer_wake.set()
+        ring = self._ring
+        if ring is not None:  # what does not fit in the ring soon is not worth a hang at exit
+            ring.deadline = time.monotonic() + CLOSE_FLUSH_S
         self.flush()
         self._requests.put(None)
+        self._drop_ring()
         # End the call while gRPC's threads are alive and drop it: a call object collected at
         # interpreter exit cancels itself under a lock that a finished daemon thread may hold,
         # which hung guest processes at exit (1 run in ~15).
@@ -500,6 +650,20 @@ class Transport:
         if self._direct_channel is not None:
             self._direct_channel.close()
         self._channel.close()
+
+
+def worker_target(daemon: str, offered: str) -> str:
+    """The gRPC target of the worker endpoint ``offered`` as a guest of ``daemon`` reaches it
+    ("": none it can reach): a socket only from a unix daemon's guest, a ``tcp://*:PORT`` only
+    from a tcp daemon's, on that daemon's host."""
+    if not offered:
+        return ""
+    ours = to_grpc_target(daemon) if not is_vm(daemon) else ""
+    if offered.startswith("unix://"):
+        return to_grpc_target(offered) if ours.startswith("unix:") else ""
+    if offered.startswith("tcp://*:") and ours and not ours.startswith("unix:"):
+        return ours.rsplit(":", 1)[0] + ":" + offered.rsplit(":", 1)[1]
+    return ""
 
 
 def _gone(cause: TransportError, sid: str, why: list[str]) -> TransportError:

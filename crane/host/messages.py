@@ -32,6 +32,8 @@ __all__ = [
     "CheckpointRequest",
     "Checkpointed",
     "ControlAnswer",
+    "DataPlaneOpen",
+    "DataPlaneReady",
     "MessageError",
     "MigrateRequest",
     "Refused",
@@ -87,16 +89,28 @@ class WorkerConfig:
     #: Who may connect to ``direct_socket`` besides the worker's own user: the uid of the
     #: local process that opened the session (-1: nobody else; its guest uses the relay).
     direct_uid: int = -1
+    #: Offer the shared-memory call ring beside ``direct_socket`` (crane.worker.ring).
+    call_ring: bool = True
     attach_timeout_s: float = 60.0  # end a session whose guest never attaches
     #: The daemon's tenant ledger (crane.device.quota; "": no tenant accounting), the
     #: session's tenant, and its kernel time limit in seconds (0: none).
     tenant_ledger: str = ""
     tenant: str = ""
     kernel_time_limit_s: float = 0.0
+    #: The libvirt domain whose guest opened the session ("": none), for the worker's log lines.
+    domain: str = ""
     module_cache_bytes: int = 0  # the module store's bound (0: unbounded), crane.modules.store
     #: The device model the guest is told (crane.device.model_file's plain form, memory
     #: already clipped to the device's), or {}: the device's own identity.
     model: dict[str, Any] = field(default_factory=dict)
+    #: Count and time calls and GPU work (crane.engine.meter) and publish them; the profile's
+    #: sliding window in seconds.
+    accounting: bool = True
+    profile_window_s: float = 60.0
+    #: The worker's own TCP endpoint for remote guests, HOST:PORT ("": none), and what its
+    #: callers must present (crane.daemon.worker_tcp.rules: TLS files, tenants' certificates).
+    tcp_listen: str = ""
+    tcp_rules: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -170,9 +184,34 @@ class RoundBegin:
 
 @dataclass(frozen=True)
 class RoundEnd:
-    """The round's bytes are all sent: apply it and answer."""
+    """The round's bytes are all sent: apply it and answer. ``chunks``: memory chunks of the
+    round that came over the data plane (the worker waits for them all before answering)."""
 
     TAG: ClassVar[Tag] = Tag.MIGRATE_IN_END
+    chunks: int = 0
+
+
+@dataclass(frozen=True)
+class DataPlaneOpen:
+    """An incoming migration's worker opens its data plane (crane.migrate.dataplane): listen
+    on ``bind`` (any port), accept only connections that present ``token`` (hex), over TLS with
+    these PEM files when ``tls_cert`` is set. Answered with :class:`DataPlaneReady`."""
+
+    TAG: ClassVar[Tag] = Tag.MIGRATE_IN
+    bind: str
+    token: str
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+
+
+@dataclass(frozen=True)
+class DataPlaneReady:
+    """The port an incoming migration's data plane listens on (0: none, ``error`` says why)."""
+
+    TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
+    port: int
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -209,7 +248,7 @@ class Refused:
     late: bool = False
 
 
-ControlAnswer = Checkpointed | Restored | RoundApplied | Refused
+ControlAnswer = Checkpointed | Restored | RoundApplied | DataPlaneReady | Refused
 
 _TYPES: dict[str, type] = {
     c.__name__: c
@@ -220,6 +259,8 @@ _TYPES: dict[str, type] = {
         MigrateRequest,
         RoundBegin,
         RoundEnd,
+        DataPlaneOpen,
+        DataPlaneReady,
         Checkpointed,
         Restored,
         RoundApplied,

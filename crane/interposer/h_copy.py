@@ -89,11 +89,12 @@ def run(dst: Side, src: Side, w: int, h: int, d: int, stream: int) -> None:
     """Copy ``d`` slices of ``h`` rows of ``w`` bytes, in stream order (or record it)."""
     if w == 0 or h == 0 or d == 0:
         return
-    cp = graphs.CopyParams(
-        dst.origin, src.origin, w, h, d, dst.pitch, src.pitch, dst.rows, src.rows
-    )
-    if graphs.record(stream, graphs.MEMCPY, cp):
-        return
+    if graphs.STREAMS:  # (the node is made only while some stream captures)
+        cp = graphs.CopyParams(
+            dst.origin, src.origin, w, h, d, dst.pitch, src.pitch, dst.rows, src.rows
+        )
+        if graphs.record(stream, graphs.MEMCPY, cp):
+            return
     if d > 1 and dst.slice == src.slice == w * h and dst.pitch == src.pitch == w:
         copy(dst.origin, src.origin, w * h * d, stream)
         return

@@ -92,8 +92,10 @@ def launch(
             fn, grid, block, buf, shared, stream, max_dynamic_shared=max_dynamic_shared(fn)
         )
         return
-    node = graphs.KernelParams(fn, grid, block, shared, buf, dims)
-    if graphs.record(stream, graphs.KERNEL, node):
+    # (the node is made only while some stream captures: a launch's hot path)
+    if graphs.STREAMS and graphs.record(
+        stream, graphs.KERNEL, graphs.KernelParams(fn, grid, block, shared, buf, dims)
+    ):
         return
     if dims is not None:
         launch_cluster(fn, grid, block, dims, buf, shared, stream)

@@ -95,12 +95,16 @@ def sync_call(what: str) -> int:
 
 
 def captured_copy(dst: int, src: int, n: int, stream: int) -> bool:
-    """Record a linear copy if ``stream`` is capturing (True)."""
-    return graphs.record(stream, graphs.MEMCPY, graphs.CopyParams(dst, src, n))
+    """Record a linear copy if ``stream`` is capturing (True). The node is made only while
+    some stream captures (every ordinary copy comes through here)."""
+    return bool(graphs.STREAMS) and graphs.record(
+        stream, graphs.MEMCPY, graphs.CopyParams(dst, src, n)
+    )
 
 
 def captured_memset(dst: int, value: int, elem: int, n: int, stream: int) -> bool:
-    return graphs.record(
+    """Record a memset if ``stream`` is capturing (True); the node only while one captures."""
+    return bool(graphs.STREAMS) and graphs.record(
         stream, graphs.MEMSET, graphs.MemsetParams(dst, elem * n, value, elem, n, 1)
     )
 

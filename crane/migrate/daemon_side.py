@@ -38,7 +38,10 @@ from crane.daemon.lifecycle import SessionState
 from crane.daemon.session import DaemonSession
 from crane.daemon.worker_control import reason, request
 from crane.host.channel import ChannelClosed
+from crane.host.logs import about, bind, bind_session
 from crane.host.messages import (
+    DataPlaneOpen,
+    DataPlaneReady,
     MigrateRequest,
     RoundApplied,
     RoundBegin,
@@ -211,6 +214,7 @@ def decide(host: SessionHost, sid: str, what: str) -> str:
     held migration, or one in a phase where that decision means nothing (a Commit before the
     destination acknowledged the final round)."""
     session = host.get(sid)
+    bind_session(session)
     d = _DECISIONS.get(sid)
     phase = Phase(session.migration.get("phase", Phase.PREFLIGHT.value))
     if d is None or d.wfd < 0 or session.state is not SessionState.MIGRATING:
@@ -233,6 +237,13 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _watch(
+    host: SessionHost, session: DaemonSession, before: SessionState, path: Path, wake: _Wake
+) -> None:
+    with about(session):  # this thread's lines (the migration's outcome) are about it
+        _follow(host, session, before, path, wake)
+
+
+def _follow(
     host: SessionHost, session: DaemonSession, before: SessionState, path: Path, wake: _Wake
 ) -> None:
     try:
@@ -334,6 +345,7 @@ def _use(raw: str) -> Use | None:
 
 def preflight(host: SessionHost, req: peer_pb2.PreflightRequest) -> peer_pb2.PreflightReply:
     device = max(req.device, 0)
+    host.table.settle_slot(req.session_id, req.slot)
     with host.table.lock:
         why = [w for _, w in host.table.slot_refusals(req.session_id, req.slot)]
     why += _device_refusals(
@@ -411,8 +423,15 @@ def transfer(
     requests: Iterator[peer_pb2.TransferChunk],
     incoming: Incoming,
     cancel: Callable[[], object] | None = None,
+    local: bool = True,
 ) -> Iterator[peer_pb2.TransferAck]:
     """Relay rounds to a worker for the incoming session; acknowledge each once applied.
+
+    A source that asks for a data plane (``data_streams`` on its first chunk) is answered, at
+    the start of each fresh round (a new worker), with an offer: the worker's data port and a
+    one-time token (:func:`_offer`); the round's memory then reaches the worker directly, and
+    its end names how many chunks to wait for. ``local``: the source called over a unix socket
+    (a daemon on this host), so the worker listens on loopback only, without TLS.
 
     A held migration (``hold`` on the first chunk) is acknowledged at its final round but only
     admitted at the ``commit`` chunk after it; meanwhile the session sits in the table as
@@ -428,6 +447,7 @@ def transfer(
     hold_timeout_s = 0.0
     in_round = False
     device = 0
+    streams = 0
     try:
         for chunk in requests:
             if chunk.commit:
@@ -441,6 +461,7 @@ def transfer(
                 continue
             if record is None:
                 hold, hold_timeout_s = chunk.hold, chunk.hold_timeout_s or HOLD_TIMEOUT_S
+                streams = chunk.data_streams
                 try:
                     ident = {"session": json.loads(chunk.identity_json)}
                     record, _ = SessionRecord.from_meta(ident, FORMAT_VERSION, "the record")
@@ -448,11 +469,13 @@ def transfer(
                     raise ProtocolError(
                         "INVALID_ARGUMENT", f"the migration's session record is malformed: {e}"
                     ) from None
+                bind_session(record)  # the rest of this transfer is about the arriving session
                 device = max(chunk.device, 0)
                 # what it uses was weighed at the pre-flight; the limits it was told again
                 why = _device_refusals(
                     host, 0, record.told, device, accept_lower=chunk.accept_lower_limits
                 )
+                host.table.settle_slot(record.id, record.slot)
                 with host.table.lock:
                     why = [w for _, w in host.table.slot_refusals(record.id, record.slot)] + why
                     over = host.table.tenant_refusal(record.tenant, record.id)
@@ -480,13 +503,17 @@ def transfer(
                 begin = RoundBegin(chunk.round, chunk.fresh, chunk.final)
                 session.worker.channel.send(*encode(begin))
                 in_round = True
+                if chunk.fresh and streams:
+                    yield _offer(host, session, chunk.round, local)
             assert session is not None
             if chunk.data:
                 session.worker.channel.send(Tag.MIGRATE_DATA, chunk.data)
+            if chunk.data_follows:  # the stream's part is whole: the worker reads to its end
+                session.worker.channel.send(Tag.MIGRATE_DATA, b"")
             if not chunk.end_of_round:
                 continue
             in_round = False
-            answer = request(session, RoundEnd())
+            answer = request(session, RoundEnd(chunk.data_chunks))
             if not isinstance(answer, RoundApplied):
                 why = reason(answer)
                 raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {why}")
@@ -524,6 +551,38 @@ def transfer(
             incoming.leave(record.id)
 
 
+def _offer(
+    host: SessionHost, session: DaemonSession, round_: int, local: bool
+) -> peer_pb2.TransferAck:
+    """Open the incoming worker's data plane and say where (:mod:`crane.migrate.dataplane`):
+    the token goes to the source over this authenticated stream only; TLS with this daemon's
+    own certificate whenever the source reached it over tcp. No data plane (the worker could
+    not listen, or TLS files are missing on a tcp transfer): an offer with the reason, and the
+    source sends memory in the stream as before."""
+    token = secrets.token_bytes(32)
+    tls = host.peer_tls
+    if not local and not tls.cert:
+        refusal = "this daemon has no certificate of its own for the data plane's TLS"
+        log.warning("incoming migration: no data plane: %s", refusal)
+        return peer_pb2.TransferAck(round=round_, offer=True, data_refusal=refusal)
+    use_tls = not local
+    msg = DataPlaneOpen(
+        bind="127.0.0.1" if local else "*",
+        token=token.hex(),
+        tls_cert=tls.cert if use_tls else "",
+        tls_key=tls.key if use_tls else "",
+        tls_ca=tls.ca if use_tls else "",
+    )
+    answer = request(session, msg)
+    if not isinstance(answer, DataPlaneReady) or not answer.port:
+        refusal = answer.error if isinstance(answer, DataPlaneReady) else reason(answer)
+        log.warning("incoming migration: no data plane: %s", refusal)
+        return peer_pb2.TransferAck(round=round_, offer=True, data_refusal=refusal)
+    return peer_pb2.TransferAck(
+        round=round_, offer=True, data_port=answer.port, data_token=token, data_tls=use_tls
+    )
+
+
 def _hold(
     host: SessionHost,
     session: DaemonSession,
@@ -541,9 +600,12 @@ def _hold(
         host.table.add(session)
 
     def expire() -> None:
-        log.warning("held session %s: no commit within %.0f s; dropping it", session.id, limit_s)
-        if cancel is not None:
-            cancel()
+        with about(session):
+            log.warning(
+                "held session %s: no commit within %.0f s; dropping it", session.id, limit_s
+            )
+            if cancel is not None:
+                cancel()
 
     timer = threading.Timer(limit_s + HOLD_MARGIN_S, expire)
     timer.daemon = True
@@ -555,6 +617,7 @@ def _hold(
 def abort_incoming(host: SessionHost, sid: str, token: bytes, incoming: Incoming) -> bool:
     """Forget a session that switched over here but whose source never heard the ack, or
     refuse the switchover of one still arriving."""
+    bind(session=sid)
     if incoming.abort(sid, token):
         log.info("incoming migration of %s aborted by its source", sid)
         return True

@@ -56,7 +56,8 @@ class PeerServicer:
 
     def Transfer(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         self.callers.peer(context, "migrating a session here")
-        yield from daemon_side.transfer(self.host, requests, self.incoming, context.cancel)
+        local = context.peer().startswith("unix:")
+        yield from daemon_side.transfer(self.host, requests, self.incoming, context.cancel, local)
 
     def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.callers.peer(context, "aborting a migration")

@@ -16,6 +16,13 @@ nothing lost. No wait on the destination is unbounded: the pre-flight has a dead
 transfer's waits (room in the outbox, an acknowledgement) a deadline on the destination's
 progress (:mod:`crane.migrate.deadline`), ``req.peer_timeout_s`` (``crane migrate --timeout``).
 
+Memory moves on the data plane (:mod:`crane.migrate.dataplane`: parallel sockets straight to
+the destination worker, opened with a token the destination hands over this stream) whenever
+the destination offers one; otherwise, or with ``$CRANE_MIGRATE_STREAMS`` = 0, inside the stream
+as checkpoint sections. A round then is its stream part (graph, replies: everything but memory,
+ended by the checkpoint's END section), its memory chunks on the sockets, and a last stream
+message counting them.
+
 Rounds: ``max_rounds`` counts them all, the stopped one included, so 1 is a true stop-and-copy
 (nothing moves while the guest runs; the stopped round carries the whole session). Otherwise
 round 0 copies everything while the guest runs, and rounds 1.. copy what changed until the dirty
@@ -25,10 +32,13 @@ rounds only resend it), or the rounds run out; then the guest stops for the fina
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
 import select
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +47,7 @@ from typing import Any
 import grpc
 
 from crane.host.messages import MigrateRequest
+from crane.migrate.dataplane import CHUNK, STREAMS, DataPlaneError, Sender, TlsPaths
 from crane.migrate.deadline import Stall
 from crane.migrate.phases import Phase, advance
 from crane.migrate.stream import READ_CHUNK, Outbox, StreamClosed, WireSink
@@ -66,6 +77,10 @@ __all__ = [
 
 log = logging.getLogger("crane.worker")
 
+#: A final round with at most this much memory sends it in the stream, not the data plane.
+FINAL_IN_STREAM = 8 << 20
+#: Environment: parallel data-plane sockets (0: memory travels in the Transfer stream).
+STREAMS_ENV = "CRANE_MIGRATE_STREAMS"
 #: Rounds in all (the stopped one included) when the request names none.
 DEFAULT_ROUNDS = 8
 #: Pre-copy stops once a round's dirty set is no more than this fraction of the previous one's
@@ -150,9 +165,26 @@ def preflight(
     return set(digests) - missing
 
 
-def _chunks(addr: int, size: int) -> Iterator[tuple[int, int]]:
-    for off in range(0, size, READ_CHUNK):
-        yield addr + off, min(READ_CHUNK, size - off)
+def _chunks(addr: int, size: int, step: int = READ_CHUNK) -> Iterator[tuple[int, int]]:
+    for off in range(0, size, step):
+        yield addr + off, min(step, size - off)
+
+
+def _streams() -> int:
+    try:
+        return max(int(os.environ.get(STREAMS_ENV, STREAMS)), 0)
+    except ValueError:
+        return STREAMS
+
+
+def data_host(to: str) -> str:
+    """Where the destination's data plane listens: the host of a tcp:// address, loopback for
+    a unix one (a daemon on this host)."""
+    if not to.startswith("tcp://"):
+        return "127.0.0.1"
+    hostport = to[len("tcp://") :]
+    host = hostport.rsplit(":", 1)[0] if ":" in hostport else hostport
+    return host.strip("[]")
 
 
 def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> None:
@@ -189,6 +221,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     outbox = Outbox(stall=stall)
     responses = None
     held = False
+    streams = _streams()
+    plane: Sender | None = None
     try:
         with ws.boundary(req.boundary_wait_s, "migration"):
             if ws.parked:
@@ -220,6 +254,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             "accept_lower_limits": req.accept_lower_limits,
             "hold": req.hold,
             "hold_timeout_s": req.hold_timeout_s,
+            "data_streams": streams,
         }
         sink = WireSink(outbox, first)
         transfer = channel.stream_stream(
@@ -229,7 +264,105 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         )
         responses = transfer(iter(outbox))
         responses.add_done_callback(lambda _call: outbox.closed.set())
-        stall.cancel = responses.cancel
+
+        def cancel() -> None:
+            responses.cancel()
+            if plane is not None:
+                plane.close()  # wakes senders blocked on a destination that reads nothing
+
+        stall.cancel = cancel
+
+        def take_offer(round_: int) -> None:
+            """A fresh round started a new worker there: connect to its data plane (or go on
+            without one, said in the log)."""
+            nonlocal plane
+            if not streams:
+                return
+            if plane is not None:
+                plane.close()
+                plane = None
+            stall.step = f"waiting for the data-plane offer of round {round_}"
+            offer = ack(round_)
+            if not offer.offer:
+                raise MigrationFailed(f"destination answered round {round_} without its offer")
+            if not offer.data_port:
+                log.warning(
+                    "no data plane to %s: %s; memory goes in the stream",
+                    req.to,
+                    offer.data_refusal or "not offered",
+                )
+                return
+            tls_paths = TlsPaths(req.tls_cert, req.tls_key, req.tls_ca) if offer.data_tls else None
+            host = data_host(req.to)
+            try:
+                plane = Sender(host, offer.data_port, offer.data_token, streams, tls_paths)
+            except (OSError, DataPlaneError, ssl.SSLError) as e:
+                log.warning(
+                    "data plane to %s:%d unusable (%s); memory goes in the stream",
+                    host,
+                    offer.data_port,
+                    e,
+                )
+                return
+            plane.on_sent = stall.touch
+            log.info(
+                "data plane to %s:%d: %d streams%s",
+                host,
+                offer.data_port,
+                streams,
+                ", TLS" if tls_paths else "",
+            )
+
+        def end_round(
+            w: CheckpointWriter, memory: Callable[[], None], via_plane: bool = True
+        ) -> None:
+            """Send a round's memory and end it: on the data plane after the stream's part
+            (the destination applies memory once the graph is), else in the stream."""
+            moved["round_raw"] = 0
+            if plane is None or not via_plane:
+                memory()
+                w.finish()
+                sink.end()
+                return
+            w.finish()
+            sink.push(data_follows=True)
+            raw0, wire0 = plane.stats.raw, plane.stats.wire
+            timing0 = dataclasses.replace(plane.stats.timing)
+            stall.step = f"sending round {sink.round}'s memory on the data plane"
+            t = time.monotonic()
+            try:
+                with stall.waiting():  # each chunk sent is progress (Sender.on_sent)
+                    memory()
+                    n = plane.flush()
+            except DataPlaneError:
+                # a connection failed: most likely the destination dropped it over a bad chunk.
+                # Close them all and end the round with a count it cannot meet, so its refusal
+                # (which names the cause) is what the failure reports.
+                plane.close()
+                sink.end(plane.round_chunks + 1)
+                ack(sink.round)
+                raise
+            moved["round_raw"] = plane.stats.raw - raw0
+            moved["wire"] += plane.stats.wire - wire0
+            sink.end(n)
+            spent = dataclasses.replace(plane.stats.timing)
+            for k in ("read", "encode", "send"):
+                setattr(spent, k, getattr(spent, k) - getattr(timing0, k))
+            log.info(
+                "data plane: %d chunks, %d bytes of memory as %d on the wire in %.1f ms; "
+                "threads: %s",
+                n,
+                moved["round_raw"],
+                plane.stats.wire - wire0,
+                (time.monotonic() - t) * 1e3,
+                spent.ms(),
+            )
+
+        moved = {"wire": 0, "round_raw": 0}  # what the data plane carried
+
+        def account(w: CheckpointWriter, seconds: float) -> None:
+            _account(st, sink.sent + moved["wire"], w.memory_bytes + moved["round_raw"], seconds)
+            moved["round_raw"] = 0
 
         def ack(round_: int) -> peer_pb2.TransferAck:
             stall.step = (
@@ -267,10 +400,37 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             w.json(Kind.OBJECTS, graph)
             w.section(Kind.REPLIES, pack_replies(replies))
 
+        def read_running(region: int, a: int, n: int, _round: int) -> bytes | None:
+            """A chunk's bytes while the guest runs: a copy taken under the batch lock (the
+            checksum must be of the bytes sent); None if freed under us (resent at the end)."""
+            with ws.boundary(req.boundary_wait_s, "migration"):
+                try:
+                    data = bytes(dev.read(a, n))
+                except Exception:  # freed under us: the final round settles it
+                    resend.add(region)
+                    return None
+                dev.dirty.contents(a, data)  # tables kernels wrote (crane.engine.dirty)
+            return data
+
+        def read_stopped(a: int, n: int, _round: int) -> bytes | memoryview:
+            """A chunk's bytes with the guest stopped: the backend's view where it stays valid
+            while other threads read (the simulator's mapping), else a copy."""
+            with read_lock:
+                data = dev.read(a, n)
+                return data if dev.stable_views else bytes(data)
+
+        read_lock = threading.Lock()
+
         def send_running(
-            w: CheckpointWriter, regions: list[tuple[int, int]], resend: set[int]
+            w: CheckpointWriter, regions: list[tuple[int, int]], resend: set[int], round_: int
         ) -> None:
             """Memory while the guest runs: each chunk copied under the batch lock."""
+            if plane is not None:
+                for addr, size in regions:
+                    read = functools.partial(read_running, addr)
+                    for a, n in _chunks(addr, size, CHUNK):
+                        plane.send(round_, a, n, 1, read)
+                return
             for addr, size in regions:
                 for a, n in _chunks(addr, size):
                     with ws.boundary(req.boundary_wait_s, "migration"):
@@ -306,12 +466,12 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             r0 = time.monotonic()
             w = CheckpointWriter(sink)  # type: ignore[arg-type]
             base(w, graph0, replies0)
-            send_running(w, regions, resend)
-            w.finish()
-            sink.end()
+            sink.push()
+            take_offer(0)
+            end_round(w, functools.partial(send_running, w, regions, resend, 0))
             ack(0)
             packed = _packed(w, packed)
-            _account(st, sink, w.memory_bytes, time.monotonic() - r0)
+            account(w, time.monotonic() - r0)
             progress(st)
             # rounds 1..: what changed since the last mark, while the guest runs
             round_ = 1
@@ -343,13 +503,12 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 r0 = time.monotonic()
                 w = CheckpointWriter(sink)  # type: ignore[arg-type]
                 w.json(Kind.META, {"format": "crane-checkpoint", "mode": "delta", "round": round_})
-                send_running(w, [(a, allocs_now[a]) for a in sendable], resend)
-                w.finish()
-                sink.end()
+                regions = [(a, allocs_now[a]) for a in sendable]
+                end_round(w, functools.partial(send_running, w, regions, resend, round_))
                 ack(round_)
                 packed = _packed(w, packed)
                 pending -= set(sendable)
-                _account(st, sink, w.memory_bytes, time.monotonic() - r0)
+                account(w, time.monotonic() - r0)
                 round_ += 1
         if req.gate:  # the caller picks the moment to stop (a VM's own switchover)
             _await(decisions, st, progress, req.hold_timeout_s, STOP, "Stop before the final round")
@@ -375,6 +534,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             if graph0 is not None:
                 log.info("object graph changed during pre-copy; final round carries everything")
             base(w, graph1, calls.last_replies)
+            sink.push()
+            take_offer(round_)  # a fresh round: a new worker there, a new data plane
             regions = dev.memory_regions()
         else:
             w.json(Kind.META, {"format": "crane-checkpoint", "mode": "final"})
@@ -386,16 +547,26 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             regions = [(a, sizes[a]) for a in sorted(final)]
             regions += [r for r in dev.memory_regions() if r[0] not in sizes]  # module variables
         st["dirty_bytes"] = sum(n for _, n in regions)
-        for addr, size in regions:
-            for a, n in _chunks(addr, size):
-                w.memory(a, dev.read(a, n))  # stopped: no snapshot
-        w.finish()
-        sink.end()
+        # a small final round goes in the stream: the data plane's hand-off (the stream's part
+        # applied, then the chunks, then the count) costs more than it saves on a few MiB
+        via_plane = plane is not None and (fresh or st["dirty_bytes"] > FINAL_IN_STREAM)
+
+        def send_stopped() -> None:
+            for addr, size in regions:
+                if via_plane:
+                    assert plane is not None
+                    for a, n in _chunks(addr, size, CHUNK):
+                        plane.send(round_, a, n, level, read_stopped)
+                    continue
+                for a, n in _chunks(addr, size):
+                    w.memory(a, dev.read(a, n))  # stopped: no snapshot
+
+        end_round(w, send_stopped, via_plane)
         sent = time.monotonic()
         a = ack(round_)
         acked = time.monotonic()
         switchover = acked - stop
-        _account(st, sink, w.memory_bytes, switchover)
+        account(w, switchover)
         if req.hold:  # two-phase: frozen here, ready there, until Commit or Abort
             enter(Phase.HELD)
             st.update(switchover=switchover, done_seq=a.done_seq)
@@ -437,6 +608,13 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     except TooLate as e:  # the guest's call in progress never returned: it carries on here
         _abort(req.to, tls, ident, responses, stall.limit_s)
         raise MigrationFailed(f"{e}; the session stays here as it was") from None
+    except DataPlaneError as e:  # a socket failed: the destination dropped it, or refused
+        _abort(req.to, tls, ident, responses, stall.limit_s)
+        if stall.reason:
+            raise MigrationFailed(stall.reason) from None
+        raise MigrationFailed(
+            f"data plane to {req.to} failed in round {st['round']}: {e}"
+        ) from None
     except StreamClosed:  # the call ended under us: say why it did
         _abort(req.to, tls, ident, responses, stall.limit_s)
         if stall.reason:
@@ -448,6 +626,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         log.exception("migration to %s failed", req.to)
         raise MigrationFailed(f"internal error: {e!r}") from None
     finally:
+        if plane is not None:
+            plane.close()
         stall.close()
         decisions.close()
         outbox.end()
@@ -540,12 +720,12 @@ def _packed(w: CheckpointWriter, last: float) -> float:
     return w.bytes_written / w.memory_bytes
 
 
-def _account(st: dict[str, Any], sink: WireSink, memory: int, seconds: float) -> None:
+def _account(st: dict[str, Any], sent: int, memory: int, seconds: float) -> None:
     before = st["bytes_sent"]
-    st["bytes_sent"] = sink.sent
+    st["bytes_sent"] = sent
     st["memory_bytes"] += memory
-    if seconds > 0 and sink.sent > before:
-        st["rate"] = (sink.sent - before) / seconds
+    if seconds > 0 and sent > before:
+        st["rate"] = (sent - before) / seconds
 
 
 def _why(responses: Any) -> str:

@@ -228,12 +228,25 @@ class WireSink:
     def flush(self) -> None:
         pass
 
-    def end(self) -> None:
-        self._push(True)
+    def end(self, data_chunks: int = 0) -> None:
+        """End the round (``data_chunks``: its memory chunks sent over the data plane)."""
+        self._push(True, data_chunks)
 
-    def _push(self, end: bool) -> None:
+    def push(self, data_follows: bool = False) -> None:
+        """Send what is queued now (the round goes on); ``data_follows``: this ends the
+        stream's part of a round whose memory follows on the data plane."""
+        if self.size or self.first or data_follows:
+            self._push(False, data_follows=data_follows)
+
+    def _push(self, end: bool, data_chunks: int = 0, data_follows: bool = False) -> None:
         head = peer_pb2.TransferChunk(
-            round=self.round, fresh=self.fresh, final=self.final, end_of_round=end, **self.first
+            round=self.round,
+            fresh=self.fresh,
+            final=self.final,
+            end_of_round=end,
+            data_chunks=data_chunks,
+            data_follows=data_follows,
+            **self.first,
         ).SerializeToString()
         msg = b"".join([head, _DATA_KEY, _varint(self.size), *self.pieces]) if self.size else head
         self.first = {}

@@ -7,6 +7,10 @@ delta round carries memory only. The final round carries the final object graph,
 from the applied one only in memory layout (allocations and chunks created or freed while the
 guest ran) and counters, so it is patched in place rather than replayed: that keeps the
 switchover proportional to what changed, not to the session's size.
+
+With a data plane (:mod:`crane.migrate.dataplane`) a round's memory arrives on its sockets
+instead of in the stream: its chunks are applied once the stream's part of the round (its
+object graph) is, and the round is answered only when all the chunks the source counted are.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from crane.engine.codec import CallLog
 from crane.engine.model import SessionDevice
+from crane.migrate.dataplane import DataPlaneError, Incoming, Receiver, TlsPaths, is_zero
 from crane.migrate.stream import FrameReader
 from crane.state.checkpoint import CheckpointError, CheckpointReader, Kind
 from crane.state.park import restore_checkpoint, unpack_replies
@@ -56,27 +61,74 @@ class RoundApplier:
         self.reader: FrameReader | None = None
         self._thread: threading.Thread | None = None
         self._result: dict[str, Any] = {}
+        self._round = 0
+        self.plane: Receiver | None = None
+        self._write_lock = threading.Lock()  # data-plane chunks arrive on several threads
+
+    def open_plane(self, token: bytes, bind: str, tls: TlsPaths | None) -> int:
+        """Listen for the source's data connections (a fresh worker: once); the port."""
+        if self.plane is None:
+            self.plane = Receiver(self._write, token, bind, tls, into=self._write_from)
+        return self.plane.port
+
+    def _write_from(self, addr: int, src: Incoming) -> None:
+        """A raw data-plane chunk from its socket straight into device memory (the backend
+        validates the range first; the simulator receives into its mapping, others stage it),
+        checksummed where it landed; the dirty tracker then learns it like any round's bytes."""
+        dev = self.dev
+        dev.backend.memcpy_htod_staged(addr, src, dev.default_stream)
+        assert src.filled is not None  # read_into raised otherwise
+        with self._write_lock:
+            dev.dirty.contents(addr, src.filled)
+
+    def _write(self, addr: int, data: bytes | memoryview | None, n: int) -> None:
+        """A data-plane chunk into device memory (None: zeros, written only where the range
+        is not zero already, so a fresh worker's untouched memory stays uncommitted)."""
+        if data is None:
+            with self._write_lock:  # a read: the cuda backend's views are its staging buffers
+                if is_zero(self.dev.read(addr, n)):
+                    return
+            data = bytes(n)
+        self.dev.write_shared(addr, data, self._write_lock)
+
+    def close(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None
 
     def begin(self, fresh: bool, round_: int) -> None:
         # a fresh round is replayed by the checkpoint restore, which keeps what it reads
         self.reader = FrameReader(None if fresh else _VIEW_MIN)
         self._result = {}
+        self._round = round_
         self._thread = threading.Thread(
             target=self._run, args=(fresh, round_), name="migrate-in", daemon=True
         )
         self._thread.start()
 
     def feed(self, data: bytes) -> None:
+        """Bytes of the round's stream; empty: its stream part ended (the data plane carries
+        the rest), so the reader sees the end of its input now, not at the round's end."""
         if self.reader is not None:
-            self.reader.q.put(data)
+            self.reader.q.put(data if data else None)
 
-    def end(self) -> dict[str, Any]:
-        """Wait for the round to be applied; its answer for the daemon (or an error)."""
+    def end(self, chunks: int = 0) -> dict[str, Any]:
+        """Wait for the round to be applied (and its ``chunks`` data-plane chunks); its answer
+        for the daemon (or an error)."""
         if self.reader is None or self._thread is None:
             return {"error": "no round in progress"}
         self.reader.q.put(None)
         self._thread.join()
         self.reader = None
+        if chunks and "error" not in self._result:
+            if self.plane is None:
+                return {"error": f"round {self._round}: {chunks} chunks but no data plane"}
+            try:
+                self.plane.wait(self._round, chunks)
+            except DataPlaneError as e:
+                return {"error": f"round {self._round}: {e}"}
+            self.dev.synchronize()
+            self.dev.dirty.mark()  # as after a round from the stream
         return self._result
 
     def _run(self, fresh: bool, round_: int) -> None:
@@ -87,6 +139,8 @@ class RoundApplier:
                 self.graph = save_graph(self.dev, self.log)
             else:
                 self._apply(name)
+            if self.plane is not None:
+                self.plane.open_round(round_)  # its memory may land now
             self._result = {"done_seq": self.log.done_seq}
         except CheckpointError as e:
             self._result = {"error": str(e)}

@@ -18,12 +18,15 @@ from typing import Any
 
 from crane.host.messages import (
     ControlAnswer,
+    DataPlaneOpen,
+    DataPlaneReady,
     MigrateRequest,
     Refused,
     RoundApplied,
     RoundBegin,
 )
 from crane.migrate import source
+from crane.migrate.dataplane import TlsPaths
 from crane.migrate.target import RoundApplier
 from crane.worker.attach import NotAllowed, WorkerSession, WorkerState
 
@@ -77,17 +80,29 @@ class MigrationFrames:
         self.applier.begin(req.fresh, req.round)
         return True
 
+    def open_plane(self, req: DataPlaneOpen) -> DataPlaneReady:
+        """Listen for the source's data-plane connections (crane.migrate.dataplane)."""
+        if self.ws.state is not WorkerState.INCOMING:
+            return DataPlaneReady(0, f"session {self.ws.session_id} is {self.ws.state.value}")
+        tls = TlsPaths(req.tls_cert, req.tls_key, req.tls_ca) if req.tls_cert else None
+        try:
+            port = self.applier.open_plane(bytes.fromhex(req.token), req.bind, tls)
+        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+            return DataPlaneReady(0, f"cannot listen on {req.bind}: {e}")
+        return DataPlaneReady(port)
+
     def feed(self, data: bytes) -> None:
         self.applier.feed(data)
 
-    def end(self) -> ControlAnswer:
+    def end(self, chunks: int = 0) -> ControlAnswer:
         """Wait for the round to be applied; the answer for the daemon."""
         if self.ws.state is not WorkerState.INCOMING:
             return Refused(f"session {self.ws.session_id} is {self.ws.state.value}: no round")
-        answer = self.applier.end()
+        answer = self.applier.end(chunks)
         if "error" in answer:
             return Refused(answer["error"])
         self.ws.publish_stats()
         if self.final:
+            self.applier.close()  # the data plane served its last round
             self.ws.move(WorkerState.WAITING)  # switched over: its guest attaches next
         return RoundApplied(int(answer["done_seq"]), self.final)

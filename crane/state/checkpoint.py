@@ -69,9 +69,11 @@ __all__ = [
     "Head",
     "Kind",
     "Section",
+    "pack_chunk",
     "prefetched",
     "read_head",
     "read_meta",
+    "unpack_chunk",
 ]
 
 MAGIC = b"CRANECKP"
@@ -218,11 +220,28 @@ def _seal(kind: int, parts: list[Buffer], flags: int = 0) -> _Sealed:
 
 
 def _compress(addr: int, data: Buffer, level: int) -> _Sealed:
-    packed = _compressor(level).compress(data)
+    packed = pack_chunk(data, level)
     n = len(data)
-    if len(packed) > n - n // MIN_SAVING:  # not worth decompressing at restore: store it
+    if packed is None:  # not worth decompressing at restore: store it
         return _seal(Kind.MEMORY, [_MEM.pack(addr, n, CODEC_RAW), data])
     return _seal(Kind.MEMORY, [_MEM.pack(addr, n, CODEC_ZSTD), packed])
+
+
+def pack_chunk(data: Buffer, level: int) -> bytes | None:
+    """``data`` compressed with zstd at ``level`` (this thread's context), or None when that
+    does not save 1/MIN_SAVING of it: the same rule as a checkpoint's MEMORY sections, for the
+    migration data plane (:mod:`crane.migrate.dataplane`)."""
+    packed = _compressor(level).compress(data)
+    n = len(data)
+    return None if len(packed) > n - n // MIN_SAVING else packed
+
+
+def unpack_chunk(packed: Buffer, raw_len: int) -> bytes:
+    """The inverse of :func:`pack_chunk`; :class:`CheckpointError` for a damaged payload."""
+    try:
+        return _decompressor().decompress(packed, max_output_size=raw_len)
+    except zstandard.ZstdError as e:
+        raise CheckpointError(f"zstd payload does not decompress: {e}") from None
 
 
 def worth_compressing(data: Buffer, level: int = 1) -> bool:

@@ -18,6 +18,8 @@ def peek_flags(raw: bytes | memoryview) -> int:
     """Flags of a serialized CallBatch (0 when absent or not encoded first)."""
     if len(raw) < 2 or raw[0] != 0x08:  # field 1, wire type varint
         return 0
+    if raw[1] < 0x80:  # a one-byte varint: every flag the guest sets today
+        return raw[1]
     value = shift = 0
     for i in range(1, min(len(raw), 6)):
         b = raw[i]

@@ -9,10 +9,15 @@ else is a bug, logged with its traceback and answered INTERNAL, so a client alwa
 status that says what happened and the server carries on. A ``grpc.RpcError`` raised by the
 call itself (a streaming client that went away, read from its request iterator) is gRPC's own
 business and passes through. Handlers never call ``context.abort`` themselves.
+
+Each call also runs in a :class:`contextvars.Context` of its own, every step of a streaming
+one included: gRPC reuses its threads, and what a handler binds there (the session its log
+lines are about, :mod:`crane.host.logs`) must end with the call, not leak into the next.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import logging
@@ -43,8 +48,7 @@ def boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
     name = fn.__name__
     if inspect.isgeneratorfunction(fn):
 
-        @functools.wraps(fn)
-        def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             try:
                 yield from fn(request, context)
             except grpc.RpcError:
@@ -52,16 +56,33 @@ def boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
             except Exception as e:
                 _refuse(name, context, e)
 
+        @functools.wraps(fn)
+        def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            own = contextvars.Context()
+            steps = guarded(request, context)
+            try:
+                while True:
+                    try:
+                        item = own.run(next, steps)
+                    except StopIteration:
+                        return
+                    yield item
+            finally:  # the stream ended early (closed, collected): its handler's finally runs
+                own.run(steps.close)
+
         return streaming
 
-    @functools.wraps(fn)
-    def single(request: Any, context: grpc.ServicerContext) -> Any:
+    def guarded_single(request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return fn(request, context)
         except grpc.RpcError:
             raise  # the call itself ended (the client went away): gRPC's own business
         except Exception as e:
             _refuse(name, context, e)
+
+    @functools.wraps(fn)
+    def single(request: Any, context: grpc.ServicerContext) -> Any:
+        return contextvars.Context().run(guarded_single, request, context)
 
     return single
 

@@ -18,6 +18,7 @@ daemon has the answer and releases it. Each operation names the states it is all
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from contextlib import contextmanager
 from enum import Enum
 
 from crane.engine.engine import Engine
-from crane.host.stats import MODE_DIRECT, SessionStats
+from crane.host.stats import MODE_RELAY, SessionStats, SnapshotFile
 
 __all__ = [
     "ALLOWED",
@@ -36,6 +37,11 @@ __all__ = [
     "WorkerSession",
     "WorkerState",
 ]
+
+log = logging.getLogger("crane.worker")
+
+#: How often the session's accounting snapshot is republished (seconds).
+PUBLISH_S = 1.0
 
 
 class WorkerState(Enum):
@@ -68,6 +74,9 @@ ALLOWED: dict[str, frozenset[WorkerState]] = {
 }
 
 
+_RUNS = ALLOWED["run calls"]
+
+
 class NotAllowed(Exception):
     """An operation refused in the session's current state (the message names both)."""
 
@@ -81,10 +90,19 @@ class SessionParked(NotAllowed):
 
 
 class WorkerSession:
-    def __init__(self, engine: Engine, session_id: str, stats: SessionStats) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        session_id: str,
+        stats: SessionStats,
+        snapshots: SnapshotFile | None = None,
+    ) -> None:
         self.engine = engine
         self.session_id = session_id
         self.stats = stats
+        #: Where the accounting is published (None, or an engine without a meter: not).
+        self.snapshots = snapshots if engine.meter is not None else None
+        self._published = 0.0
         self.lock = threading.Lock()  # one batch at a time, whichever path it came from
         self.state = WorkerState.WAITING
         self.attached = threading.Event()  # a call stream attached (the abandon timer's cue)
@@ -146,7 +164,7 @@ class WorkerSession:
         with self.lock:
             if self.state not in ALLOWED["attach"]:
                 return False
-            self.move(S.DIRECT if mode == MODE_DIRECT else S.RELAY)
+            self.move(S.RELAY if mode == MODE_RELAY else S.DIRECT)  # direct: gRPC or ring
             self.stats.set_attached(mode, peer)
             self.attached.set()
             return True
@@ -154,13 +172,16 @@ class WorkerSession:
     def run(self, raw: bytes) -> list[bytes]:
         """Execute one batch of the attached stream (:class:`SessionParked` once parked)."""
         with self.lock:
-            self.require("run calls")
+            if self.state not in _RUNS:  # (the table's answer, looked up once)
+                self.require("run calls")
             self.busy_since = time.monotonic()
             try:
                 msgs = self.engine.run_batch(raw)
             finally:
                 self.busy_since = 0.0
             self.publish_stats()
+            if self.snapshots is not None and time.monotonic() - self._published >= PUBLISH_S:
+                self.publish_metrics()
             if self.engine.device.closed:
                 self.move(S.ENDED)
             return msgs
@@ -171,6 +192,34 @@ class WorkerSession:
         while the device holds its memory."""
         log = self.engine.log
         self.stats.write(log.calls, self.engine.device.mem_used(), log.done_seq)
+
+    def publish_metrics(self) -> None:
+        """Publish the accounting snapshot (the caller holds the batch lock: the meter is the
+        batch thread's). A write that fails is logged and retried at the next occasion."""
+        meter, snapshots = self.engine.meter, self.snapshots
+        if meter is None or snapshots is None:
+            return
+        self._published = time.monotonic()
+        try:
+            self.engine.settle_work()
+            snapshots.write(meter.snapshot())
+        except OSError as e:
+            log.warning("cannot publish the session's accounting to %s: %s", snapshots.path, e)
+
+    def publish_while_idle(self, stop: threading.Event) -> None:
+        """Republish every :data:`PUBLISH_S` while no batch runs (a thread's loop, until
+        ``stop``): the profile's window moves on when the guest is idle, and the last batch's
+        counts must not wait for a next batch. A batch running publishes at its end."""
+        while not stop.wait(PUBLISH_S):
+            if self.snapshots is None:
+                return
+            if time.monotonic() - self._published < PUBLISH_S / 2:
+                continue
+            if self.lock.acquire(blocking=False):
+                try:
+                    self.publish_metrics()
+                finally:
+                    self.lock.release()
 
     def end(self) -> None:
         """The session is over here (the guest closed it, or nobody attached in time)."""

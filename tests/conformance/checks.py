@@ -264,6 +264,39 @@ def check_launch(r: Rig, fatbin: Path) -> None:
     b.module_unload(mod)
 
 
+def check_work_timing(r: Rig, fatbin: Path) -> None:
+    """The GPU time the session's accounting needs: a backend whose work is asynchronous
+    (cuda) times each launch and copy itself (CUDA events) and reports it once completed, each
+    exactly once; a backend whose work is done inside the call (sim) reports nothing, the
+    worker timing its calls (crane.engine.meter)."""
+    b = r.b
+    got: list[tuple[str, str, int]] = []
+    b.report_work(lambda kind, name, ns, at: got.append((kind, name, ns)))
+    mod = r.module(fatbin)
+    stream = b.stream_create(0, 0)
+    n = 1000
+    x, y = r.alloc(4 * n), r.alloc(4 * n)
+    b.memcpy_htod(x, np.arange(n, dtype=np.float32).tobytes(), stream)
+    b.memcpy_htod(y, np.ones(n, dtype=np.float32).tobytes(), stream)
+    params = struct.pack("<f4xQQi4x", 3.0, x, y, n)
+    for _ in range(3):
+        b.launch(mod, "axpy", (4, 1, 1), (256, 1, 1), 0, stream, params)
+    b.memcpy_dtod(x, y, 4 * n, stream)
+    b.memset(y, 0, 4, n, stream)
+    b.memcpy_dtoh(x, 4 * n, stream)
+    b.synchronize()
+    b.settle_work()
+    b.settle_work()  # nothing is reported twice
+    if not b.async_work:
+        assert got == [], got
+        return
+    kinds = [k for k, _, _ in got]
+    assert sorted(kinds) == ["d2d", "d2h", "h2d", "h2d", "launch", "launch", "launch", "memset"]
+    assert {name for k, name, _ in got if k == "launch"} == {"axpy"}
+    assert all(ns >= 0 for _, _, ns in got) and sum(ns for k, _, ns in got if k == "launch") > 0
+    b.module_unload(mod)
+
+
 def check_code_versions(r: Rig, fatbin: Path) -> None:
     """cuFuncGetAttribute's PTX_VERSION / BINARY_VERSION of the code the device runs: the
     fatbin holds sm_90 SASS and compute_90 PTX, so a 9.0 device runs the SASS (90, 90) and a

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.checks import CHECKS, KINDS, ONLY, SOURCE
+from tests.conformance.conftest import real_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,19 +31,34 @@ def fatbin(cuda_build) -> Path:  # type: ignore[no-untyped-def]
     )
 
 
+#: The transports between the interposer and its worker that the cuda kind runs over without a
+#: GPU: the shared-memory call ring and the worker's gRPC socket; the same checks on both.
+TRANSPORTS = {"sim": ("",), "cuda": ("ring", "grpc")}
+
 CASES = [
-    pytest.param(kind, check, id=f"{kind}-{check}", marks=pytest.mark.conformance)
+    pytest.param(
+        kind,
+        transport,
+        check,
+        id="-".join(filter(None, (kind, transport, check))),
+        marks=pytest.mark.conformance,
+    )
     for kind in KINDS
+    for transport in TRANSPORTS[kind]
     for check in sorted(CHECKS)
     if kind in ONLY.get(check, KINDS)
 ]
 
 
-@pytest.mark.parametrize(("kind", "check"), CASES)
+@pytest.mark.parametrize(("kind", "transport", "check"), CASES)
 def test_backend_conforms(
-    kind: str, check: str, fatbin: Path, request: pytest.FixtureRequest
+    kind: str, transport: str, check: str, fatbin: Path, request: pytest.FixtureRequest
 ) -> None:
-    env = request.getfixturevalue("driver_env" if kind == "cuda" else "sim_env")
+    env = dict(request.getfixturevalue("driver_env" if kind == "cuda" else "sim_env"))
+    if transport:
+        if real_gpu() and transport != "ring":
+            pytest.skip("the NVIDIA driver: no Crane transport to vary")
+        env["CRANE_RING"] = "require" if transport == "ring" else "0"
     p = subprocess.run(
         [sys.executable, "-m", "tests.conformance.checks", kind, check, str(fatbin)],
         env=env,

@@ -159,7 +159,9 @@ def images(cuda_build) -> dict[str, bytes]:  # type: ignore[no-untyped-def]
     }
 
 
-@pytest.fixture(scope="package")
+# module scope: tests/fuzz is no package (no __init__.py), where "package" scope lasts the whole
+# test session, and the bystander's busy loop took a core from every test after the fuzzers
+@pytest.fixture(scope="module")
 def fuzz_env(
     tmp_path_factory: pytest.TempPathFactory, images: dict[str, bytes]
 ) -> Iterator[FuzzEnv]:

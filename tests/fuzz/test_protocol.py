@@ -46,7 +46,10 @@ class RawCall:
 
 
 _seq = st.sampled_from([-1, -2, -3, 0, 1]) | st.integers(-64, 1 << 20)
-_op = st.sampled_from([0, 33, 255, 1 << 31, (1 << 32) - 1] + [o.id for o in OPS if o is not _CLOSE])
+_unknown = max(o.id for o in OPS) + 1  # the first id the table has not issued
+_op = st.sampled_from(
+    [0, _unknown, 255, 1 << 31, (1 << 32) - 1] + [o.id for o in OPS if o is not _CLOSE]
+)
 _weird = st.tuples(
     st.lists(
         st.builds(RawCall, _seq, _op, st.binary(max_size=64), st.binary(max_size=64)), max_size=8

@@ -45,13 +45,14 @@ def probe(address: str, sid: str, token: bytes, direct: str = "") -> dict[str, l
     its ``$CRANE_TLS_*`` certificate on TCP): ``[code, details]`` each; ``direct``: the path of
     the session worker's socket, to try connecting there too."""
     out: dict[str, list[str]] = {}
-    if direct:
+    # the worker's gRPC socket, and its call ring's handshake socket beside it
+    for key, path in (("direct", direct), ("ring", direct + ".ring")) if direct else ():
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.connect(direct)
-            out["direct"] = ["OK", direct]
+                s.connect(path)
+            out[key] = ["OK", path]
         except OSError as e:
-            out["direct"] = [type(e).__name__, str(e)]
+            out[key] = [type(e).__name__, str(e)]
     with ControlClient(address) as c:
         out["devices"] = _outcome(lambda: len(c.devices().devices))
         out["ps"] = _outcome(lambda: [(s.id, s.tenant) for s in c.sessions().sessions])

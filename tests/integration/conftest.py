@@ -74,14 +74,27 @@ def daemons(
         b.stop()
 
 
-@pytest.fixture(params=["direct", "relay"])
-def session(daemon: DaemonProcess, request: pytest.FixtureRequest) -> Iterator[GuestSession]:
-    s = GuestSession(daemon.address, client="pytest", direct=request.param == "direct")
+@pytest.fixture(params=["ring", "direct", "relay"])
+def session(
+    daemon: DaemonProcess, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[GuestSession]:
+    """A session on each path a guest may take: the worker's call ring, its gRPC socket
+    (``direct``) and the daemon's relay; every test using it runs on all three."""
+    monkeypatch.setenv("CRANE_RING", "require" if request.param == "ring" else "0")
+    s = GuestSession(daemon.address, client="pytest", direct=request.param != "relay")
     assert s._t.path == request.param
     try:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def in_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daemons started after this fixture migrate memory inside the Transfer stream, not on the
+    data plane (``CRANE_MIGRATE_STREAMS=0``, inherited by their workers): for tests that cut or
+    stall that stream by its byte count (a proxy between the daemons sees only the stream)."""
+    monkeypatch.setenv("CRANE_MIGRATE_STREAMS", "0")
 
 
 @pytest.fixture
@@ -109,3 +122,15 @@ def shared_dir() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+#: The transports a guest on the daemon's host may use, and what CRANE_RING says for each.
+TRANSPORTS = {"ring": "require", "direct": "0"}
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test that takes it runs once per same-host transport: the shared-memory call ring
+    (a refusal is an error) and the worker's gRPC socket."""
+    monkeypatch.setenv("CRANE_RING", TRANSPORTS[request.param])
+    return request.param

@@ -6,6 +6,7 @@ compiler or interpreter may hoist it), like a kernel waiting on a producer that 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -33,11 +34,13 @@ LOOP:
 """
 
 
-def start_stuck_guest(daemon: DaemonProcess, direct: bool) -> tuple[subprocess.Popen, str, int]:
-    """A guest process inside a kernel that never returns: the process, its session id and
-    its worker's pid (from the daemon's log)."""
+def start_stuck_guest(daemon: DaemonProcess, path: str) -> tuple[subprocess.Popen, str, int]:
+    """A guest process inside a kernel that never returns, its calls on ``path`` ("ring",
+    "direct": the worker's gRPC socket, "relay"): the process, its session id and its
+    worker's pid (from the daemon's log)."""
     image = SPIN_PTX.encode() + b"\0"
-    path = "direct" if direct else "relay"
+    direct = path != "relay"
+    env = dict(os.environ, CRANE_RING="require" if path == "ring" else "0")
     script = textwrap.dedent(f"""
         import sys
         from crane.guest.session import GuestSession
@@ -53,7 +56,11 @@ def start_stuck_guest(daemon: DaemonProcess, direct: bool) -> tuple[subprocess.P
         s.synchronize()  # never returns
     """)
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
     )
     assert proc.stdout is not None
     sid = proc.stdout.readline().strip()

@@ -95,10 +95,11 @@ def test_unix_sessions_belong_to_their_users_uid(shared_dir: Path) -> None:
         os.chmod(d.run_dir, 0o755)
         a = Opened(UID_A, d.address)
         try:
-            assert a.path == "direct" and a.ok
+            assert a.path == "ring" and a.ok  # the worker's sockets are A's: A reaches them
             direct = str(d.run_dir / "sessions" / f"{a.id}.sock")
             got = probe(UID_B, d.address, a.id, a.token, direct)
             assert got["direct"][0] == "PermissionError", got["direct"]
+            assert got["ring"][0] == "PermissionError", got["ring"]
             assert got["devices"] == ["OK", "1"]
             assert got["ps"] == ["OK", "[]"]  # A's session is not B's to see
             assert got["resume"][0] == "PERMISSION_DENIED"

@@ -65,6 +65,9 @@ class Guest:
         self.go = threading.Event()
         if pause_at is None:
             self.go.set()
+        # the last step waits for finish(): a fast machine (the call ring) otherwise ran all
+        # the steps before a migration under test was over, and "moved mid-run" failed
+        self.last = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -73,6 +76,8 @@ class Guest:
             while self.steps < STEPS:
                 if self.steps == self.pause_at:
                     self.go.wait()
+                if self.steps == STEPS - 1:
+                    self.last.wait()
                 if self.each_step is not None:
                     self.each_step()
                 self.w.run(1)
@@ -87,6 +92,8 @@ class Guest:
         assert self.error is None, self.error
 
     def finish(self) -> tuple[bytes, bytes, int]:
+        self.go.set()
+        self.last.set()
         self.thread.join(120)
         assert self.error is None, self.error
         return self.w.result()
@@ -376,6 +383,7 @@ def _wait_log(d: DaemonProcess, text: str, timeout: float = 15) -> None:
 
 
 def test_connection_cut_during_precopy_finishes_on_source(
+    in_stream: None,
     daemons: tuple[DaemonProcess, DaemonProcess],
     image: bytes,
     capsys: pytest.CaptureFixture[str],
@@ -415,7 +423,7 @@ def test_connection_cut_during_precopy_finishes_on_source(
 
 
 def test_connection_cut_during_the_final_round_finishes_on_source(
-    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes
+    in_stream: None, daemons: tuple[DaemonProcess, DaemonProcess], image: bytes
 ) -> None:
     """The cut lands inside the stop-and-copy round, by byte count: one pre-copy round carries
     the random 32 MiB, and the final round carries it again (the program writes to it every

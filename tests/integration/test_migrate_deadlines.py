@@ -56,6 +56,7 @@ def _only_the_spare_worker(d: DaemonProcess, timeout: float = 20) -> None:
 
 @pytest.mark.parametrize("mode", ["precopy", "no-precopy"])
 def test_stopped_destination_fails_the_migration_and_the_guest_carries_on(
+    in_stream: None,
     daemons: tuple[DaemonProcess, DaemonProcess],
     image: bytes,
     mode: str,
@@ -117,7 +118,7 @@ def test_stopped_destination_fails_the_migration_and_the_guest_carries_on(
 
 
 def test_source_killed_mid_transfer_leaves_nothing_on_the_destination(
-    daemons: tuple[DaemonProcess, DaemonProcess], image: bytes
+    in_stream: None, daemons: tuple[DaemonProcess, DaemonProcess], image: bytes
 ) -> None:
     """The source's worker dies in the middle of a round (the source vanishes): the
     destination drops the half-built session and its worker."""

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 
@@ -18,15 +17,7 @@ from crane.cli.control_client import ControlClient
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.wire.channel import open_channel
-
-
-def wait_for(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
+from tests.integration.polling import wait_for
 
 
 def test_two_sessions_are_isolated(daemon: DaemonProcess) -> None:
@@ -124,7 +115,7 @@ def test_ps_reports_calls_and_memory(daemon: DaemonProcess) -> None:
         assert info.client == "counter" and info.peer
 
 
-def test_direct_and_relay_paths_are_exclusive(daemon: DaemonProcess) -> None:
+def test_direct_and_relay_paths_are_exclusive(daemon: DaemonProcess, transport: str) -> None:
     import grpc
 
     from crane.v1 import guest_pb2
@@ -132,7 +123,7 @@ def test_direct_and_relay_paths_are_exclusive(daemon: DaemonProcess) -> None:
     with GuestSession(daemon.address, direct=True) as s, ControlClient(daemon.address) as ctl:
         s.synchronize()
         [info] = ctl.sessions().sessions
-        assert info.state == "running" and info.peer.startswith("direct")
+        assert info.state == "running" and info.peer.startswith(transport)
         # a second stream through the daemon for the same session is refused
         ch = open_channel(daemon.address)
         calls = ch.stream_stream(

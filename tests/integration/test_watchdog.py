@@ -42,7 +42,7 @@ def test_sigkilled_daemon_takes_its_workers_with_it(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path / "run")
     guest = None
     try:
-        guest, _, worker = start_stuck_guest(d, direct=True)
+        guest, _, worker = start_stuck_guest(d, "ring")
         time.sleep(0.5)  # inside the kernel now
         pids = _worker_pids(d.run_dir)
         assert worker in pids and len(pids) >= 2  # the busy worker and an idle one
@@ -91,9 +91,9 @@ def test_restarted_daemon_kills_the_workers_a_previous_run_left(tmp_path: Path) 
         a.close()
 
 
-@pytest.mark.parametrize("path", ["direct", "relay"])
+@pytest.mark.parametrize("path", ["ring", "direct", "relay"])
 def test_killed_guest_inside_a_kernel_loses_its_worker(daemon: DaemonProcess, path: str) -> None:
-    guest, sid, worker = start_stuck_guest(daemon, direct=path == "direct")
+    guest, sid, worker = start_stuck_guest(daemon, path)
     try:
         time.sleep(0.5)  # inside the kernel now
         with ControlClient(daemon.address) as ctl:
@@ -138,11 +138,11 @@ def _still_running_until_its_guest_dies(
     _gone_within([worker], 8.0)
 
 
-@pytest.mark.parametrize("path", ["direct", "relay"])
+@pytest.mark.parametrize("path", ["ring", "direct", "relay"])
 def test_checkpoint_of_a_stuck_session_fails_within_its_deadline(
     daemon: DaemonProcess, path: str, tmp_path: Path
 ) -> None:
-    guest, sid, worker = start_stuck_guest(daemon, direct=path == "direct")
+    guest, sid, worker = start_stuck_guest(daemon, path)
     out = tmp_path / "stuck.ckpt"
     try:
         time.sleep(0.5)  # inside the kernel now
@@ -161,12 +161,12 @@ def test_checkpoint_of_a_stuck_session_fails_within_its_deadline(
             guest.wait()
 
 
-@pytest.mark.parametrize("path", ["direct", "relay"])
+@pytest.mark.parametrize("path", ["ring", "direct", "relay"])
 def test_migration_of_a_stuck_session_fails_within_its_deadline(
     daemons: tuple[DaemonProcess, DaemonProcess], path: str
 ) -> None:
     a, b = daemons
-    guest, sid, worker = start_stuck_guest(a, direct=path == "direct")
+    guest, sid, worker = start_stuck_guest(a, path)
     try:
         time.sleep(0.5)  # inside the kernel now
         cli, took = _crane(a, "migrate", "--session", sid, "--to", b.address, "--timeout", "3")

@@ -76,12 +76,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "crane/interposer/_build/generated/entries.c",
     ):
         assert must in names, f"the wheel lacks {must}"
+    # the call ring's C core, compiled for this interpreter (guests on the host use it)
+    assert any(n.startswith("crane/wire/_ringcore.") and n.endswith(".so") for n in names), names
     # a compiled, Python-version-specific library inside: not a py3-none-any wheel
     assert f"-cp{sys.version_info[0]}{sys.version_info[1]}-" in wheels[0].name, wheels[0].name
     with tarfile.open(sdists[0]) as tar:
         members = tar.getnames()
     assert any(m.endswith("/proto/crane/v1/guest.proto") for m in members)
     assert any(m.endswith("/interposer/src/pygate.c") for m in members)
+    assert any(m.endswith("/crane/wire/ringcore.c") for m in members)
     assert not any(m.endswith(".so.1") for m in members), "a built library in the sdist"
 
     _run([sys.executable, "-m", "venv", venv], base, env)
@@ -120,6 +123,8 @@ def test_wheel_runs_a_cuda_program(
             [installed / "crane", "run", "--daemon", daemon.address, "--", exe], tmp_path, env
         )
         assert out.strip() == "sync=cudaSuccess sum=1498500.0 c[999]=2997.0"
+        # the installed guest reached its worker through the call ring the wheel carries
+        assert "guest attached through the call ring" in daemon.log_text()
     finally:
         daemon.stop()
     assert "Traceback" not in daemon.log_text()

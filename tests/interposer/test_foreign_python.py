@@ -121,9 +121,13 @@ def prepared(guest_cache: Path) -> Callable[[Path], tuple[Path, float]]:
 
 
 def _run(
-    daemon: DaemonProcess, cache: Path, *argv: str | Path, timeout: float = 180
+    daemon: DaemonProcess,
+    cache: Path,
+    *argv: str | Path,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CRANE_GUEST_CACHE=str(cache))
+    env = dict(os.environ, CRANE_GUEST_CACHE=str(cache), **(env or {}))
     env.pop("CRANE_TRACE", None)
     cmd = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", daemon.address, "--"]
     try:
@@ -165,13 +169,15 @@ def test_driver_calls_from_a_bare_venv_on_another_python(
     """A venv with nothing installed (no cffi, grpcio, protobuf, numpy) on Python 3.12 / 3.13:
     crane run prepares a runtime for it and the driver calls reach the daemon. The runtime's
     third-party modules the process loads are exactly Crane's guest dependencies (and what
-    they import themselves): the set stays minimal and the list in guest_env stays true."""
+    they import themselves): the set stays minimal and the list in guest_env stays true. Its
+    calls go through the call ring (required here: the ring's C core is built for the stable
+    ABI, so another interpreter loads it too)."""
     python = bare_venv(version)
     lib, seconds = prepared(python)
     assert seconds < 45, f"preparing the runtime took {seconds:.1f} s"
     app = guest_cache / "app.py"
     app.write_text(APP)
-    out = _check_works(_run(idaemon, guest_cache, python, app), lib)
+    out = _check_works(_run(idaemon, guest_cache, python, app, env={"CRANE_RING": "require"}), lib)
     names = {n.split(".")[0] for ms in GUEST_DISTRIBUTIONS.values() for n in ms}
     site = str(_site(lib))
     mods = {m for m, f in out["files"].items() if f.startswith(site)} - {"crane"}

@@ -18,6 +18,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Every launch of the PTX tests runs both ways, compiled and interpreted, from the same memory
+# and must give the same bytes (crane/backends/sim/ptx/jit/diff.py): the differential test of
+# the PTX compiler over the whole PTX test suite. CRANE_PTX_JIT=0 in the environment tests the
+# interpreter alone.
+os.environ.setdefault("CRANE_PTX_JIT", "diff")
+
 from ptxdev import Device
 
 KERNELS = Path(__file__).parent / "kernels"
@@ -102,3 +108,20 @@ def rng(request: pytest.FixtureRequest):
     request.node.user_properties.append(("seed", seed))
     print(f"random seed {seed}")
     return np.random.default_rng(seed)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How many kernels the PTX compiler took, and why it refused the others."""
+    from crane.backends.sim.ptx import jit
+
+    st = jit.stats()
+    if not st["compiled"] and not st["refused"]:
+        return
+    tr = terminalreporter
+    tr.section("PTX compiler")
+    tr.write_line(
+        f"{len(st['compiled'])} kernels compiled (checked against the interpreter), "
+        f"{len(st['refused'])} run interpreted"
+    )
+    for name, why in sorted(st["refused"]):
+        tr.write_line(f"  interpreted: {name}: {why}")

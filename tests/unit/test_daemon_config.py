@@ -91,6 +91,16 @@ def test_tcp_listeners_need_mutual_tls_or_insecure_tcp(tmp_path: Path) -> None:
     assert cfg.peers == ["craned-b"] and cfg.insecure_tcp
 
 
+def test_worker_tcp_ports_from_file_and_flag(tmp_path: Path) -> None:
+    f = tmp_path / "craned.toml"
+    f.write_text(f'worker_tcp_ports = [7481, 7490]\nrun_dir = "{tmp_path}"\n')
+    assert load_config(f, {}).worker_tcp_ports == [7481, 7490]
+    args = parse_args(["--worker-tcp-ports", "9000-9009", "--run-dir", str(tmp_path)])
+    assert args.worker_tcp_ports == "9000-9009"
+    with pytest.raises(ValueError, match="worker_tcp_ports must be 'FIRST-LAST'"):
+        load_config(None, {"worker_tcp_ports": "9000", "run_dir": str(tmp_path)})
+
+
 def test_module_cache_bound_from_file_and_flag(tmp_path: Path) -> None:
     assert load_config(None, {}).module_cache_bytes == 1 << 30
     f = tmp_path / "craned.toml"
@@ -117,6 +127,9 @@ def test_domains_and_vsock_from_file_and_flags(tmp_path: Path) -> None:
         "vm2": "domain:vm2",
     }
     assert (cfg.vsock_port, cfg.vsock_libvirt_uri) == (7000, "qemu:///system")
+    # no --domain flags (what craned passes then): the file's domains stay
+    cfg = load_config(cfg_file, {"domains": domain_flags(parse_args([]).domain)})
+    assert sorted(cfg.domains) == ["vm1", "vm2"]
     flags = parse_args(["--domain", "web=bob", "--domain", "db", "--vsock-port", "9"])
     cfg = load_config(cfg_file, {"domains": domain_flags(flags.domain), "vsock_port": 9})
     assert {n: d.effective_tenant for n, d in cfg.domains.items()} == {
@@ -134,3 +147,17 @@ def test_domains_and_vsock_from_file_and_flags(tmp_path: Path) -> None:
             load_config(cfg_file, {})
     with pytest.raises(ValueError, match="not accepted"):
         domain_flags(["a/b"])
+
+
+def test_log_format_from_the_file_or_the_flag(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('log_format = "json"\n')
+    assert load_config(f, {}).log_format == "json"
+    assert load_config(f, {"log_format": "text"}).log_format == "text"
+    assert DaemonConfig().log_format == "text"
+    f.write_text('log_format = "yaml"\n')
+    with pytest.raises(ValueError, match="log_format"):
+        load_config(f, {})
+    with pytest.raises(SystemExit):
+        parse_args(["--log-format", "yaml"])
+    assert parse_args(["--log-format", "json"]).log_format == "json"

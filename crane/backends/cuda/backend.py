@@ -31,7 +31,8 @@ import logging
 import os
 import select
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from crane.api.results import CudaError
 from crane.backends.base import Backend, GlobalVar, LoadedModule
 from crane.backends.cuda.driver import unwrap
 from crane.backends.cuda.staging import StagingRing
+from crane.backends.cuda.timing import WorkTimer
 from crane.backends.cuda.va_window import VaWindow
 from crane.device.identity import DeviceSnapshot
 from crane.device.ledger import Ledger
@@ -70,6 +72,8 @@ class CudaModule:
 class CudaBackend(Backend):
     """One session's view of one physical GPU (one primary context per worker process)."""
 
+    async_work = True
+
     def __init__(
         self,
         drv: Any,
@@ -98,6 +102,32 @@ class CudaBackend(Backend):
         self._staging_lock = threading.Lock()
         self.aliases: dict[int, tuple[int, int]] = {}  # told address -> (size, real address)
         self._stdout = _StdoutPipe()
+        #: Times launches and copies once the session's accounting asks (report_work).
+        self.timer: WorkTimer | None = None
+
+    # ---- accounting: launches' and copies' GPU time from events (crane.backends.cuda.timing) -
+    def report_work(self, sink: Callable[[str, str, int, int], None]) -> None:
+        self.timer = WorkTimer(self.drv, sink)
+
+    def settle_work(self) -> None:
+        if self.timer is not None:
+            self._bind()
+            self.timer.settle()
+
+    @contextmanager
+    def _timing(self, kind: str, name: str, stream: Any) -> Iterator[None]:
+        """What is enqueued in ``stream`` inside, bracketed by timing events (accounting on)."""
+        timer = self.timer
+        if timer is None:
+            yield
+            return
+        start = timer.begin(stream)
+        try:
+            yield
+        except BaseException:
+            timer.cancel(start)
+            raise
+        timer.end(kind, name, start, stream)
 
     # ---- the context is current per thread: gRPC calls the worker on several threads --------
     def _bind(self) -> None:
@@ -142,30 +172,32 @@ class CudaBackend(Backend):
 
     def memcpy_htod(self, dst: int, data: bytes, stream: Any) -> None:
         self._bind()
-        with self._staging_lock:
+        with self._staging_lock, self._timing("h2d", "", stream):
             self.staging.upload(self._addr(dst, len(data)), data, stream)
 
     def memcpy_dtoh(self, src: int, size: int, stream: Any) -> bytes | bytearray:
         self._bind()
-        with self._staging_lock:
+        with self._staging_lock, self._timing("d2h", "", stream):
             return self.staging.download(self._addr(src, size), size, stream)
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: Any) -> None:
         self._bind()
-        unwrap(
-            "cuMemcpyDtoDAsync",
-            self.drv.cuMemcpyDtoDAsync(self._addr(dst, size), self._addr(src, size), size, stream),
-        )
+        to, frm = self._addr(dst, size), self._addr(src, size)
+        with self._timing("d2d", "", stream):
+            unwrap("cuMemcpyDtoDAsync", self.drv.cuMemcpyDtoDAsync(to, frm, size, stream))
 
     def memset(self, dst: int, value: int, elem_size: int, count: int, stream: Any) -> None:
         self._bind()
         d, addr = self.drv, self._addr(dst, elem_size * count)
-        if elem_size == 1:
-            unwrap("cuMemsetD8Async", d.cuMemsetD8Async(addr, value & 0xFF, count, stream))
-        elif elem_size == 2:
-            unwrap("cuMemsetD16Async", d.cuMemsetD16Async(addr, value & 0xFFFF, count, stream))
-        else:
-            unwrap("cuMemsetD32Async", d.cuMemsetD32Async(addr, value & 0xFFFFFFFF, count, stream))
+        with self._timing("memset", "", stream):
+            if elem_size == 1:
+                unwrap("cuMemsetD8Async", d.cuMemsetD8Async(addr, value & 0xFF, count, stream))
+            elif elem_size == 2:
+                unwrap("cuMemsetD16Async", d.cuMemsetD16Async(addr, value & 0xFFFF, count, stream))
+            else:
+                unwrap(
+                    "cuMemsetD32Async", d.cuMemsetD32Async(addr, value & 0xFFFFFFFF, count, stream)
+                )
 
     # ---- streams and events -----------------------------------------------------------------
     def stream_create(self, flags: int, priority: int) -> Any:
@@ -377,34 +409,40 @@ class CudaBackend(Backend):
         non_portable_cluster: bool = False,
     ) -> None:
         self._bind()
-        d, mod = self.drv, module.native
-        fn = self._function(mod, kernel)
-        if max_dynamic_shared is not None and mod.dynamic_shared.get(kernel) != max_dynamic_shared:
-            unwrap(
-                "cuFuncSetAttribute",
-                d.cuFuncSetAttribute(
-                    fn, d.CUfunction_attribute(_FUNC_MAX_DYNAMIC_SHARED), max_dynamic_shared
-                ),
-            )
-            mod.dynamic_shared[kernel] = max_dynamic_shared
-        # The driver copies the arguments before the launch call returns, so the buffer and
-        # the pointer array only have to live until then.
-        layout = module.image.kernels[kernel].params
-        buf = ctypes.create_string_buffer(bytes(params), max(len(params), 1))
-        base = ctypes.addressof(buf)
-        ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[base + off for off, _ in layout])
-        args = ctypes.addressof(ptrs) if layout else 0
-        if cluster is not None:
-            if non_portable_cluster:
-                attrib = d.CUfunction_attribute(_FUNC_NON_PORTABLE_CLUSTER)
-                unwrap("cuFuncSetAttribute", d.cuFuncSetAttribute(fn, attrib, 1))
-            self._launch_cluster(fn, grid, block, shared, stream, args, cluster, cooperative)
-            return
-        if cooperative:
-            ret = d.cuLaunchCooperativeKernel(fn, *grid, *block, shared, stream, args)
-            unwrap("cuLaunchCooperativeKernel", ret)
-        else:
-            unwrap("cuLaunchKernel", d.cuLaunchKernel(fn, *grid, *block, shared, stream, args, 0))
+        with self._timing("launch", kernel, stream):
+            d, mod = self.drv, module.native
+            fn = self._function(mod, kernel)
+            if (
+                max_dynamic_shared is not None
+                and mod.dynamic_shared.get(kernel) != max_dynamic_shared
+            ):
+                unwrap(
+                    "cuFuncSetAttribute",
+                    d.cuFuncSetAttribute(
+                        fn, d.CUfunction_attribute(_FUNC_MAX_DYNAMIC_SHARED), max_dynamic_shared
+                    ),
+                )
+                mod.dynamic_shared[kernel] = max_dynamic_shared
+            # The driver copies the arguments before the launch call returns, so the buffer and
+            # the pointer array only have to live until then.
+            layout = module.image.kernels[kernel].params
+            buf = ctypes.create_string_buffer(bytes(params), max(len(params), 1))
+            base = ctypes.addressof(buf)
+            ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[base + off for off, _ in layout])
+            args = ctypes.addressof(ptrs) if layout else 0
+            if cluster is not None:
+                if non_portable_cluster:
+                    attrib = d.CUfunction_attribute(_FUNC_NON_PORTABLE_CLUSTER)
+                    unwrap("cuFuncSetAttribute", d.cuFuncSetAttribute(fn, attrib, 1))
+                self._launch_cluster(fn, grid, block, shared, stream, args, cluster, cooperative)
+                return
+            if cooperative:
+                ret = d.cuLaunchCooperativeKernel(fn, *grid, *block, shared, stream, args)
+                unwrap("cuLaunchCooperativeKernel", ret)
+            else:
+                unwrap(
+                    "cuLaunchKernel", d.cuLaunchKernel(fn, *grid, *block, shared, stream, args, 0)
+                )
 
     def _launch_cluster(
         self, fn, grid, block, shared: int, stream, args, cluster, cooperative: bool
@@ -436,6 +474,8 @@ class CudaBackend(Backend):
         try:
             self._bind()
             self.drv.cuCtxSynchronize()
+            if self.timer is not None:
+                self.timer.close()
             self.staging.close()
             self.window.close()
         finally:

@@ -19,7 +19,7 @@ from typing import Any
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
-from crane.backends.base import Backend, GlobalVar, LoadedModule
+from crane.backends.base import Backend, GlobalVar, LoadedModule, StagedSource
 from crane.backends.sim.memory import MemoryFault, SimMemory
 from crane.device.identity import DeviceSnapshot
 from crane.device.layout import CHUNK_GRANULARITY
@@ -68,6 +68,8 @@ def _fault(e: MemoryFault) -> CudaError:
 
 class SimBackend(Backend):
     """A simulated device for one session."""
+
+    stable_views = True  # views of the one mapping backing the window
 
     def __init__(
         self,
@@ -131,6 +133,15 @@ class SimBackend(Backend):
             self.memory.write(dst, data)
         except MemoryFault as e:
             raise _fault(e) from None
+
+    def memcpy_htod_staged(self, dst: int, src: StagedSource, stream: Any) -> None:
+        """Straight from the bulk area into the device memory's mapping: one copy, made
+        while the guest writes the next bytes."""
+        try:
+            view = self.memory.view(dst, len(src))  # validated before a byte is taken
+        except MemoryFault as e:
+            raise _fault(e) from None
+        src.read_into(view)
 
     def memcpy_dtoh(self, src: int, size: int, stream: Any) -> memoryview:
         try:

@@ -20,6 +20,7 @@ addresses into validated buffer offsets, then indexes :attr:`SimMemory.buf` dire
 from __future__ import annotations
 
 import bisect
+import logging
 import mmap
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ import numpy as np
 from crane.device.layout import CHUNK_GRANULARITY
 
 __all__ = ["Allocation", "MemoryFault", "SimMemory"]
+
+log = logging.getLogger("crane.sim")
 
 #: Linux's MAP_NORESERVE; CPython 3.11 does not export the constant on every build.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -129,9 +132,19 @@ class SimMemory:
         self.allocated_bytes = 0
 
     def close(self) -> None:
-        """Release the window (the process exiting does the same)."""
+        """Release the window (the process exiting does the same).
+
+        A thread that is still finishing (a transport's last replies, which carry views of
+        device memory rather than copies) may hold a view for a moment: the mapping is then
+        unmapped when the last view goes, not refused with an error at the worker's exit."""
         self.buf = np.empty(0, np.uint8)
-        self._map.close()
+        if self._map is None:
+            return
+        try:
+            self._map.close()
+        except BufferError:
+            log.debug("device memory still viewed at close: unmapped when the last view goes")
+        self._map = None  # type: ignore[assignment]
 
     # ---- chunks (committed memory) -------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:
@@ -197,6 +210,11 @@ class SimMemory:
             Allocation(s, e - s)
             for s, e in zip(self._allocs.starts, self._allocs.ends, strict=True)
         ]
+
+    def allocation_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted allocation starts and ends as uint64 arrays (cached until the table changes):
+        compiled kernels (ptx/jit) search them to check their own accesses."""
+        return self._allocs.arrays()
 
     def find(self, addr: int) -> Allocation:
         """The allocation containing ``addr``."""

@@ -22,12 +22,15 @@ import numpy as np
 from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
 from crane.backends.sim.memory import MemoryFault
 
+from . import jit
 from .calls import function_address
 from .decode import Decoded, FuncInfo, decode_module
 from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .device_launch import MAX_PENDING, DeviceLaunches
 from .errors import KernelFault, PtxError
 from .executor import check_deadline, run_batch
+from .jit.diff import differential
+from .jit.runner import run_compiled
 from .ops_cluster import uses_cluster_barrier
 from .parser import SUPPORTED_VERSION, parse_module
 from .state import LaunchGeometry, State
@@ -122,6 +125,10 @@ class PtxProgram:
         self.kernels: dict[str, PtxKernel] = kernels
         self.variables: list[ModuleVariable] = variables
         self.version = dec.module.version
+        #: the module's hash: compiled kernels are cached by it (jit/)
+        self.source_hash = ""
+        #: launches per kernel name (the compiler waits for a kernel to earn its compile)
+        self._launch_counts: dict[str, int] = {}
         self.target = dec.module.target
         #: calls device malloc/free: launches need the context's device heap (heap.py)
         #: launches kernels from the device (dynamic parallelism, device_launch.py)
@@ -364,33 +371,88 @@ class PtxProgram:
         launches=None,
         deadline=None,
     ) -> None:
-        with np.errstate(all="ignore"):
-            for first in range(0, geo.blocks, per_batch):
-                check_deadline(deadline)
-                nb = min(per_batch, geo.blocks - first)
-                st = State(
-                    geometry=geo,
-                    first_block=first,
-                    nblocks=nb,
-                    reg_counts=reg_counts,
-                    shared_stride=shared_stride,
-                    local_stride=local_stride,
-                    pm_sizes=pm_sizes,
-                    memory=memory,
-                    kparams=kparams,
-                    symvals=symvals,
-                    printf=sink,
-                    shared_bytes=k.static_shared_bytes + dynamic_shared,
-                    nsm=nsm,
-                    grid_workspace=grid_workspace,
-                    dynamic_shared=dynamic_shared,
-                    **launch_env,
-                )
-                st.local_frames = k.local_frames
-                st.heap = heap
-                st.device_launches = launches
-                st.deadline = deadline
-                run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
+        def interpret() -> None:
+            with np.errstate(all="ignore"):
+                for first in range(0, geo.blocks, per_batch):
+                    check_deadline(deadline)
+                    nb = min(per_batch, geo.blocks - first)
+                    st = State(
+                        geometry=geo,
+                        first_block=first,
+                        nblocks=nb,
+                        reg_counts=reg_counts,
+                        shared_stride=shared_stride,
+                        local_stride=local_stride,
+                        pm_sizes=pm_sizes,
+                        memory=memory,
+                        kparams=kparams,
+                        symvals=symvals,
+                        printf=sink,
+                        shared_bytes=k.static_shared_bytes + dynamic_shared,
+                        nsm=nsm,
+                        grid_workspace=grid_workspace,
+                        dynamic_shared=dynamic_shared,
+                        **launch_env,
+                    )
+                    st.local_frames = k.local_frames
+                    st.heap = heap
+                    st.device_launches = launches
+                    st.deadline = deadline
+                    run_batch(self._dec.code, k.entry_pc, st, self._dec.by_fid)
+
+        mode = jit.mode()
+        ck = None
+        # the compiler takes ordinary launches of kernels that call nothing
+        plain = not grid_workspace and launch_env["cluster"] is None and launches is None
+        if mode != "off" and plain and not k.cluster_barrier and len(k.reachable) == 1:
+            n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
+            if mode == "diff" or jit.worth_compiling(
+                self.source_hash, k.name, geo.blocks * geo.threads, n
+            ):
+                ck = self._compiled(k)
+        if ck is None:
+            interpret()
+            return
+
+        def compiled() -> None:
+            run_compiled(
+                ck,
+                geo=geo,
+                memory=memory,
+                kparams=kparams,
+                symvals=symvals,
+                shared_stride=shared_stride,
+                deadline=deadline,
+            )
+
+        if mode == "diff":
+            differential(memory, interpret, compiled, k.name)
+        else:
+            compiled()
+
+    def _compiled(self, k: PtxKernel):
+        """Kernel ``k`` compiled to native code (cached by module hash), or None."""
+        dec = self._dec
+        fi = dec.by_fid[k.fid]
+        mscope = dec.module.scope.vars
+
+        def slot_of(var):
+            if var.space in ("global", "const"):
+                key: tuple = ("global", var.name)
+            elif var.space == "shared":
+                if var.extern:
+                    key = ("dynshared",)
+                elif mscope.get(var.name) is var:
+                    key = ("shared", var.name)
+                else:
+                    key = ("fshared", fi.fid, var.name)
+            else:
+                return None
+            return dec.slot_index.get(key)
+
+        return jit.compiled_kernel(
+            self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes
+        )
 
 
 _TRAP = int(CUresult.CUDA_ERROR_LAUNCH_FAILED)
@@ -537,7 +599,9 @@ def load_ptx(text: str, info=None) -> PtxProgram:
             k.explicit_cluster = ".explicitcluster" in d or k.cluster_dims is not None
             k.max_cluster_rank = (d.get(".maxclusterrank") or (None,))[0]
         k.cluster_barrier = cluster_barrier
-    return PtxProgram(dec, info, kernels, module_variables(info))
+    prog = PtxProgram(dec, info, kernels, module_variables(info))
+    prog.source_hash = jit.module_hash(text)
+    return prog
 
 
 def scan_module(text: str):

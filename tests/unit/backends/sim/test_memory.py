@@ -89,3 +89,17 @@ def test_lane_offsets(mem: SimMemory) -> None:
     with pytest.raises(MemoryFault) as e:
         mem.offsets(np.array([BASE + 2], np.uint64), 4)
     assert e.value.kind == "misaligned"
+
+
+def test_close_while_a_view_is_still_held() -> None:
+    """A transport thread finishing its last replies (views of device memory, not copies)
+    may outlive the backend's close at a worker's exit: close must not raise, and may be
+    called again."""
+    mem = SimMemory(BASE, 4 << 20)
+    mem.map_chunk(BASE, 2 << 20)
+    mem.alloc(BASE, 4096)
+    view = memoryview(mem.view(BASE, 16))
+    mem.close()
+    mem.close()
+    assert len(mem.buf) == 0
+    view.release()

@@ -1,0 +1,196 @@
+"""PTX compiled to native CPU code: the simulated GPU's fast path beside the interpreter.
+
+:func:`compiled_kernel` gives a kernel's machine code (compiled on first use, cached by the
+module's hash and the kernel's name for the life of the process) or None when the compiler does
+not take it — then the launch runs interpreted and one log line (logger ``crane.sim.ptx.jit``)
+names the instruction or feature and its PTX line. :mod:`.lower` says what is covered.
+
+``CRANE_PTX_JIT`` selects the path: ``1`` (default) compiled where possible, ``0`` always the
+interpreter, ``diff`` both — every compiled launch also runs interpreted from the same memory
+and a difference in any allocation's bytes (or in the fault) raises :class:`JitMismatch`. The
+PTX tests run in ``diff`` mode, which is how the two paths are kept identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from . import diskcache
+
+try:  # llvmlite is the optional `sim` extra: without it every kernel runs interpreted
+    from .engine import compile_ir, load_object
+    from .irtypes import Refusal
+    from .lower import lower_kernel
+
+    MISSING = ""
+except ImportError as _e:  # pragma: no cover - exercised where llvmlite is not installed
+    MISSING = f"llvmlite is not installed ({_e}; pip install 'crane[sim]')"
+
+__all__ = [
+    "COMPILE_AFTER_LAUNCHES",
+    "COMPILE_MIN_LANES",
+    "CompiledKernel",
+    "JitMismatch",
+    "compiled_kernel",
+    "mode",
+    "module_hash",
+    "stats",
+    "worth_compiling",
+]
+
+log = logging.getLogger("crane.sim.ptx.jit")
+
+
+class JitMismatch(AssertionError):
+    """``diff`` mode: the compiled kernel and the interpreter disagreed."""
+
+
+@dataclass
+class CompiledKernel:
+    name: str
+    fn: object  # engine.KernelFn
+    sites: int
+    nregs: int
+    texts: list
+    compile_s: float
+    fast: object = None  # the vectorizable form (no barrier, no loop; 1-D blocks), or None
+    _owner: object = None
+    from_disk: bool = False  # loaded from the disk cache (compile_s: the load's time)
+
+
+_cache: dict[tuple[str, str], CompiledKernel | Refusal] = {}
+_lock = threading.Lock()
+
+
+def mode() -> str:
+    """``"on"``, ``"off"`` or ``"diff"`` from ``CRANE_PTX_JIT`` (read per launch, so a test
+    or an operator can switch it without restarting)."""
+    v = os.environ.get("CRANE_PTX_JIT", "1").strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    if MISSING:
+        _say_missing()
+        return "off"
+    if v == "diff":
+        return "diff"
+    return "on"
+
+
+#: a kernel is compiled at its first launch of at least this many threads, or at its
+#: COMPILE_AFTER_LAUNCHES-th launch: a compile costs 50-200 ms, which small launches of a
+#: kernel run once or twice (most of a test suite's) would not earn back
+COMPILE_MIN_LANES = 1 << 14
+COMPILE_AFTER_LAUNCHES = 3
+
+
+def worth_compiling(mod_hash: str, name: str, lanes: int, launches: int) -> bool:
+    """Whether launch number ``launches`` (1 = the first) of kernel ``name`` with ``lanes``
+    threads should use (and if need be compile) native code in mode ``on``; ``diff`` always
+    compiles, so the differential tests see every kernel."""
+    with _lock:
+        if (mod_hash, name) in _cache:
+            return True
+    return lanes >= COMPILE_MIN_LANES or launches >= COMPILE_AFTER_LAUNCHES
+
+
+def _say_missing() -> None:
+    global _missing_said
+    if not _missing_said:
+        _missing_said = True
+        log.info("PTX kernels run interpreted: %s", MISSING)
+
+
+_missing_said = False
+
+
+def module_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compiled_kernel(mod_hash: str, fn, kparam_offsets, slot_of, param_bytes: int):
+    """The compiled kernel for entry function ``fn`` of the module hashed ``mod_hash``, or
+    None (logged once) when the compiler refuses it."""
+    key = (mod_hash, fn.name)
+    with _lock:
+        got = _cache.get(key)
+        if got is None:
+            t0 = time.perf_counter()
+            try:
+                got = _from_disk(mod_hash, fn.name, t0)
+                if got is None:
+                    low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
+                    code = compile_ir(low.ir_text(), low.name, low.fast)
+                    got = CompiledKernel(
+                        fn.name,
+                        code.fn,
+                        low.sites,
+                        low.nregs,
+                        low.texts,
+                        time.perf_counter() - t0,
+                        code.fast,
+                        code,
+                    )
+                    meta = {"entry": low.name, "fast": low.fast, "sites": low.sites}
+                    meta.update(nregs=low.nregs, texts=low.texts)
+                    _to_disk(mod_hash, fn.name, meta, code.obj)
+                    log.debug("kernel %s compiled in %.1f ms", fn.name, got.compile_s * 1e3)
+            except Refusal as r:
+                got = r
+                log.info(
+                    "kernel %s runs interpreted: the PTX compiler does not take %s", fn.name, r
+                )
+            except Exception as e:  # an LLVM error: the interpreter still runs the kernel
+                got = Refusal(f"an internal compiler error ({type(e).__name__}: {e})", None)
+                log.warning("kernel %s runs interpreted: %s", fn.name, got)
+            _cache[key] = got
+    return got if isinstance(got, CompiledKernel) else None
+
+
+def _from_disk(mod_hash: str, name: str, t0: float) -> CompiledKernel | None:
+    """The kernel from the disk cache (:mod:`.diskcache`), if it is configured and has it."""
+    root = diskcache.cache_dir()
+    if root is None:
+        return None
+    hit = diskcache.load(root, diskcache.entry_key(mod_hash, name))
+    if hit is None:
+        return None
+    meta, obj = hit
+    try:
+        code = load_object(obj, meta["entry"], meta["fast"])
+        texts = [(str(t), int(line)) for t, line in meta["texts"]]
+        ck = CompiledKernel(
+            name, code.fn, int(meta["sites"]), int(meta["nregs"]), texts, 0.0, code.fast, code
+        )
+    except (KeyError, TypeError, ValueError, LookupError, RuntimeError) as e:
+        log.debug("PTX compiler cache: entry for %s unusable (%s): compiling", name, e)
+        return None
+    ck.compile_s = time.perf_counter() - t0
+    ck.from_disk = True
+    log.debug("kernel %s loaded from the disk cache in %.1f ms", name, ck.compile_s * 1e3)
+    return ck
+
+
+def _to_disk(mod_hash: str, name: str, meta: dict, obj: bytes) -> None:
+    root = diskcache.cache_dir()
+    if root is not None:
+        diskcache.store(root, diskcache.entry_key(mod_hash, name), meta, obj)
+
+
+def stats() -> dict[str, list]:
+    """What this process compiled, loaded from the disk cache and refused: ``{"compiled":
+    [(kernel, ms)], "loaded": [(kernel, ms)], "refused": [(kernel, reason)]}`` (the
+    differential test reports it)."""
+    with _lock:
+        items = list(_cache.items())
+    out: dict[str, list] = {"compiled": [], "refused": [], "loaded": []}
+    for (_, name), v in items:
+        if isinstance(v, CompiledKernel):
+            out["loaded" if v.from_disk else "compiled"].append((name, v.compile_s * 1e3))
+        else:
+            out["refused"].append((name, str(v)))
+    return out

@@ -1,0 +1,106 @@
+"""LLVM IR → native code for the host CPU (llvmlite's MCJIT), one engine per kernel.
+
+Why one engine per kernel: a kernel's machine code must live as long as any module that uses
+it, and an engine per kernel lets the cache (``jit.compiled_kernel``) hold exactly what it
+compiled. The target machine is the host's own CPU with all its features (AVX-512 where
+present); the module is optimized with LLVM's -O2 pipeline (it vectorizes as -O3 does here,
+at two thirds of the compile time).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import llvmlite.binding as llvm
+
+__all__ = ["Compiled", "KernelFn", "compile_ir", "host_signature", "load_object"]
+
+#: the compiled entry point: ``int32 kern(int64 *ctx)``; ctypes releases the GIL during the
+#: call, so the launch's watchdog thread can set the stop flag
+KernelFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+
+_lock = threading.Lock()
+_ready = False
+
+
+def _target_machine():
+    """A new target machine for the host CPU: an MCJIT engine takes ownership of the one it is
+    built with (and frees it with itself), so engines must not share one."""
+    global _ready
+    with _lock:
+        if not _ready:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _ready = True
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(),
+        features=llvm.get_host_cpu_features().flatten(),
+        opt=3,
+    )
+
+
+class Compiled:
+    """A kernel's machine code and the engine that owns it; ``obj`` is the object file the
+    code was loaded from (what the disk cache keeps)."""
+
+    def __init__(self, engine, fn: KernelFn, fast: KernelFn | None, obj: bytes) -> None:
+        self._engine = engine  # keeps the code mapped
+        self.fn = fn
+        self.fast = fast
+        self.obj = obj
+
+
+def compile_ir(ir_text: str, entry: str, fast: str | None = None) -> Compiled:
+    """Verify, optimize (-O2) and compile a module to an object file, and load that; return
+    its ``entry`` function (and the ``fast`` one, if named)."""
+    tm = _target_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=2)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return load_object(tm.emit_object(mod), entry, fast)
+
+
+def load_object(obj: bytes, entry: str, fast: str | None = None) -> Compiled:
+    """Machine code from an object file this module compiled (now or, through the disk
+    cache, in an earlier process on the same CPU), linked into an engine of its own."""
+    tm = _target_machine()  # the engine's own: it frees it (the compile's pass builder
+    # still refers to the one it optimized with)
+    empty = llvm.parse_assembly("")
+    empty.triple = tm.triple
+    engine = llvm.create_mcjit_compiler(empty, tm)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    engine.finalize_object()
+    addr = engine.get_function_address(entry)
+    if not addr:
+        raise LookupError(f"{entry} is not in the object file")
+    fast_fn = None
+    if fast:
+        faddr = engine.get_function_address(fast)
+        if not faddr:
+            raise LookupError(f"{fast} is not in the object file")
+        fast_fn = KernelFn(faddr)
+    return Compiled(engine, KernelFn(addr), fast_fn, obj)
+
+
+def host_signature() -> str:
+    """What machine code compiled here depends on besides the IR: LLVM and llvmlite
+    versions, the target triple, the host CPU and its features (part of the disk cache's
+    key, so code is never loaded on a CPU it was not compiled for)."""
+    import llvmlite
+
+    _target_machine()  # initializes the native target
+    return "|".join(
+        (
+            llvmlite.__version__,
+            ".".join(map(str, llvm.llvm_version_info)),
+            llvm.get_process_triple(),
+            llvm.get_host_cpu_name(),
+            llvm.get_host_cpu_features().flatten(),
+        )
+    )

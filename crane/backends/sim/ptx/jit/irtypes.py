@@ -1,0 +1,108 @@
+"""Shared pieces of the PTX→LLVM lowering: LLVM types, the lanes' return codes, the refusal,
+and small value helpers used by both the kernel lowering (:mod:`.lower`) and the instruction
+handlers (:mod:`.ops`)."""
+
+from __future__ import annotations
+
+import struct
+
+from llvmlite import ir
+
+from ..ptxtypes import PtxType
+
+__all__ = [
+    "EXITED",
+    "F32",
+    "F64",
+    "FAULTED",
+    "I1",
+    "I8",
+    "I8P",
+    "I16",
+    "I32",
+    "I64",
+    "I64P",
+    "SPECIAL_GEOM",
+    "Refusal",
+    "c64",
+    "float_of",
+    "ity",
+    "resize",
+    "sanitize",
+    "storage_bits",
+    "vty",
+]
+
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F32, F64 = ir.FloatType(), ir.DoubleType()
+I64P = I64.as_pointer()
+I8P = I8.as_pointer()
+#: what a lane's code returns: done, or stopped by a failed check (>= 0: the resume point
+#: after that barrier)
+EXITED, FAULTED = -1, -2
+#: special registers the compiled code knows (the launch geometry and the lane's place in it)
+SPECIAL_GEOM = {
+    "%tid.x",
+    "%tid.y",
+    "%tid.z",
+    "%ntid.x",
+    "%ntid.y",
+    "%ntid.z",
+    "%ctaid.x",
+    "%ctaid.y",
+    "%ctaid.z",
+    "%nctaid.x",
+    "%nctaid.y",
+    "%nctaid.z",
+    "%laneid",
+    "%warpid",
+}
+
+
+class Refusal(Exception):
+    """The compiler does not take this kernel: ``what`` and the PTX ``line`` say why."""
+
+    def __init__(self, what: str, line: int | None) -> None:
+        self.what = what
+        self.line = line
+        super().__init__(f"{what} (PTX line {line})" if line is not None else what)
+
+
+def storage_bits(t: PtxType) -> int:
+    return 1 if t.kind == "pred" else max(t.bits, 16)
+
+
+def ity(bits: int) -> ir.IntType:
+    return ir.IntType(bits)
+
+
+def vty(t: PtxType):
+    """The LLVM type values of PTX type ``t`` are computed in."""
+    if t.kind == "pred":
+        return I1
+    if t.kind == "f":
+        return F32 if t.bits == 32 else F64
+    return ity(t.bits)
+
+
+def c64(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def sanitize(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def float_of(op) -> float:
+    if op[0] == "f32":
+        return struct.unpack("<f", struct.pack("<I", op[1]))[0]
+    return struct.unpack("<d", struct.pack("<Q", op[1]))[0]
+
+
+def resize(b: ir.IRBuilder, v, bits: int, signed: bool):
+    w = v.type.width
+    if w == bits:
+        return v
+    if w > bits:
+        return b.trunc(v, ity(bits))
+    return b.sext(v, ity(bits)) if signed else b.zext(v, ity(bits))

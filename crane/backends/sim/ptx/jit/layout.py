@@ -1,0 +1,66 @@
+"""The launch context a compiled kernel reads: one array of 64-bit words, shared by the code
+generator (:mod:`.lower`, which emits loads of these slots) and the runner (:mod:`.runner`,
+which fills them), so the two cannot disagree about where a field lives.
+
+Pointers are stored as integers. After the fixed slots come two words per global-memory access
+site of the kernel: the ``[start, end)`` of the allocation that site touched last, so the bounds
+check of a lane that hits the same allocation as the lane before is two compares.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALLOC_ENDS",
+    "ALLOC_STARTS",
+    "BLOCK_BEGIN",
+    "BLOCK_END",
+    "FAULT_ADDR",
+    "FAULT_BYTES",
+    "FAULT_KIND",
+    "FAULT_PC",
+    "FAULT_SPACE",
+    "FIXED",
+    "GRID",
+    "KIND_ILLEGAL",
+    "KIND_MISALIGNED",
+    "KIND_TIMEOUT",
+    "KPARAMS",
+    "MEM_BASE",
+    "MEM_BUF",
+    "NALLOC",
+    "NTID",
+    "RESUME",
+    "SAVE",
+    "SHARED",
+    "SHARED_SIZE",
+    "SPACE_GLOBAL",
+    "SPACE_SHARED",
+    "STOP",
+    "SYMVALS",
+]
+
+MEM_BUF = 0  # the session window's buffer (device address MEM_BASE is its byte 0)
+MEM_BASE = 1
+ALLOC_STARTS = 2  # sorted allocation starts (uint64 array)
+ALLOC_ENDS = 3
+NALLOC = 4
+KPARAMS = 5  # the packed kernel parameters
+SHARED = 6  # one block's shared memory
+SHARED_SIZE = 7  # its size (the interpreter's per-block shared stride)
+SYMVALS = 8  # per-launch symbol values (module variable addresses, shared offsets)
+GRID = 9  # 9, 10, 11: %nctaid.x/y/z
+NTID = 12  # 12, 13, 14: %ntid.x/y/z
+BLOCK_BEGIN = 15  # linear block ids [BLOCK_BEGIN, BLOCK_END) run in this call
+BLOCK_END = 16
+SAVE = 17  # register save area across barriers: registers x threads words, register-major
+RESUME = 18  # per-lane resume point (int32): 0 start, k after barrier k, -1 exited
+STOP = 19  # set by the runner's watchdog when the launch's deadline passed
+FAULT_PC = 20  # the faulting instruction's index in the kernel's instruction table
+FAULT_ADDR = 21
+FAULT_KIND = 22
+FAULT_BYTES = 23
+FAULT_SPACE = 24
+FIXED = 25  # first per-site cache slot
+
+KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT = 1, 2, 3
+SPACE_GLOBAL, SPACE_SHARED = 0, 1

@@ -1,0 +1,1469 @@
+"""PTX → LLVM IR for one kernel: each thread as scalar code, the block as a loop over its lanes.
+
+Why this shape: a lane runs straight through the kernel's own control flow (PTX branches become
+LLVM branches, registers become SSA values after ``mem2reg``), so loops and divergent ``if``s
+cost what they cost on a CPU, not one NumPy call per instruction. Barriers split the kernel into
+regions: ``bar.sync`` saves the lane's registers, returns the barrier's resume point, and the
+block loop runs every lane up to its next barrier (or exit) before any lane goes on — the same
+schedule the interpreter's release of parked lanes gives, so race-free programs get the same
+results. A region that is loop-free and never loads what it stored (to the same memory) also
+gets a vectorizable form, run when every lane of the block waits at its start: a loop over the
+lanes (x innermost) in the checking/committing two-pass scheme of the barrier-free fast form
+(one pass if the region stores nothing), the registers saved across barriers register-major so
+the lanes' saves are contiguous; a lane that failed a check runs the region again, scalar.
+Lanes of a warp do *not* run in lockstep here, so kernels that rely on it
+(``.volatile`` shared-memory accesses, the warp-synchronous idiom) and warp-level instructions
+are refused, as is everything outside the covered instruction set: the caller then runs the
+kernel interpreted (:class:`Refusal` names the instruction and PTX line).
+
+Every memory access is checked the interpreter's way in the generated code: global addresses
+against the session's allocation table (a per-site cache of the last allocation hit, then a
+binary search), shared addresses against the block's shared size; a failed check stores the
+fault (instruction, address, kind) in the launch context and ends the launch.
+
+The lowering mirrors the interpreter's semantics where PTX leaves a choice: integer division by
+zero gives all ones (remainder: the dividend), float ``min``/``max`` follow NumPy's
+``fmin``/``fmax`` (the non-NaN operand; the second of two equal values), float→integer ``cvt``
+saturates with NaN → 0, ``.approx`` division/reciprocal/square root are IEEE-rounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from ..memspace import CLUSTER_RANK_SHIFT, SHARED_WINDOW, WINDOW_SIZE
+from ..ops_common import IGNORED_MODS
+from ..parser import Function, Instr, Label
+from ..ptxtypes import TYPES, PtxType
+from . import layout as L
+from .irtypes import (
+    EXITED,
+    F32,
+    FAULTED,
+    I1,
+    I8,
+    I8P,
+    I32,
+    I64,
+    I64P,
+    SPECIAL_GEOM,
+    Refusal,
+    c64,
+    float_of,
+    ity,
+    resize,
+    sanitize,
+    storage_bits,
+    vty,
+)
+from .liveness import live_after
+from .ops import HANDLERS
+
+__all__ = ["KernelLowering", "Lowered", "lower_kernel"]
+
+#: context words that stay the same for a whole call: the driver loads them once and passes
+#: them to the lane's code as arguments (so no store in the kernel can make them reload)
+_INVARIANT = (
+    L.MEM_BUF,
+    L.MEM_BASE,
+    L.SHARED_SIZE,
+    L.SYMVALS,
+    L.KPARAMS,
+    L.NTID,
+    L.NTID + 1,
+    L.NTID + 2,
+    L.GRID,
+    L.GRID + 1,
+    L.GRID + 2,
+)
+
+#: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
+#: relaxed accesses): the interpreter's list without the ones through which threads or blocks
+#: wait on each other (``.volatile``, acquire/release ordering), which are refused
+_IGNORED = IGNORED_MODS - {"volatile", "acquire", "release", "acq_rel", "sc", "mmio", "unified"}
+
+
+@dataclass
+class Lowered:
+    """The IR module of one kernel and what the runner needs to drive and explain it."""
+
+    module: ir.Module
+    name: str  # the exported function: i32 name(i64* ctx)
+    sites: int  # global access sites (cache slots after layout.FIXED)
+    nregs: int  # words per lane in the barrier save area
+    texts: list[tuple[str, int]] = field(default_factory=list)  # per fault pc: (text, line)
+    fast: str | None = None  # the vectorizable driver (1-D blocks, few allocations), if any
+
+    #: the lane loops declared parallel: (function, loop header block) of each
+    par_loops: list[tuple[str, str]] = field(default_factory=list)
+
+    def ir_text(self) -> str:
+        """The module's IR, with the fast forms' lane loops declared free of dependences
+        between iterations (``llvm.loop.parallel_accesses`` over every access of
+        ``step_fast``): lanes of a block between barriers share no data in a race-free CUDA
+        program, which is what lets LLVM vectorize the loop without proving it."""
+        text = str(self.module)
+        if not self.par_loops:
+            return text
+        group = "!90000"
+        tags = {}
+        for n, (fn_name, head) in enumerate(self.par_loops):
+            tags[(f'@"{fn_name}"', f'br label %"{head}"')] = f"!{90001 + 2 * n}"
+        out = []
+        fn = None
+        seen: set[tuple[str, str]] = set()
+        for line in text.split("\n"):
+            if line.startswith("define"):
+                fn = line
+            s = line.strip()
+            in_step = fn is not None and '@"step_fast"' in fn
+            if (in_step and (" = load " in s or s.startswith("store "))) or (
+                s.startswith("store ") and '%"vresume' in s  # the vector rounds' resume words
+            ):
+                line += f", !llvm.access.group {group}"
+            elif fn is not None and s.startswith("br label"):
+                for key, tag in tags.items():
+                    if key[0] in fn and s == key[1]:
+                        if key in seen:  # the second branch to the header is the back edge
+                            line += f", !llvm.loop {tag}"
+                        seen.add(key)
+            out.append(line)
+        out.append(f"{group} = distinct !{{}}")
+        out.append('!89999 = !{!"llvm.loop.parallel_accesses", !90000}')
+        for tag in tags.values():
+            out.append(f"{tag} = distinct !{{{tag}, !89999}}")
+        return "\n".join(out) + "\n"
+
+
+def _split(opcode: str) -> tuple[str, list[PtxType], list[str]]:
+    parts = opcode.split(".")
+    types, mods = [], []
+    for p in parts[1:]:
+        if p in TYPES:
+            types.append(TYPES[p])
+        else:
+            mods.append(p)
+    return parts[0], types, mods
+
+
+class KernelLowering:
+    """Lowering state for one kernel (one ``step`` function and its driver)."""
+
+    def __init__(self, fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) -> None:
+        self.fn = fn
+        self.kparam_offsets = kparam_offsets
+        self.slot_of = slot_of  # VarDecl -> symbol slot (module variables, shared variables)
+        self.param_bytes = param_bytes
+        self.mod = ir.Module(name=fn.name)
+        self.texts: list[tuple[str, int]] = []
+        self.sites = 0
+        self.ins: Instr | None = None
+        body = fn.body or []
+        self.has_bar = any(
+            isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier") for s in body
+        )
+        self._intrinsics: dict[str, ir.Function] = {}
+        self._pcs: dict[int, int] = {}
+        #: whether a block's shared memory must be zeroed before it runs: the kernel names a
+        #: shared variable or may reach shared memory through a generic address
+        self.uses_shared = bool(fn.shared) or any(
+            isinstance(s, Instr) and (".shared" in s.opcode or _is_generic_access(s.opcode))
+            for s in body
+        )
+
+    # ---- errors ---------------------------------------------------------------------------
+    def refuse(self, what: str) -> Refusal:
+        ins = self.ins
+        if ins is None:
+            return Refusal(what, None)
+        return Refusal(f"{what} in `{ins.text}`", ins.line)
+
+    # ---- intrinsics -----------------------------------------------------------------------
+    def intrinsic(self, name: str, ret, args) -> ir.Function:
+        f = self._intrinsics.get(name)
+        if f is None:
+            f = ir.Function(self.mod, ir.FunctionType(ret, args), name)
+            self._intrinsics[name] = f
+        return f
+
+    def fname(self, ty) -> str:
+        return "f32" if ty == F32 else "f64"
+
+    # ---- the step function ----------------------------------------------------------------
+    def build(self) -> Lowered:
+        fn = self.fn
+        regs = list(fn.regs)
+        # the save area holds only registers live across some barrier
+        self.live = live_after(fn) if self.has_bar else {}
+        self.remat, self.prefix = rematerializable(fn.body or []) if self.has_bar else ({}, [])
+        saved = sorted(set().union(*self.live_at_barriers()))
+        self.reg_index = {uid: i for i, uid in enumerate(saved)}
+        self.by_uid = {r.uid: r for r in regs}
+        self.fast = False
+        self.par_loops: list[tuple[str, str]] = []
+        self.vec_regions, self.store_regions = self.vector_regions() if self.has_bar else ([], [])
+        self.build_step("step")
+        scalar_step = self.step
+        fast = None
+        if self.fast_eligible():
+            self.fast = True
+            sites = self.nsites = self.sites
+            self.sites = 0  # the same sites, in the same order: they share the caches
+            self.build_step("step_fast")
+            assert self.sites == sites
+            fast = "kernfast_" + sanitize(fn.name)
+            self.build_driver_fast(fast, scalar_step)
+            self.par_loops.append((fast, "lanes"))
+            self.fast = False
+        # barrier kernels: regions (from the start or a barrier to the next) that are
+        # loop-free and never load after storing get the same two-pass vectorizable form,
+        # run when every lane of the block waits at that region's start
+        self.fast_step = None
+        if self.vec_regions:
+            self.fast = True
+            sites = self.nsites = self.sites
+            self.sites = 0
+            self.build_step("step_fast")
+            assert self.sites == sites
+            self.fast_step = self.step
+            self.fast = False
+            fast = None
+        self.step = scalar_step
+        self.build_lookup()
+        self.build_driver()
+        return Lowered(
+            self.mod,
+            "kern_" + sanitize(fn.name),
+            self.sites,
+            len(self.reg_index),
+            self.texts,
+            fast,
+            self.par_loops,
+        )
+
+    def fast_eligible(self) -> bool:
+        """The fast form needs a loop-free lane (forward branches only, no barrier) that
+        never loads after it stored: then deferring the lane's stores to its end changes
+        nothing, and a lane that failed a check has had no effect and can simply run again."""
+        seen: set[str] = set()
+        stored = False
+        for s in self.fn.body or []:
+            if isinstance(s, Label):
+                seen.add(s.name)
+                continue
+            op = s.opcode.split(".")[0]
+            if op in ("bar", "barrier"):
+                return False
+            ops = s.operands if isinstance(s.operands, list) else []
+            if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):
+                return False
+            if op == "st":
+                stored = True
+            elif op == "ld" and stored and ".param" not in s.opcode:
+                return False
+        return True
+
+    def vector_regions(self) -> tuple[list[int], list[int]]:
+        """The resume points (0: the kernel's start, k: after its k-th barrier) whose region
+        can run in the two-pass form: the instructions reachable from there before a barrier
+        or an exit form no cycle (a loop may go around barriers), and no load (other than of a
+        kernel parameter) follows a store to the same memory — the conditions of
+        :meth:`fast_eligible`, per region; and, of those, the regions that store at all (the
+        others need no committing pass)."""
+        body = self.fn.body or []
+        labels = {s.name: i for i, s in enumerate(body) if isinstance(s, Label)}
+        bars = [
+            i
+            for i, s in enumerate(body)
+            if isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier")
+        ]
+        out: list[int] = []
+        storing: list[int] = []
+        for k, start in enumerate([0] + [i + 1 for i in bars]):
+            ok, stores = self._region_loop_free(body, labels, start)
+            if ok:
+                out.append(k)
+                if stores:
+                    storing.append(k)
+        return out, storing
+
+    @staticmethod
+    def _region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
+        """Whether the instructions reachable from ``start`` before a barrier or an exit form
+        no cycle (a loop around a barrier leaves its region: the branch back is fine) and no
+        load is reachable from a store to the same memory; and whether it stores at all."""
+        succ: dict[int, list[int]] = {}
+        kinds: dict[int, str] = {}
+        stack = [start]
+        while stack:
+            i = stack.pop()
+            if i in succ or i >= len(body):
+                continue
+            s = body[i]
+            nxt = [i + 1]
+            if isinstance(s, Instr):
+                op = s.opcode.split(".")[0]
+                if op in ("bar", "barrier") or (op in ("exit", "ret") and s.guard is None):
+                    nxt = []
+                elif op == "bra":
+                    ops = s.operands if isinstance(s.operands, list) else []
+                    target = labels.get(ops[0][1]) if ops and ops[0][0] == "name" else None
+                    if target is None:
+                        return False, False
+                    nxt = [target] if s.guard is None else [target, i + 1]
+                elif op in ("ld", "st") and ".param" not in s.opcode:
+                    kinds[i] = (op, _spaces_of(s.opcode))
+            succ[i] = [n for n in nxt if n < len(body)]
+            stack.extend(succ[i])
+        # a cycle: depth-first search with colours
+        state: dict[int, int] = {}
+        for root in succ:
+            if root in state:
+                continue
+            state[root] = 1
+            path = [(root, iter(succ[root]))]
+            while path:
+                node, it = path[-1]
+                n = next(it, None)
+                if n is None:
+                    state[node] = 2
+                    path.pop()
+                elif state.get(n) == 1:
+                    return False, False
+                elif n not in state:
+                    state[n] = 1
+                    path.append((n, iter(succ[n])))
+        # a load after a store to the same memory (global or shared) on some path
+        for i, (op, spaces) in kinds.items():
+            if op != "st":
+                continue
+            after: set[int] = set()
+            todo = list(succ[i])
+            while todo:
+                n = todo.pop()
+                if n in after:
+                    continue
+                k = kinds.get(n)
+                if k is not None and k[0] == "ld" and k[1] & spaces:
+                    return False, False
+                after.add(n)
+                todo.extend(succ.get(n, ()))
+        return True, any(k[0] == "st" for k in kinds.values())
+
+    def build_step(self, name: str) -> None:
+        """The lane's code as function ``name``. The fast form (``self.fast``, see
+        :meth:`fast_eligible`) never leaves early and never looks an address up: an access
+        outside its site's cached allocation (or any failed check) clears the lane's ``ok``
+        flag, which predicates the lane's later loads, its stores wait until the lane's end
+        and happen only if it is still ok, and it returns FAULTED then: the lane had no
+        effect and the driver runs it again in the exact scalar form. No exit and no call
+        keep the lane loop vectorizable."""
+        fn = self.fn
+        regs = list(fn.regs)
+        fixed = [I64P, I32, I32, I32, I32, I32, I32, I32, I8P, I64P]
+        extra = [I64] * (2 * self.nsites) if self.fast else []
+        sty = ir.FunctionType(I32, fixed + [I64] * len(_INVARIANT) + extra)
+        step = ir.Function(self.mod, sty, name)
+        step.linkage = "internal"
+        # the scalar form of a kernel with vectorized regions is called from two places (the
+        # scalar rounds and the lanes to run again): one copy, not two, to compile
+        if self.fast or not self.vec_regions:
+            step.attributes.add("alwaysinline")
+        else:
+            step.attributes.add("noinline")
+        step.args[0].add_attribute("noalias")
+        self.step = step
+        ctx, resume, tx, ty_, tz, cx, cy, cz, shared, save = step.args[: len(fixed)]
+        ninv = len(fixed) + len(_INVARIANT)
+        self.inv = dict(zip(_INVARIANT, step.args[len(fixed) : ninv], strict=True))
+        self.site_args = step.args[ninv:]
+        self.ctx, self.shared, self.save = ctx, shared, save
+        self.resume_arg = resume
+        self.tid = (tx, ty_, tz)
+        self.ctaid = (cx, cy, cz)
+        entry = self.entry = step.append_basic_block("entry")
+        self._params: dict[tuple[int, int], ir.Instruction] = {}
+        b = self.b = ir.IRBuilder(entry)
+        self.regs: dict[int, ir.AllocaInstr] = {}
+        for r in regs:
+            self.regs[r.uid] = b.alloca(ity(storage_bits(r.type)), name=r.name.lstrip("%"))
+        self.ntid = tuple(self.ctx_word(L.NTID + i, I32) for i in range(3))
+        self.nctaid = tuple(self.ctx_word(L.GRID + i, I32) for i in range(3))
+        if self.fast:
+            self.lane_ok = b.alloca(I1, name="lane_ok")
+            b.store(ir.Constant(I1, 1), self.lane_ok)
+            # whether the access being lowered passed its own checks: what its load is
+            # predicated on in the checking pass (not the lane's running ``ok``, whose chain
+            # of conditions would make the lane's code a maze of early exits)
+            self.access_ok = b.alloca(I1, name="access_ok")
+        for r in regs:  # registers start at zero, as in the interpreter
+            st = ity(storage_bits(r.type))
+            b.store(ir.Constant(st, 0), self.regs[r.uid])
+        body = fn.body or []
+        self.resumes: list[ir.Block] = []
+        start = step.append_basic_block("start")
+        dispatch = b.switch(resume, start)
+        b.position_at_end(start)
+        # the fast form runs the lane's code twice: checking (no store), then committing
+        # (the stores, only if every check passed); no load follows a store (fast_eligible),
+        # so both passes compute the same values
+        self.commit = False
+        self.commit_start = step.append_basic_block("commit") if self.fast else None
+        for commit in (False, True) if self.fast else (False,):
+            self.commit = commit
+            if commit:
+                b.position_at_end(self.commit_start)
+                for r in regs:
+                    b.store(ir.Constant(ity(storage_bits(r.type)), 0), self.regs[r.uid])
+                if self.has_bar:  # the committing pass restarts where the checking one did
+                    checked, self.resumes = self.resumes, []
+                    cstart = step.append_basic_block("commit_start")
+                    cdispatch = b.switch(resume, cstart)
+                    b.position_at_end(cstart)
+            self.labels = {
+                s.name: step.append_basic_block(f"L_{s.name}") for s in body if isinstance(s, Label)
+            }
+            for s in body:
+                if isinstance(s, Label):
+                    blk = self.labels[s.name]
+                    if not b.block.is_terminated:
+                        b.branch(blk)
+                    b.position_at_end(blk)
+                    continue
+                if b.block.is_terminated:  # code after a jump with no label: unreachable
+                    b.position_at_end(step.append_basic_block("dead"))
+                self.ins = s
+                self.lower(s)
+            self.ins = None
+            if not b.block.is_terminated:
+                self.ret_exited()
+        if self.fast and self.has_bar:
+            for k, blk in enumerate(self.resumes, start=1):
+                cdispatch.add_case(ir.Constant(I32, k), blk)
+            self.resumes = checked
+        for k, blk in enumerate(self.resumes, start=1):
+            dispatch.add_case(ir.Constant(I32, k), blk)
+
+    def param_load(self, off: int, it: ir.IntType):
+        """A kernel parameter word, loaded once in the lane's entry block (in bounds, checked
+        when lowering; read-only for the launch), so it is loop-invariant for the lane loop
+        even where the kernel reads it under a condition."""
+        key = (off, it.width)
+        v = self._params.get(key)
+        if v is None:
+            eb = ir.IRBuilder(self.entry)
+            eb.position_before(self.entry.terminator)
+            kp = eb.inttoptr(self.inv[L.KPARAMS], I8P)
+            p = eb.bitcast(eb.gep(kp, [c64(off)]), it.as_pointer())
+            v = self._params[key] = eb.load(p)
+            v.set_metadata("invariant.load", self.mod.add_metadata([]))
+        return v
+
+    def to_commit(self) -> None:
+        """The end of the fast form's checking pass: on to the committing pass if the region
+        the lane runs stores anything, else the builder is left where the lane finishes (its
+        values are final: nothing it loaded can have changed). The region is the ``resume``
+        argument, a constant where the driver inlines this code, so the test folds away."""
+        b = self.b
+        if not self.has_bar:
+            b.branch(self.commit_start)
+            return
+        need = ir.Constant(I1, 0)
+        for k in self.store_regions:
+            need = b.or_(need, b.icmp_signed("==", self.resume_arg, ir.Constant(I32, k)))
+        finish = self.step.append_basic_block("finish")
+        b.cbranch(need, self.commit_start, finish)
+        b.position_at_end(finish)
+
+    def ret_exited(self) -> None:
+        """The lane is done: EXITED, or FAULTED in the fast form when a check failed."""
+        b = self.b
+        if self.fast and not self.commit:  # checked: now the committing pass
+            self.to_commit()
+            if not b.block.is_terminated:
+                ok = b.load(self.lane_ok)
+                b.ret(b.select(ok, ir.Constant(I32, EXITED), ir.Constant(I32, FAULTED)))
+        elif self.fast:
+            ok = b.load(self.lane_ok)
+            b.ret(b.select(ok, ir.Constant(I32, EXITED), ir.Constant(I32, FAULTED)))
+        else:
+            b.ret(ir.Constant(I32, EXITED))
+
+    def ctx_word(self, slot: int, ty=I64):
+        b = self.b
+        v = self.inv.get(slot)
+        if v is None:
+            v = b.load(b.gep(self.ctx, [ir.Constant(I64, slot)]))
+        return v if ty == I64 else b.trunc(v, ty)
+
+    def ctx_ptr(self, slot: int, ty=I8P):
+        return self.b.inttoptr(self.ctx_word(slot), ty)
+
+    def live_at_barriers(self) -> list[frozenset[int]]:
+        body = self.fn.body or []
+        return [
+            self.live[id(s)]
+            for s in body
+            if isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier")
+        ]
+
+    def save_offset(self, uid: int):
+        """Where register ``uid`` of this lane lies from the lane's save pointer (the area's
+        base plus the lane's linear index): register-major, so the lanes of a vectorized
+        region save and restore a register with one contiguous vector access."""
+        b = self.b
+        nthreads = b.mul(b.mul(self.ntid[0], self.ntid[1]), self.ntid[2])
+        return b.mul(b.zext(nthreads, I64), c64(self.reg_index[uid]))
+
+    def save_regs(self, live: frozenset[int]) -> None:
+        """At a barrier: the registers live after it, to the lane's save area (but those
+        computed again at the resume point, :func:`rematerializable`)."""
+        b = self.b
+        for uid in sorted(live - self.remat.keys()):
+            v = b.load(self.regs[uid])
+            v = b.zext(v, I64) if v.type != I64 else v
+            b.store(v, b.gep(self.save, [self.save_offset(uid)]))
+
+    def restore_regs(self, live: frozenset[int]) -> None:
+        """After a barrier: the live registers from the save area, except the ones the
+        kernel's entry computed from the lane's geometry, parameters and constants — those
+        are computed again (their defining instructions, in order), so in a vectorized
+        region an address such as ``shared + 4 * tid.x`` is an affine function of the lane
+        again and its accesses contiguous, not a gather through values loaded back."""
+        b = self.b
+        need = {uid for uid in live if uid in self.remat}
+        for uid in sorted(need):
+            need |= self.remat[uid]
+        if need:
+            here = self.ins
+            for ins, uid in self.prefix:
+                if uid in need:
+                    self.ins = ins
+                    self.lower(ins)
+            self.ins = here
+        for uid in sorted(live - self.remat.keys()):
+            st = ity(storage_bits(self.by_uid[uid].type))
+            v = b.load(b.gep(self.save, [self.save_offset(uid)]))
+            b.store(v if st == I64 else b.trunc(v, st), self.regs[uid])
+
+    # ---- faults ---------------------------------------------------------------------------
+    def pc(self) -> int:
+        """This instruction's index in the fault table (added once per instruction)."""
+        ins = self.ins
+        assert ins is not None
+        i = self._pcs.get(id(ins))
+        if i is None:
+            i = self._pcs[id(ins)] = len(self.texts)
+            self.texts.append((ins.text, ins.line))
+        return i
+
+    def fault_if(self, cond, addr, kind: int, nbytes: int, space: int) -> None:
+        """Branch to a fault exit when ``cond`` holds; continue in a fresh block otherwise."""
+        b = self.b
+        if self.fast and self.commit:  # checked in the first pass
+            return
+        if self.fast:  # no exit: the lane runs on, its result discarded
+            ok = b.and_(b.load(self.lane_ok), b.not_(cond))
+            b.store(ok, self.lane_ok)
+            b.store(b.and_(b.load(self.access_ok), b.not_(cond)), self.access_ok)
+            return
+        bad = self.step.append_basic_block("fault")
+        ok = self.step.append_basic_block("ok")
+        b.cbranch(cond, bad, ok)
+        b.position_at_end(bad)
+        pc = self.pc()
+        for slot, v in (
+            (L.FAULT_PC, ir.Constant(I64, pc)),
+            (L.FAULT_ADDR, addr),
+            (L.FAULT_KIND, ir.Constant(I64, kind)),
+            (L.FAULT_BYTES, ir.Constant(I64, nbytes)),
+            (L.FAULT_SPACE, ir.Constant(I64, space)),
+        ):
+            b.store(v, b.gep(self.ctx, [ir.Constant(I64, slot)]))
+        b.ret(ir.Constant(I32, FAULTED))
+        b.position_at_end(ok)
+
+    # ---- operands -------------------------------------------------------------------------
+    def regdecl(self, name: str):
+        assert self.ins is not None
+        r = self.ins.scope.reg(name)
+        if r is None:
+            raise self.refuse(f"unknown register {name}")
+        return r
+
+    def special(self, name: str):
+        b = self.b
+        axis = "xyz".index(name[-1]) if name[-2] == "." else 0
+        if name.startswith("%tid."):
+            return self.tid[axis]
+        if name.startswith("%ntid."):
+            return self.ntid[axis]
+        if name.startswith("%ctaid."):
+            return self.ctaid[axis]
+        if name.startswith("%nctaid."):
+            return self.nctaid[axis]
+        lin = b.add(
+            self.tid[0],
+            b.mul(self.ntid[0], b.add(self.tid[1], b.mul(self.ntid[1], self.tid[2]))),
+        )
+        if name == "%laneid":
+            return b.and_(lin, ir.Constant(I32, 31))
+        return b.lshr(lin, ir.Constant(I32, 5))  # %warpid
+
+    def get(self, op, t: PtxType):
+        """Operand ``op`` as a value of PTX type ``t`` (registers must have its width)."""
+        b = self.b
+        vt = vty(t)
+        kind = op[0]
+        if kind == "reg":
+            name = op[1]
+            if name in SPECIAL_GEOM:
+                v = self.special(name)
+                if t.kind in ("f", "pred"):
+                    raise self.refuse(f"{name} read as .{t.name}")
+                return resize(b, v, t.bits, signed=False)
+            if name.startswith("%") and self.ins.scope.reg(name) is None:
+                raise self.refuse(f"special register {name}")
+            r = self.regdecl(name)
+            if storage_bits(r.type) != storage_bits(t):
+                raise self.refuse(f"register {name} of .{r.type.name} used as .{t.name}")
+            v = b.load(self.regs[r.uid])
+            if t.kind == "pred":
+                return v
+            if t.bits < v.type.width:  # an 8-bit type in 16-bit storage
+                v = b.trunc(v, ity(t.bits))
+            return b.bitcast(v, vt) if t.kind == "f" else v
+        if kind == "not":
+            if t.kind != "pred":
+                raise self.refuse("negated non-predicate operand")
+            return b.not_(self.get(op[1], t))
+        if kind == "int":
+            if t.kind == "f":
+                raise self.refuse("integer immediate for a float operand")
+            if t.kind == "pred":
+                return ir.Constant(I1, 1 if op[1] else 0)
+            return ir.Constant(vt, op[1] & ((1 << t.bits) - 1))
+        if kind in ("f32", "f64"):
+            val = float_of(op)
+            if t.kind == "f":
+                return ir.Constant(vt, val)
+            if t.kind == "pred":
+                raise self.refuse("float immediate for a predicate")
+            bits = op[1] if (kind == "f32") == (t.bits == 32) else None
+            if bits is None:
+                raise self.refuse("float immediate of another width")
+            return ir.Constant(vt, bits)
+        if kind == "name":
+            return resize(b, self.symbol(op[1]), t.bits, signed=False)
+        raise self.refuse(f"operand {op!r}")
+
+    def symbol(self, name: str):
+        """The address of variable ``name`` (i64): a kernel parameter's .param offset, a
+        module variable's device address or a shared variable's offset (per launch)."""
+        assert self.ins is not None
+        var = self.ins.scope.var(name)
+        if var is None:
+            raise self.refuse(f"unknown symbol {name}")
+        if var.space == "param":
+            off = self.kparam_offsets.get(id(var))
+            if off is None:
+                raise self.refuse(f"parameter {name}")
+            return ir.Constant(I64, off)
+        slot = self.slot_of(var)
+        if slot is None:
+            raise self.refuse(f"the address of .{var.space} variable {name}")
+        b = self.b
+        sv = self.ctx_ptr(L.SYMVALS, I64P)
+        return b.load(b.gep(sv, [ir.Constant(I64, slot)]))
+
+    def put(self, op, t: PtxType, v) -> None:
+        """Write value ``v`` (of PTX type ``t``) to destination register ``op``."""
+        b = self.b
+        if op[0] == "reg" and op[1] == "_":
+            return
+        if op[0] != "reg":
+            raise self.refuse(f"destination {op!r}")
+        r = self.regdecl(op[1])
+        if storage_bits(r.type) != storage_bits(t):
+            raise self.refuse(f"register {op[1]} of .{r.type.name} written as .{t.name}")
+        if t.kind == "f":
+            v = b.bitcast(v, ity(t.bits))
+        st = ity(storage_bits(t))
+        if t.kind != "pred" and v.type.width < st.width:
+            v = b.sext(v, st) if t.kind == "s" else b.zext(v, st)
+        b.store(v, self.regs[r.uid])
+
+    # ---- dispatch -------------------------------------------------------------------------
+    def lower(self, ins: Instr) -> None:
+        if isinstance(ins.operands, Exception):
+            raise self.refuse("unparsable operands")
+        op, types, mods = _split(ins.opcode)
+        if ins.guard is not None and op not in ("bra",):
+            if op in ("bar", "barrier"):
+                raise self.refuse("a guarded barrier")
+            b = self.b
+            g = self.guard(ins)
+            run = self.step.append_basic_block("guarded")
+            after = self.step.append_basic_block("after")
+            b.cbranch(g, run, after)
+            b.position_at_end(run)
+            self.lower_op(op, types, mods, ins)
+            if not b.block.is_terminated:
+                b.branch(after)
+            b.position_at_end(after)
+            return
+        self.lower_op(op, types, mods, ins)
+
+    def guard(self, ins: Instr):
+        name, neg = ins.guard
+        v = self.get(("reg", name), TYPES["pred"])
+        return self.b.not_(v) if neg else v
+
+    def lower_op(self, op: str, types, mods, ins: Instr) -> None:
+        h = HANDLERS.get(op)
+        if h is None:
+            raise self.refuse(f"instruction {op}")
+        h(self, types, mods, ins.operands)
+
+    def only(self, mods, allowed=()) -> None:
+        left = [m for m in mods if m not in allowed and m not in _IGNORED]
+        if left:
+            raise self.refuse(f"modifier .{'.'.join(left)}")
+
+    def one_type(self, types, bytes_ok: bool = False) -> PtxType:
+        """The instruction's one type; 8-bit types only where ``bytes_ok`` (ld/st)."""
+        if len(types) != 1:
+            raise self.refuse("expected one type")
+        t = types[0]
+        sizes = (1, 8, 16, 32, 64) if bytes_ok else (1, 16, 32, 64)
+        if t.kind not in ("u", "s", "b", "f", "pred") or t.bits not in sizes:
+            raise self.refuse(f"type .{t.name}")
+        return t
+
+    # ---- memory ---------------------------------------------------------------------------
+    def global_ptr(self, addr, nbytes: int):
+        """Check a global access of ``nbytes`` at device address ``addr`` (i64) the way
+        SimMemory.offsets does (alignment first, then the allocation table)."""
+        b = self.b
+        if nbytes > 1:
+            mis = b.icmp_unsigned("!=", b.and_(addr, ir.Constant(I64, nbytes - 1)), c64(0))
+            self.fault_if(mis, addr, L.KIND_MISALIGNED, nbytes, L.SPACE_GLOBAL)
+        if self.fast and self.commit:  # checked in the first pass
+            return b.gep(self.ctx_ptr(L.MEM_BUF), [b.sub(addr, self.ctx_word(L.MEM_BASE))])
+        site = self.sites
+        self.sites += 1
+        if self.fast:  # the driver read the caches before the lane loop
+            lo, hi = self.site_args[2 * site], self.site_args[2 * site + 1]
+        else:  # the site's cache as local values (registers in loops), refreshed on a miss
+            lo_v, hi_v = self.site_cache(site)
+            lo, hi = b.load(lo_v), b.load(hi_v)
+        hit = b.and_(
+            b.and_(b.icmp_unsigned(">=", addr, lo), b.icmp_unsigned("<", addr, hi)),
+            b.icmp_unsigned(">=", b.sub(hi, addr), c64(nbytes)),
+        )
+        if self.fast:  # outside the cached allocation: the lane runs again, scalar
+            self.fault_if(b.not_(hit), addr, L.KIND_ILLEGAL, nbytes, L.SPACE_GLOBAL)
+            base = self.ctx_word(L.MEM_BASE)
+            return b.gep(self.ctx_ptr(L.MEM_BUF), [b.sub(addr, base)])
+        fast = b.block
+        slow = self.step.append_basic_block("lookup")
+        done = self.step.append_basic_block("checked")
+        b.cbranch(hit, done, slow)
+        b.position_at_end(slow)
+        found = b.call(self.lookup, [self.ctx, addr, c64(nbytes), c64(site)])
+        for v, slot in ((lo_v, L.FIXED + 2 * site), (hi_v, L.FIXED + 2 * site + 1)):
+            b.store(b.load(b.gep(self.ctx, [c64(slot)])), v)
+        slow_end = b.block
+        b.branch(done)
+        b.position_at_end(done)
+        ok = b.phi(I1)
+        ok.add_incoming(ir.Constant(I1, 1), fast)
+        ok.add_incoming(found, slow_end)
+        self.fault_if(b.not_(ok), addr, L.KIND_ILLEGAL, nbytes, L.SPACE_GLOBAL)
+        base = self.ctx_word(L.MEM_BASE)
+        buf = self.ctx_ptr(L.MEM_BUF)
+        return b.gep(buf, [b.sub(addr, base)])
+
+    def site_cache(self, site: int):
+        """Local copies of access site ``site``'s cached allocation bounds, read from the
+        context once in the lane's entry block: the hit test in a loop then compares against
+        values LLVM keeps in registers instead of reloading them after every possible
+        lookup (which writes the context)."""
+        eb = ir.IRBuilder(self.entry)
+        eb.position_before(self.entry.terminator)
+        out = []
+        for slot in (L.FIXED + 2 * site, L.FIXED + 2 * site + 1):
+            v = eb.alloca(I64)
+            eb.store(eb.load(eb.gep(self.ctx, [c64(slot)])), v)
+            out.append(v)
+        return out
+
+    def shared_ptr(self, off, nbytes: int, gen_base: int):
+        """Check a shared access at window offset ``off`` (i64) like the interpreter's shared
+        window: inside the block's shared size, then aligned."""
+        b = self.b
+        size = self.ctx_word(L.SHARED_SIZE)
+        if self.fast:
+            # the vectorized form takes plain offsets only (an address that is an affine
+            # function of the lane stays one, so LLVM makes contiguous accesses of it): any
+            # other, a rank-tagged one included, fails the check and the lane runs scalar
+            if not self.commit:
+                bad = b.or_(
+                    b.icmp_signed("<", off, c64(0)),
+                    b.icmp_signed(">", b.add(off, c64(nbytes)), size),
+                )
+                if nbytes > 1:
+                    bad = b.or_(bad, b.icmp_unsigned("!=", b.and_(off, c64(nbytes - 1)), c64(0)))
+                self.fault_if(bad, off, L.KIND_ILLEGAL, nbytes, L.SPACE_SHARED)
+            return b.gep(self.shared, [off])
+        # a .shared::cluster address tagged with rank 0 (bit 24: rank + 1) is the CTA's own
+        # shared memory: outside cluster launches every CTA is rank 0 of its own cluster
+        orig = off
+        tag = ir.Constant(I64, 1 << CLUSTER_RANK_SHIFT)
+        own = b.icmp_unsigned("<", b.sub(off, tag), tag)
+        off = b.select(own, b.sub(off, tag), off)
+        out = b.or_(
+            b.icmp_signed("<", off, c64(0)),
+            b.icmp_signed(">", b.add(off, c64(nbytes)), size),
+        )
+        gen = b.add(orig, c64(gen_base))
+        self.fault_if(out, gen, L.KIND_ILLEGAL, nbytes, L.SPACE_SHARED)
+        if nbytes > 1:
+            mis = b.icmp_unsigned("!=", b.and_(off, c64(nbytes - 1)), c64(0))
+            self.fault_if(mis, gen, L.KIND_MISALIGNED, nbytes, L.SPACE_SHARED)
+        return b.gep(self.shared, [off])
+
+    def address(self, op, space: str):
+        """An address operand ``[base+off]`` → (kind, i64 value or constant offset)."""
+        if op[0] != "mem":
+            raise self.refuse("expected an address")
+        base, off = op[1], op[2]
+        b = self.b
+        if base[0] == "int":
+            return "value", c64((base[1] + off) & (2**64 - 1))
+        if base[0] == "name":
+            var = self.ins.scope.var(base[1])
+            if var is not None and var.space == "param":
+                if space != "param":
+                    raise self.refuse("a kernel parameter through a non-.param address")
+                o = self.kparam_offsets.get(id(var))
+                if o is None:
+                    raise self.refuse(f"parameter {base[1]}")
+                return "param", o + off
+            return "value", b.add(self.symbol(base[1]), c64(off))
+        r = self.regdecl(base[1])
+        v = b.load(self.regs[r.uid])
+        if r.type.kind == "pred":
+            raise self.refuse("predicate as an address")
+        v = b.zext(v, I64) if v.type.width < 64 else v
+        return "value", b.add(v, c64(off & (2**64 - 1)))
+
+    def mem_ptr(self, space: str, addr, nbytes: int, write: bool):
+        """A checked pointer for an access in ``space`` (global/const/shared/generic)."""
+        b = self.b
+        if space in ("global", "const"):
+            if write and space == "const":
+                raise self.refuse("st.const")
+            return self.global_ptr(addr, nbytes)
+        if space == "shared":
+            return self.shared_ptr(addr, nbytes, SHARED_WINDOW)
+        # generic: the shared window is routed to shared memory, everything else to global
+        # (local and .param windows hold nothing this compiler's kernels can point at)
+        rel = b.sub(addr, c64(SHARED_WINDOW))
+        in_sh = b.icmp_unsigned("<", rel, c64(WINDOW_SIZE))
+        sh_blk = self.step.append_basic_block("generic_shared")
+        gl_blk = self.step.append_basic_block("generic_global")
+        join = self.step.append_basic_block("generic_join")
+        b.cbranch(in_sh, sh_blk, gl_blk)
+        b.position_at_end(sh_blk)
+        p1 = self.shared_ptr(rel, nbytes, SHARED_WINDOW)
+        e1 = b.block
+        b.branch(join)
+        b.position_at_end(gl_blk)
+        p2 = self.global_ptr(addr, nbytes)
+        e2 = b.block
+        b.branch(join)
+        b.position_at_end(join)
+        p = b.phi(I8P)
+        p.add_incoming(p1, e1)
+        p.add_incoming(p2, e2)
+        return p
+
+    # ---- lookup and driver ----------------------------------------------------------------
+    def declare_lookup(self) -> None:
+        fty = ir.FunctionType(I1, [I64P, I64, I64, I64])
+        self.lookup = ir.Function(self.mod, fty, "lookup")
+        self.lookup.linkage = "internal"
+        self.lookup.attributes.add("noinline")
+
+    def build_lookup(self) -> None:
+        """Binary search of the allocation table; on a hit, the site's cache is updated."""
+        f = self.lookup
+        ctx, addr, n, site = f.args
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        starts = b.inttoptr(b.load(b.gep(ctx, [c64(L.ALLOC_STARTS)])), I64P)
+        ends = b.inttoptr(b.load(b.gep(ctx, [c64(L.ALLOC_ENDS)])), I64P)
+        cnt = b.load(b.gep(ctx, [c64(L.NALLOC)]))
+        head = f.append_basic_block("head")
+        body = f.append_basic_block("body")
+        fin = f.append_basic_block("fin")
+        entry = b.block
+        b.branch(head)
+        b.position_at_end(head)
+        lo = b.phi(I64)
+        hi = b.phi(I64)
+        lo.add_incoming(c64(0), entry)
+        hi.add_incoming(cnt, entry)
+        b.cbranch(b.icmp_unsigned("<", lo, hi), body, fin)
+        b.position_at_end(body)
+        mid = b.lshr(b.add(lo, hi), c64(1))
+        le = b.icmp_unsigned("<=", b.load(b.gep(starts, [mid])), addr)
+        lo.add_incoming(b.select(le, b.add(mid, c64(1)), lo), body)
+        hi.add_incoming(b.select(le, hi, mid), body)
+        b.branch(head)
+        b.position_at_end(fin)
+        none = f.append_basic_block("none")
+        have = f.append_basic_block("have")
+        b.cbranch(b.icmp_unsigned("==", lo, c64(0)), none, have)
+        b.position_at_end(none)
+        b.ret(ir.Constant(I1, 0))
+        b.position_at_end(have)
+        i = b.sub(lo, c64(1))
+        s = b.load(b.gep(starts, [i]))
+        e = b.load(b.gep(ends, [i]))
+        ok = b.and_(b.icmp_unsigned("<", addr, e), b.icmp_unsigned(">=", b.sub(e, addr), n))
+        yes = f.append_basic_block("yes")
+        b.cbranch(ok, yes, none)
+        b.position_at_end(yes)
+        slot = b.add(c64(L.FIXED), b.mul(site, c64(2)))
+        b.store(s, b.gep(ctx, [slot]))
+        b.store(e, b.gep(ctx, [b.add(slot, c64(1))]))
+        b.ret(ir.Constant(I1, 1))
+
+    def open_driver(self, name: str) -> _Driver:
+        """The start both drivers share: ``i32 name(i64* ctx)`` with the context's words
+        loaded, a loop over blocks [BLOCK_BEGIN, BLOCK_END) whose body computes %ctaid and
+        zeroes the block's shared memory; the builder is left in that body."""
+        f = ir.Function(self.mod, ir.FunctionType(I32, [I64P]), name)
+        (ctx,) = f.args
+        ctx.add_attribute("noalias")
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+
+        def word(slot):
+            return b.load(b.gep(ctx, [c64(slot)]))
+
+        d = _Driver(f, b, ctx, word)
+        d.inv = [word(slot) for slot in _INVARIANT]
+        gx, gy = word(L.GRID), word(L.GRID + 1)
+        d.ntid = (word(L.NTID), word(L.NTID + 1), word(L.NTID + 2))
+        d.shared = b.inttoptr(word(L.SHARED), I8P)
+        shsize = word(L.SHARED_SIZE)
+        d.save = b.inttoptr(word(L.SAVE), I64P)
+        d.resume = b.inttoptr(word(L.RESUME), I32.as_pointer())
+        d.memset = self.intrinsic("llvm.memset.p0.i64", ir.VoidType(), [I8P, I8, I64, I1])
+        b0, b1 = word(L.BLOCK_BEGIN), word(L.BLOCK_END)
+        d.grid = (gx, gy)
+        # %ctaid of the first block by division, then counted up block by block
+        first = (b.urem(b0, gx), b.urem(b.udiv(b0, gx), gy), b.udiv(b0, b.mul(gx, gy)))
+        entry = b.block
+        d.head, body, d.done = (f.append_basic_block(x) for x in ("blocks", "block", "done"))
+        b.branch(d.head)
+        b.position_at_end(d.head)
+        d.blk = b.phi(I64)
+        d.blk.add_incoming(b0, entry)
+        d.cta = [b.phi(I64) for _ in range(3)]
+        for phi, v in zip(d.cta, first, strict=True):
+            phi.add_incoming(v, entry)
+        b.cbranch(b.icmp_unsigned("<", d.blk, b1), body, d.done)
+        b.position_at_end(body)
+        d.ctaid = tuple(b.trunc(v, I32) for v in d.cta)
+        if self.uses_shared:
+            b.call(d.memset, [d.shared, ir.Constant(I8, 0), shsize, ir.Constant(I1, 0)])
+        return d
+
+    def close_driver(self, d: _Driver) -> None:
+        """From the current block: on to the next block; after the last, return 0."""
+        b = d.b
+        d.blk.add_incoming(b.add(d.blk, c64(1)), b.block)
+        x, y, z = d.cta
+        gx, gy = d.grid
+        x1 = b.add(x, c64(1))
+        wrap_x = b.icmp_unsigned("==", x1, gx)
+        y1 = b.select(wrap_x, b.add(y, c64(1)), y)
+        wrap_y = b.icmp_unsigned("==", y1, gy)
+        d.cta[0].add_incoming(b.select(wrap_x, c64(0), x1), b.block)
+        d.cta[1].add_incoming(b.select(wrap_y, c64(0), y1), b.block)
+        d.cta[2].add_incoming(b.select(wrap_y, b.add(z, c64(1)), z), b.block)
+        b.branch(d.head)
+        b.position_at_end(d.done)
+        b.ret(ir.Constant(I32, 0))
+
+    def build_driver_fast(self, name: str, scalar) -> None:
+        """``i32 name(i64* ctx)``: 1-D blocks [BLOCK_BEGIN, BLOCK_END), each one countable
+        loop over its lanes with no exit (vectorizable), then the lanes it could not finish
+        (RESUME[t] == FAULTED) again through the exact scalar form. Returns 0, or 1 after a
+        fault (recorded by the scalar form)."""
+        d = self.open_driver(name)
+        b, f, ctx = d.b, d.f, d.ctx
+        inv, shared, save, resume = d.inv, d.shared, d.save, d.resume
+        bx = d.ntid[0]
+        cx, cy, cz = d.ctaid
+        bbody = b.block
+        lhead, lbody = f.append_basic_block("lanes"), f.append_basic_block("lane")
+        lend = f.append_basic_block("lanes_end")
+        rhead, rbody = f.append_basic_block("redo"), f.append_basic_block("redo_lane")
+        rrun, rnext = f.append_basic_block("redo_run"), f.append_basic_block("redo_next")
+        nextblk, fault = f.append_basic_block("next"), f.append_basic_block("fault")
+        caches = [d.word(L.FIXED + i) for i in range(2 * self.nsites)]
+        b.branch(lhead)
+        b.position_at_end(lhead)
+        t, missed = b.phi(I64), b.phi(I1)
+        t.add_incoming(c64(0), bbody)
+        missed.add_incoming(ir.Constant(I1, 0), bbody)
+        b.cbranch(b.icmp_unsigned("<", t, bx), lbody, lend)
+        b.position_at_end(lbody)
+        zero = ir.Constant(I32, 0)
+        lane = [ctx, zero, b.trunc(t, I32), zero, zero, cx, cy, cz, shared, save, *inv]
+        r = b.call(self.step, [*lane, *caches])
+        b.store(r, b.gep(resume, [t]))
+        missed.add_incoming(b.or_(missed, b.icmp_signed("==", r, ir.Constant(I32, FAULTED))), lbody)
+        t.add_incoming(b.add(t, c64(1)), lbody)
+        b.branch(lhead)
+        b.position_at_end(lend)
+        b.cbranch(missed, rhead, nextblk)
+        b.position_at_end(rhead)
+        u = b.phi(I64)
+        u.add_incoming(c64(0), lend)
+        b.cbranch(b.icmp_unsigned("<", u, bx), rbody, nextblk)
+        b.position_at_end(rbody)
+        again = b.icmp_signed("==", b.load(b.gep(resume, [u])), ir.Constant(I32, FAULTED))
+        b.cbranch(again, rrun, rnext)
+        b.position_at_end(rrun)
+        r2 = b.call(
+            scalar, [ctx, zero, b.trunc(u, I32), zero, zero, cx, cy, cz, shared, save, *inv]
+        )
+        b.cbranch(b.icmp_signed("==", r2, ir.Constant(I32, FAULTED)), fault, rnext)
+        b.position_at_end(rnext)
+        u.add_incoming(b.add(u, c64(1)), rnext)
+        b.branch(rhead)
+        b.position_at_end(fault)
+        b.ret(ir.Constant(I32, 1))
+        b.position_at_end(nextblk)
+        self.close_driver(d)
+
+    def build_driver(self) -> None:
+        """``i32 kern(i64* ctx)``: blocks [BLOCK_BEGIN, BLOCK_END) one after the other, each
+        as rounds of a loop over its lanes (one round per barrier phase). Returns 0, or 1
+        after a fault (recorded in the context)."""
+        d = self.open_driver("kern_" + sanitize(self.fn.name))
+        b, f, ctx = d.b, d.f, d.ctx
+        inv, shared, save, resume, memset = d.inv, d.shared, d.save, d.resume, d.memset
+        bx, by, bz = d.ntid
+        nthreads = b.mul(b.mul(bx, by), bz)
+        cx, cy, cz = d.ctaid
+        nregs = len(self.reg_index)
+        bar = self.has_bar
+        if bar:
+            b.call(
+                memset,
+                [
+                    b.bitcast(save, I8P),
+                    ir.Constant(I8, 0),
+                    b.mul(nthreads, c64(8 * max(nregs, 1))),
+                    ir.Constant(I1, 0),
+                ],
+            )
+            b.call(
+                memset,
+                [
+                    b.bitcast(resume, I8P),
+                    ir.Constant(I8, 0),
+                    b.mul(nthreads, c64(4)),
+                    ir.Constant(I1, 0),
+                ],
+            )
+        rhead = round_head = f.append_basic_block("round")
+        b.branch(rhead)
+        b.position_at_end(rhead)
+        nextblk = f.append_basic_block("next_block")
+        fault = f.append_basic_block("fault")
+        if self.vec_regions:
+            scalar_round = f.append_basic_block("scalar_round")
+            self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault)
+            b.position_at_end(scalar_round)
+            rhead = scalar_round
+        # lanes x fastest, then y, then z (the linear thread id order of the interpreter)
+        zhead, zbody = f.append_basic_block("z"), f.append_basic_block("zb")
+        yhead, ybody = f.append_basic_block("y"), f.append_basic_block("yb")
+        xhead, xbody = f.append_basic_block("x"), f.append_basic_block("xb")
+        lrun, lnext = f.append_basic_block("run"), f.append_basic_block("next")
+        ynext, znext = f.append_basic_block("ynext"), f.append_basic_block("znext")
+        rend = f.append_basic_block("round_end")
+        b.branch(zhead)
+        b.position_at_end(zhead)
+        z, t_z, live_z = b.phi(I64), b.phi(I64), b.phi(I1)
+        z.add_incoming(c64(0), rhead)
+        t_z.add_incoming(c64(0), rhead)
+        live_z.add_incoming(ir.Constant(I1, 0), rhead)
+        b.cbranch(b.icmp_unsigned("<", z, bz), zbody, rend)
+        b.position_at_end(zbody)
+        b.branch(yhead)
+        b.position_at_end(yhead)
+        y, t_y, live_y = b.phi(I64), b.phi(I64), b.phi(I1)
+        y.add_incoming(c64(0), zbody)
+        t_y.add_incoming(t_z, zbody)
+        live_y.add_incoming(live_z, zbody)
+        b.cbranch(b.icmp_unsigned("<", y, by), ybody, znext)
+        b.position_at_end(ybody)
+        b.branch(xhead)
+        b.position_at_end(xhead)
+        x, t, live = b.phi(I64), b.phi(I64), b.phi(I1)
+        x.add_incoming(c64(0), ybody)
+        t.add_incoming(t_y, ybody)
+        live.add_incoming(live_y, ybody)
+        b.cbranch(b.icmp_unsigned("<", x, bx), xbody, ynext)
+        b.position_at_end(xbody)
+        if bar:
+            rp = b.gep(resume, [t])
+            r = b.load(rp)
+            b.cbranch(b.icmp_signed(">=", r, ir.Constant(I32, 0)), lrun, lnext)
+        else:
+            r = ir.Constant(I32, 0)
+            b.branch(lrun)
+        b.position_at_end(lrun)
+        lane_save = b.gep(save, [t])
+        tid = [b.trunc(v, I32) for v in (x, y, z)]
+        nr = b.call(self.step, [ctx, r, *tid, cx, cy, cz, shared, lane_save, *inv])
+        if bar:
+            b.store(nr, rp)
+        cont = f.append_basic_block("cont")
+        b.cbranch(b.icmp_signed("==", nr, ir.Constant(I32, FAULTED)), fault, cont)
+        b.position_at_end(cont)
+        now_live = b.or_(live, b.icmp_signed(">=", nr, ir.Constant(I32, 0)))
+        b.branch(lnext)
+        b.position_at_end(lnext)
+        live2 = b.phi(I1)
+        live2.add_incoming(now_live, cont)
+        if bar:
+            live2.add_incoming(live, xbody)
+        x.add_incoming(b.add(x, c64(1)), lnext)
+        t.add_incoming(b.add(t, c64(1)), lnext)
+        live.add_incoming(live2, lnext)
+        b.branch(xhead)
+        b.position_at_end(ynext)
+        y.add_incoming(b.add(y, c64(1)), ynext)
+        t_y.add_incoming(t, ynext)
+        live_y.add_incoming(live, ynext)
+        b.branch(yhead)
+        b.position_at_end(znext)
+        z.add_incoming(b.add(z, c64(1)), znext)
+        t_z.add_incoming(t_y, znext)
+        live_z.add_incoming(live_y, znext)
+        b.branch(zhead)
+        live = live_z
+        b.position_at_end(rend)
+        b.cbranch(live, round_head, nextblk)
+        b.position_at_end(fault)
+        b.ret(ir.Constant(I32, 1))
+        b.position_at_end(nextblk)
+        self.close_driver(d)
+
+    def build_vector_rounds(self, d: _Driver, nthreads, rhead, scalar_round, nextblk, fault):
+        """At the start of a round (``rhead``): when every lane of the block waits at the
+        same resume point and that region has the two-pass form, run it as vectorizable
+        loops over the lanes (x innermost), then the lanes it could not finish (a failed
+        check) through the exact scalar form, in lane order; otherwise the scalar round."""
+        b, f, ctx = d.b, d.f, d.ctx
+        inv, shared, save, resume = d.inv, d.shared, d.save, d.resume
+        bx, by, bz = d.ntid
+        cx, cy, cz = d.ctaid
+        redo_tag = ir.Constant(I32, _REDO)
+        # the scan: one resume point for all lanes?
+        r0 = b.load(resume)
+        shead, sbody, send = (f.append_basic_block(x) for x in ("scan", "scan_lane", "scanned"))
+        b.branch(shead)
+        b.position_at_end(shead)
+        i, same = b.phi(I64), b.phi(I1)
+        i.add_incoming(c64(0), rhead)
+        same.add_incoming(ir.Constant(I1, 1), rhead)
+        b.cbranch(b.icmp_unsigned("<", i, nthreads), sbody, send)
+        b.position_at_end(sbody)
+        same.add_incoming(b.and_(same, b.icmp_signed("==", b.load(b.gep(resume, [i])), r0)), sbody)
+        i.add_incoming(b.add(i, c64(1)), sbody)
+        b.branch(shead)
+        b.position_at_end(send)
+        uni = f.append_basic_block("uniform")
+        b.cbranch(same, uni, scalar_round)
+        b.position_at_end(uni)
+        alldone = f.append_basic_block("all_exited")
+        pick = f.append_basic_block("pick_region")
+        b.cbranch(b.icmp_signed("<", r0, ir.Constant(I32, 0)), alldone, pick)
+        b.position_at_end(alldone)
+        b.branch(nextblk)
+        b.position_at_end(pick)
+        # past the deadline: the scalar round, whose branches back check the stop flag (a
+        # loop around barriers whose regions are all vectorized would otherwise never see it)
+        stop = b.load_atomic(b.gep(ctx, [c64(L.STOP)]), "monotonic", 8)
+        go = f.append_basic_block("vector_round")
+        b.cbranch(b.icmp_unsigned("!=", stop, c64(0)), scalar_round, go)
+        b.position_at_end(go)
+        sw = b.switch(r0, scalar_round)
+        redo = f.append_basic_block("redo")
+        for k in self.vec_regions:
+            ent = f.append_basic_block(f"vec{k}")
+            sw.add_case(ir.Constant(I32, k), ent)
+            b.position_at_end(ent)
+            caches = [d.word(L.FIXED + j) for j in range(2 * self.nsites)]
+            zh, zb, yh, yb = (f.append_basic_block(f"v{k}{x}") for x in ("z", "zb", "y", "yb"))
+            xh, xb = f.append_basic_block(f"vlanes{k}"), f.append_basic_block(f"vlane{k}")
+            yn, zn = f.append_basic_block(f"v{k}yn"), f.append_basic_block(f"v{k}zn")
+            b.branch(zh)
+            b.position_at_end(zh)
+            z = b.phi(I64)
+            z.add_incoming(c64(0), ent)
+            b.cbranch(b.icmp_unsigned("<", z, bz), zb, redo)
+            b.position_at_end(zb)
+            b.branch(yh)
+            b.position_at_end(yh)
+            y = b.phi(I64)
+            y.add_incoming(c64(0), zb)
+            b.cbranch(b.icmp_unsigned("<", y, by), yb, zn)
+            b.position_at_end(yb)
+            row = b.mul(b.add(b.mul(z, by), y), bx)
+            b.branch(xh)
+            b.position_at_end(xh)
+            x = b.phi(I64)
+            x.add_incoming(c64(0), yb)
+            b.cbranch(b.icmp_unsigned("<", x, bx), xb, yn)
+            b.position_at_end(xb)
+            t = b.add(row, x)
+            tid = [b.trunc(v, I32) for v in (x, y, z)]
+            lane_save = b.gep(save, [t])
+            lane = [ctx, ir.Constant(I32, k), *tid, cx, cy, cz, shared, lane_save, *inv]
+            nr = b.call(self.fast_step, [*lane, *caches])
+            failed = b.icmp_signed("==", nr, ir.Constant(I32, FAULTED))
+            slot = b.gep(resume, [t], name="vresume")  # in the loops' access group
+            b.store(b.select(failed, b.add(redo_tag, ir.Constant(I32, k)), nr), slot)
+            x.add_incoming(b.add(x, c64(1)), xb)
+            b.branch(xh)
+            self.par_loops.append((d.f.name, f"vlanes{k}"))
+            b.position_at_end(yn)
+            y.add_incoming(b.add(y, c64(1)), yn)
+            b.branch(yh)
+            b.position_at_end(zn)
+            z.add_incoming(b.add(z, c64(1)), zn)
+            b.branch(zh)
+        # the lanes left to redo, in lane order, through the scalar form
+        b.position_at_end(redo)
+        rh, rb, rr = (f.append_basic_block(x) for x in ("redo_head", "redo_lane", "redo_run"))
+        rn = f.append_basic_block("redo_next")
+        b.branch(rh)
+        b.position_at_end(rh)
+        u = b.phi(I64)
+        u.add_incoming(c64(0), redo)
+        b.cbranch(b.icmp_unsigned("<", u, nthreads), rb, rhead)
+        b.position_at_end(rb)
+        rp = b.gep(resume, [u])
+        rv = b.load(rp)
+        b.cbranch(b.icmp_signed(">=", rv, redo_tag), rr, rn)
+        b.position_at_end(rr)
+        ux = b.urem(u, bx)
+        uy = b.urem(b.udiv(u, bx), by)
+        uz = b.udiv(u, b.mul(bx, by))
+        tid = [b.trunc(v, I32) for v in (ux, uy, uz)]
+        lane_save = b.gep(save, [u])
+        r2 = b.call(
+            self.step, [ctx, b.sub(rv, redo_tag), *tid, cx, cy, cz, shared, lane_save, *inv]
+        )
+        b.store(r2, rp)
+        b.cbranch(b.icmp_signed("==", r2, ir.Constant(I32, FAULTED)), fault, rn)
+        b.position_at_end(rn)
+        u.add_incoming(b.add(u, c64(1)), rn)
+        b.branch(rh)
+
+
+#: a lane's resume word after the vectorized form could not finish it: this plus its region
+_REDO = 1 << 24
+
+
+class _Driver:
+    """What :meth:`KernelLowering.open_driver` built: the function, its builder and context, the
+    loaded context words and the block loop's pieces."""
+
+    def __init__(self, f: ir.Function, b: ir.IRBuilder, ctx, word) -> None:
+        self.f, self.b, self.ctx, self.word = f, b, ctx, word
+
+
+#: instructions whose result is a function of their operands only (no memory but kernel
+#: parameters, no fault): a register such an instruction defines can be computed again
+_PURE = {
+    "mov", "add", "sub", "mul", "mad", "shl", "shr", "and", "or", "xor", "not", "neg",
+    "min", "max", "cvt", "cvta", "setp", "selp", "ld",
+}  # fmt: skip
+
+
+def rematerializable(body) -> tuple[dict[int, frozenset[int]], list]:
+    """Registers that can be computed again after a barrier instead of saved: defined once
+    in the whole kernel, by an unguarded pure instruction that dominates every barrier (every
+    lane ran it before reaching one), from immediates, symbols, kernel parameters, the
+    geometry special registers and other such registers whose definitions dominate it.
+    Returns ``{uid: the uids it depends on, transitively}`` and the defining instructions in
+    order as ``[(instr, uid)]``."""
+    defs: dict[str, int] = {}
+    for s in body:
+        if isinstance(s, Instr) and isinstance(s.operands, list) and s.operands:
+            for name in _reg_names(s.operands[0]):
+                defs[name] = defs.get(name, 0) + 1
+    dom = _Dominance(body)
+    bars = [
+        i
+        for i, s in enumerate(body)
+        if isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier")
+    ]
+    remat: dict[int, frozenset[int]] = {}
+    prefix: list = []
+    by_name: dict[str, tuple[int, int]] = {}  # register -> (uid, index of its definition)
+    for i, s in enumerate(body):
+        if isinstance(s, Label):
+            continue
+        op = s.opcode.split(".")[0]
+        ops = s.operands if isinstance(s.operands, list) else None
+        if s.guard is not None or op not in _PURE or not ops or ops[0][0] != "reg":
+            continue
+        if op == "ld" and "param" not in s.opcode.split("."):
+            continue
+        dest = ops[0][1]
+        r = s.scope.reg(dest) if s.scope is not None else None
+        if r is None or defs.get(dest) != 1 or not all(dom.dominates(i, j) for j in bars):
+            continue
+        deps: set[int] = set()
+        ok = True
+        for o in ops[1:]:
+            for name in _reg_names(o):
+                if name in SPECIAL_GEOM:
+                    continue
+                got = by_name.get(name)
+                if got is None or not dom.dominates(got[1], i):
+                    ok = False
+                    break
+                deps |= {got[0]} | remat[got[0]]
+            ok = ok and _pure_operand(o, op)
+        if ok:
+            by_name[dest] = (r.uid, i)
+            remat[r.uid] = frozenset(deps)
+            prefix.append((s, r.uid))
+    return remat, prefix
+
+
+class _Dominance:
+    """Dominance between the kernel's instructions (by index), from its basic blocks."""
+
+    def __init__(self, body) -> None:
+        n = len(body)
+        labels = {s.name: i for i, s in enumerate(body) if isinstance(s, Label)}
+        succ: dict[int, list[int]] = {}
+        for i, s in enumerate(body):
+            nxt = [i + 1]
+            if isinstance(s, Instr):
+                op = s.opcode.split(".")[0]
+                if op in ("exit", "ret", "trap") and s.guard is None:
+                    nxt = []
+                elif op in ("bra", "brx"):
+                    ops = s.operands if isinstance(s.operands, list) else []
+                    t = labels.get(ops[0][1]) if ops and ops[0][0] == "name" else None
+                    # an unknown target: every instruction may follow (dominates nothing)
+                    targets = [t] if t is not None else list(range(n))
+                    nxt = targets if s.guard is None else [*targets, i + 1]
+            succ[i] = [x for x in nxt if x < n]
+        leaders = {0} | {x for i in succ for x in succ[i] if x != i + 1}
+        leaders |= {i + 1 for i in succ if succ[i] != [i + 1] and i + 1 < n}
+        order = sorted(leaders)
+        self.block = [0] * n
+        for k, start in enumerate(order):
+            end = order[k + 1] if k + 1 < len(order) else n
+            for i in range(start, end):
+                self.block[i] = k
+        nb = len(order)
+        preds: list[set[int]] = [set() for _ in range(nb)]
+        for i, outs in succ.items():
+            for x in outs:
+                if self.block[x] != self.block[i] or x <= i:
+                    preds[self.block[x]].add(self.block[i])
+        full = (1 << nb) - 1
+        doms = [full] * nb
+        if nb:
+            doms[0] = 1
+        changed = True
+        while changed:
+            changed = False
+            for b in range(1, nb):
+                d = full
+                for p in preds[b]:
+                    d &= doms[p]
+                d = (d if preds[b] else 0) | (1 << b)
+                if d != doms[b]:
+                    doms[b], changed = d, True
+        self.doms = doms
+
+    def dominates(self, a: int, b: int) -> bool:
+        """Whether instruction ``a`` runs before ``b`` on every path from the entry."""
+        ba, bb = self.block[a], self.block[b]
+        if ba == bb:
+            return a < b
+        return bool(self.doms[bb] >> ba & 1)
+
+
+def _reg_names(op) -> list[str]:
+    if not isinstance(op, tuple) or not op:
+        return []
+    if op[0] == "reg":
+        return [op[1]]
+    if op[0] == "not":
+        return _reg_names(op[1])
+    if op[0] == "vec":
+        return [n for o in op[1] for n in _reg_names(o)]
+    if op[0] == "mem" and isinstance(op[1], tuple):
+        return _reg_names(op[1])
+    return [n for o in op[1:] if isinstance(o, tuple) for n in _reg_names(o)]
+
+
+def _pure_operand(op, opcode: str) -> bool:
+    """An operand a rematerialized instruction may read: registers (checked by the caller),
+    immediates, symbol addresses, or a kernel parameter's memory (``ld.param``)."""
+    kind = op[0] if isinstance(op, tuple) and op else None
+    if kind in ("reg", "int", "f32", "f64", "name", "not"):
+        return True
+    return kind == "mem" and opcode == "ld"
+
+
+def _spaces_of(opcode: str) -> frozenset[str]:
+    """The memories an ld/st may touch: global (also .const, which lies in device memory),
+    shared, or either for a generic address."""
+    parts = opcode.split(".")
+    if "shared" in parts:
+        return frozenset({"shared"})
+    if "global" in parts or "const" in parts:
+        return frozenset({"global"})
+    return frozenset({"global", "shared"})
+
+
+def _is_generic_access(opcode: str) -> bool:
+    """An ld/st without a state space: its address may fall in the shared window."""
+    parts = opcode.split(".")
+    return parts[0] in ("ld", "st") and not any(
+        p in ("global", "shared", "param", "const", "local") for p in parts[1:]
+    )
+
+
+def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) -> Lowered:
+    """Lower entry function ``fn`` or raise :class:`Refusal`. ``slot_of(var)`` gives the
+    symbol slot of a module or shared variable (None if it has none)."""
+    if fn.body is None:
+        raise Refusal(f"{fn.name} has no body", fn.line)
+    if fn.locals:
+        raise Refusal(f".local variable {fn.locals[0].name}", fn.locals[0].line)
+    k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
+    k.declare_lookup()
+    return k.build()

@@ -1,0 +1,655 @@
+"""Instruction handlers of the PTX→LLVM lowering: one per PTX opcode the compiler takes.
+
+Each takes ``(k, types, modifiers, operands)`` — ``k`` the :class:`~.lower.KernelLowering` of
+the kernel being lowered, its builder positioned where the lane's code goes — and emits that
+instruction for one lane, or raises :class:`~.irtypes.Refusal` for a form it does not take.
+Semantics follow the interpreter where PTX leaves a choice (see :mod:`.lower`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llvmlite import ir
+
+from ..memspace import SHARED_WINDOW
+from ..parser import Label
+from ..ptxtypes import TYPES, PtxType
+from . import layout as L
+from .irtypes import F32, F64, FAULTED, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
+
+if TYPE_CHECKING:
+    from .lower import KernelLowering
+
+__all__ = ["HANDLERS"]
+
+#: PTX float comparisons → (ordered?, LLVM predicate); "ne" is ordered, as the interpreter's
+#: ``a < b | a > b``, and the "u" forms are also true when either operand is NaN
+_FCMP = {
+    "eq": (True, "=="),
+    "ne": (True, "!="),
+    "lt": (True, "<"),
+    "le": (True, "<="),
+    "gt": (True, ">"),
+    "ge": (True, ">="),
+    "equ": (False, "=="),
+    "neu": (False, "!="),
+    "ltu": (False, "<"),
+    "leu": (False, "<="),
+    "gtu": (False, ">"),
+    "geu": (False, ">="),
+    "num": (True, "ord"),
+    "nan": (False, "uno"),
+}
+_ICMP_U = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_ICMP_X = {"lo": "<", "ls": "<=", "hi": ">", "hs": ">="}
+
+
+def _h_mov(k: KernelLowering, types, mods, ops) -> None:
+    k.only(mods)
+    t = k.one_type(types)
+    if len(ops) != 2 or ops[0][0] != "reg" or ops[1][0] in ("vec", "mem"):
+        raise k.refuse("mov form")
+    k.put(ops[0], t, k.get(ops[1], t))
+
+
+def _int_binop(k: KernelLowering, name: str, t: PtxType, a, c):
+    b = k.b
+    if name == "add":
+        return b.add(a, c)
+    if name == "sub":
+        return b.sub(a, c)
+    if name in ("min", "max"):
+        pred = {"min": "<", "max": ">"}[name]
+        cmp = b.icmp_signed(pred, a, c) if t.kind == "s" else b.icmp_unsigned(pred, a, c)
+        return b.select(cmp, a, c)
+    if name in ("and", "or", "xor"):
+        return {"and": b.and_, "or": b.or_, "xor": b.xor}[name](a, c)
+    raise k.refuse(name)
+
+
+def _float_binop(k: KernelLowering, name: str, a, c):
+    b = k.b
+    if name == "add":
+        return b.fadd(a, c)
+    if name == "sub":
+        return b.fsub(a, c)
+    if name == "mul":
+        return b.fmul(a, c)
+    if name == "div":
+        return b.fdiv(a, c)
+    # NumPy's fmin/fmax, which the interpreter uses: the non-NaN operand, else the first
+    # when it is strictly smaller (larger), else the second
+    pred = "olt" if name == "min" else "ogt"
+    take_a = b.or_(b.fcmp_ordered(pred, a, c), b.fcmp_unordered("uno", c, c))
+    return b.select(take_a, a, c)
+
+
+def _arith(name: str):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        t = k.one_type(types)
+        if len(ops) != 3:
+            raise k.refuse("operand count")
+        if t.kind == "f":
+            allowed = ("rn",) if name in ("add", "sub", "mul") else ()
+            if name == "div":
+                allowed = ("rn", "approx", "full") if t.bits == 32 else ("rn",)
+            k.only(mods, allowed)
+            if name == "div" and not mods_has(mods, ("rn", "approx", "full")):
+                raise k.refuse("div.f without rounding")
+            v = _float_binop(k, name, k.get(ops[1], t), k.get(ops[2], t))
+        else:
+            if t.kind == "pred":
+                raise k.refuse(f"{name}.pred")
+            if name == "mul":
+                _mul_int(k, t, mods, ops)
+                return
+            if name in ("div", "rem"):
+                k.only(mods)
+                v = _divrem(k, t, k.get(ops[1], t), k.get(ops[2], t), name == "rem")
+            else:
+                k.only(mods)
+                v = _int_binop(k, name, t, k.get(ops[1], t), k.get(ops[2], t))
+        k.put(ops[0], t, v)
+
+    return h
+
+
+def mods_has(mods, names) -> bool:
+    return any(m in names for m in mods)
+
+
+def _mul_int(k: KernelLowering, t: PtxType, mods, ops) -> None:
+    b = k.b
+    mode = [m for m in mods if m in ("lo", "hi", "wide")]
+    k.only(mods, ("lo", "hi", "wide"))
+    if len(mode) != 1:
+        raise k.refuse("mul without .lo/.hi/.wide")
+    a, c = k.get(ops[1], t), k.get(ops[2], t)
+    k.put(ops[0], *_mul_mode(k, t, mode[0], a, c))
+    del b
+
+
+def _mul_mode(k: KernelLowering, t: PtxType, mode: str, a, c):
+    """(result type, value) of ``mul.<mode>`` on ``a``, ``c``."""
+    b = k.b
+    signed = t.kind == "s"
+    if mode == "lo":
+        return t, b.mul(a, c)
+    wide = ity(2 * t.bits)
+    ext = b.sext if signed else b.zext
+    p = b.mul(ext(a, wide), ext(c, wide))
+    if mode == "wide":
+        if t.bits == 64:
+            raise k.refuse("mul.wide.64")
+        return TYPES[f"{t.kind if t.kind != 'b' else 'u'}{2 * t.bits}"], p
+    return t, b.trunc(b.lshr(p, ir.Constant(wide, t.bits)), ity(t.bits))
+
+
+def _divrem(k: KernelLowering, t: PtxType, a, c, rem: bool):
+    """Integer div/rem as the interpreter: by zero → all ones (rem: the dividend); signed
+    INT_MIN / -1 wraps (remainder 0); C truncation otherwise."""
+    b = k.b
+    ty = ity(t.bits)
+    zero = b.icmp_unsigned("==", c, ir.Constant(ty, 0))
+    safe = b.select(zero, ir.Constant(ty, 1), c)
+    if t.kind == "s":
+        m1 = b.icmp_signed("==", safe, ir.Constant(ty, -1))
+        safe2 = b.select(m1, ir.Constant(ty, 1), safe)
+        if rem:
+            r = b.select(m1, ir.Constant(ty, 0), b.srem(a, safe2))
+        else:
+            r = b.select(m1, b.sub(ir.Constant(ty, 0), a), b.sdiv(a, safe2))
+    else:
+        r = b.urem(a, safe) if rem else b.udiv(a, safe)
+    return b.select(zero, a if rem else ir.Constant(ty, (1 << t.bits) - 1), r)
+
+
+def _h_mad(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    b = k.b
+    if len(ops) != 4:
+        raise k.refuse("operand count")
+    if t.kind == "f":
+        k.only(mods, ("rn",))
+        if "rn" not in mods:
+            raise k.refuse("mad.f without rounding (unfused legacy form)")
+        _fma(k, t, ops)
+        return
+    mode = [m for m in mods if m in ("lo", "hi", "wide")]
+    k.only(mods, ("lo", "hi", "wide"))
+    if len(mode) != 1:
+        raise k.refuse("mad without .lo/.hi/.wide")
+    rt, p = _mul_mode(k, t, mode[0], k.get(ops[1], t), k.get(ops[2], t))
+    k.put(ops[0], rt, b.add(p, k.get(ops[3], rt)))
+
+
+def _fma(k: KernelLowering, t: PtxType, ops) -> None:
+    vt = vty(t)
+    f = k.intrinsic(f"llvm.fma.{k.fname(vt)}", vt, [vt, vt, vt])
+    v = k.b.call(f, [k.get(ops[1], t), k.get(ops[2], t), k.get(ops[3], t)])
+    k.put(ops[0], t, v)
+
+
+def _h_fma(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    k.only(mods, ("rn",))
+    if t.kind != "f" or "rn" not in mods or len(ops) != 4:
+        raise k.refuse("fma form")
+    _fma(k, t, ops)
+
+
+def _h_unary(name: str):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        t = k.one_type(types)
+        b = k.b
+        if len(ops) != 2:
+            raise k.refuse("operand count")
+        k.only(mods)
+        a = k.get(ops[1], t)
+        if t.kind == "f":
+            vt = vty(t)
+            if name == "neg":
+                v = b.fneg(a)
+            else:
+                v = b.call(k.intrinsic(f"llvm.fabs.{k.fname(vt)}", vt, [vt]), [a])
+        elif t.kind == "s":
+            zero = ir.Constant(a.type, 0)
+            neg = b.sub(zero, a)
+            v = neg if name == "neg" else b.select(b.icmp_signed("<", a, zero), neg, a)
+        else:
+            raise k.refuse(f"{name}.{t.name}")
+        k.put(ops[0], t, v)
+
+    return h
+
+
+def _h_logic(name: str):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        t = k.one_type(types)
+        k.only(mods)
+        if t.kind == "f":
+            raise k.refuse(f"{name}.{t.name}")
+        b = k.b
+        if name == "not":
+            if len(ops) != 2:
+                raise k.refuse("operand count")
+            k.put(ops[0], t, b.not_(k.get(ops[1], t)))
+            return
+        if len(ops) != 3:
+            raise k.refuse("operand count")
+        k.put(ops[0], t, _int_binop(k, name, t, k.get(ops[1], t), k.get(ops[2], t)))
+
+    return h
+
+
+def _h_shift(left: bool):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        t = k.one_type(types)
+        k.only(mods)
+        if t.kind in ("f", "pred") or len(ops) != 3:
+            raise k.refuse("shift form")
+        b = k.b
+        a = k.get(ops[1], t)
+        n = k.get(ops[2], TYPES["u32"])
+        ty = a.type
+        big = b.icmp_unsigned(">=", n, ir.Constant(I32, t.bits))
+        n_t = resize(b, b.select(big, ir.Constant(I32, 0), n), t.bits, signed=False)
+        if left:
+            v = b.select(big, ir.Constant(ty, 0), b.shl(a, n_t))
+        elif t.kind == "s":
+            v = b.select(big, b.ashr(a, ir.Constant(ty, t.bits - 1)), b.ashr(a, n_t))
+        else:
+            v = b.select(big, ir.Constant(ty, 0), b.lshr(a, n_t))
+        k.put(ops[0], t, v)
+
+    return h
+
+
+def _h_setp(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    b = k.b
+    cmp = [m for m in mods if m in _FCMP or m in _ICMP_X]
+    bop = [m for m in mods if m in ("and", "or", "xor")]
+    k.only(mods, tuple(cmp) + tuple(bop))
+    if len(cmp) != 1 or len(bop) > 1:
+        raise k.refuse("setp form")
+    c = cmp[0]
+    x, y = k.get(ops[1], t), k.get(ops[2], t)
+    if t.kind == "f":
+        if c not in _FCMP:
+            raise k.refuse(f"setp.{c} on floats")
+        ordered, pred = _FCMP[c]
+        p = (b.fcmp_ordered if ordered else b.fcmp_unordered)(pred, x, y)
+    elif t.kind == "pred":
+        raise k.refuse("setp.pred")
+    elif c in _ICMP_X:
+        p = b.icmp_unsigned(_ICMP_X[c], x, y)
+    elif c in _ICMP_U:
+        p = (b.icmp_signed if t.kind == "s" else b.icmp_unsigned)(_ICMP_U[c], x, y)
+    else:
+        raise k.refuse(f"setp.{c} on integers")
+    pt = TYPES["pred"]
+    q = b.not_(p)
+    if bop:
+        if len(ops) != 4:
+            raise k.refuse("operand count")
+        z = k.get(ops[3], pt)
+        f = {"and": b.and_, "or": b.or_, "xor": b.xor}[bop[0]]
+        p, q = f(p, z), f(q, z)
+    elif len(ops) != 3:
+        raise k.refuse("operand count")
+    d = ops[0]
+    if d[0] == "pair":
+        k.put(d[1], pt, p)
+        k.put(d[2], pt, q)
+    else:
+        k.put(d, pt, p)
+
+
+def _h_selp(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    k.only(mods)
+    if len(ops) != 4:
+        raise k.refuse("operand count")
+    g = k.get(ops[3], TYPES["pred"])
+    k.put(ops[0], t, k.b.select(g, k.get(ops[1], t), k.get(ops[2], t)))
+
+
+def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
+    b = k.b
+    if len(types) != 2 or len(ops) != 2:
+        raise k.refuse("cvt form")
+    dt, st = types
+    rnd = [m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")]
+    k.only(mods, tuple(rnd))
+    for t in (dt, st):
+        if t.kind not in ("u", "s", "b", "f") or (t.bits == 8 and t is dt):
+            raise k.refuse(f"cvt with .{t.name}")
+    r = rnd[0] if rnd else None
+    if dt.kind != "f" and st.kind != "f":  # integer <-> integer
+        if r is not None:
+            raise k.refuse("rounding on an integer cvt")
+        a = _cvt_src_int(k, ops[1], st)
+        k.put(ops[0], dt, resize(b, a, dt.bits, signed=st.kind == "s"))
+        return
+    if st.kind != "f":  # integer -> float
+        if r != "rn":
+            raise k.refuse("integer to float cvt without .rn")
+        a = _cvt_src_int(k, ops[1], st)
+        vt = vty(dt)
+        k.put(ops[0], dt, b.sitofp(a, vt) if st.kind == "s" else b.uitofp(a, vt))
+        return
+    a = k.get(ops[1], st)
+    if dt.kind == "f":  # float -> float
+        if dt.bits > st.bits:
+            if r is not None:
+                raise k.refuse("rounding on a widening cvt")
+            k.put(ops[0], dt, b.fpext(a, vty(dt)))
+        elif dt.bits < st.bits:
+            if r != "rn":
+                raise k.refuse("narrowing float cvt other than .rn")
+            k.put(ops[0], dt, b.fptrunc(a, vty(dt)))
+        else:
+            if r not in ("rni", "rzi", "rmi", "rpi"):
+                raise k.refuse("float cvt of one width without integer rounding")
+            k.put(ops[0], dt, _round_int(k, a, r))
+        return
+    if r not in ("rni", "rzi", "rmi", "rpi"):  # float -> integer: saturating, NaN -> 0
+        raise k.refuse("float to integer cvt without integer rounding")
+    a = _round_int(k, a, r)
+    it = ity(dt.bits)
+    sat = "fptosi" if dt.kind == "s" else "fptoui"
+    f = k.intrinsic(f"llvm.{sat}.sat.i{dt.bits}.{k.fname(a.type)}", it, [a.type])
+    k.put(ops[0], dt, b.call(f, [a]))
+
+
+def _cvt_src_int(k: KernelLowering, op, st: PtxType):
+    """cvt's integer source: a register at least as wide as ``st`` (the low bits are used)."""
+    b = k.b
+    if op[0] == "reg" and op[1] not in SPECIAL_GEOM:
+        r = k.regdecl(op[1])
+        if r.type.kind in ("pred", "f") or storage_bits(r.type) < st.bits:
+            raise k.refuse(f"cvt source {op[1]}")
+        v = b.load(k.regs[r.uid])
+        return resize(b, v, st.bits, signed=False)
+    return k.get(op, st)
+
+
+def _round_int(k: KernelLowering, a, r: str):
+    name = {"rni": "roundeven", "rzi": "trunc", "rmi": "floor", "rpi": "ceil"}[r]
+    f = k.intrinsic(f"llvm.{name}.{k.fname(a.type)}", a.type, [a.type])
+    return k.b.call(f, [a])
+
+
+def _h_cvta(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    to = "to" in mods
+    spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
+    k.only(mods, ("to", *spaces))
+    if len(spaces) != 1 or spaces[0] not in ("global", "shared") or t.bits != 64:
+        raise k.refuse("cvta form")
+    a = k.get(ops[1], t)
+    if spaces[0] == "shared":
+        w = c64(SHARED_WINDOW)
+        a = k.b.sub(a, w) if to else k.b.add(a, w)
+    k.put(ops[0], t, a)
+
+
+def _space_of(k: KernelLowering, mods) -> str:
+    spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
+    if len(spaces) > 1:
+        raise k.refuse("two state spaces")
+    if mods_has(mods, ("volatile",)):
+        # shared: the warp-synchronous idiom needs lockstep lanes; global: a block may spin on
+        # another block's store, and blocks here run one after the other
+        raise k.refuse(".volatile access")
+    if spaces and spaces[0] == "local":
+        raise k.refuse(".local memory")
+    return spaces[0] if spaces else "generic"
+
+
+def _ldst(store: bool):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        b = k.b
+        t = k.one_type(types, bytes_ok=True)
+        if t.kind == "pred":
+            raise k.refuse("ld/st of .pred")
+        space = _space_of(k, mods)
+        vec = [m for m in mods if m in ("v2", "v4")]
+        k.only(mods, ("global", "shared", "param", "const", *vec))
+        n = int(vec[0][1]) if vec else 1
+        if len(ops) != 2:
+            raise k.refuse("operand count")
+        mem_op, val_op = (ops[0], ops[1]) if store else (ops[1], ops[0])
+        vals = val_op[1] if val_op[0] == "vec" else [val_op]
+        if len(vals) != n:
+            raise k.refuse("vector width")
+        size = t.bits // 8
+        total = size * n
+        kind, addr = k.address(mem_op, space)
+        if kind == "param":
+            if store:
+                raise k.refuse("st.param")
+            if addr < 0 or addr + total > k.param_bytes or addr % total:
+                raise k.refuse("a kernel parameter access outside the parameters")
+            base = None
+        elif space == "param":
+            raise k.refuse("ld.param through a register")
+        else:
+            if k.fast:
+                b.store(ir.Constant(ir.IntType(1), 1), k.access_ok)
+            base = k.mem_ptr(space, addr, total, store)
+        it = ity(t.bits)
+        if k.fast and kind != "param":
+            _ldst_predicated(k, base, vals, t, store)
+            return
+        for i, v in enumerate(vals):
+            p = None if base is None else b.bitcast(b.gep(base, [c64(i * size)]), it.as_pointer())
+            if store:
+                b.store(_st_value(k, v, t), p)
+            elif not (v[0] == "reg" and v[1] == "_"):
+                x = k.param_load(addr + i * size, it) if kind == "param" else b.load(p)
+                _ld_put(k, v, t, x)
+
+    return h
+
+
+def _ldst_predicated(k: KernelLowering, base, vals, t: PtxType, store: bool) -> None:
+    """The fast form's access: a load where its own checks passed (else 0: the lane runs
+    again anyway) in the checking pass and where all of the lane's passed in the committing
+    pass (the checks are not repeated there), a store in the committing pass only."""
+    b = k.b
+    it = ity(t.bits)
+    size = t.bits // 8
+    if store:
+        srcs = [_st_value(k, v, t) for v in vals]
+        if not k.commit:  # the checking pass stores nothing
+            return
+    go = k.step.append_basic_block("access")
+    join = k.step.append_basic_block("accessed")
+    came = b.block
+    b.cbranch(b.load(k.lane_ok if k.commit else k.access_ok), go, join)
+    b.position_at_end(go)
+    loaded = []
+    for i in range(len(vals)):
+        p = b.bitcast(b.gep(base, [c64(i * size)]), it.as_pointer())
+        if store:
+            b.store(srcs[i], p)
+        else:
+            loaded.append(b.load(p))
+    b.branch(join)
+    b.position_at_end(join)
+    if store:
+        return
+    phis = []
+    for x in loaded:  # every phi first: they must open the block
+        phi = b.phi(it)
+        phi.add_incoming(x, go)
+        phi.add_incoming(ir.Constant(it, 0), came)
+        phis.append(phi)
+    for v, phi in zip(vals, phis, strict=True):
+        if not (v[0] == "reg" and v[1] == "_"):
+            _ld_put(k, v, t, phi)
+
+
+def _st_value(k: KernelLowering, op, t: PtxType):
+    """A store's source: a register at least as wide as the type (truncated), or an
+    immediate."""
+    b = k.b
+    if op[0] == "reg" and op[1] not in SPECIAL_GEOM:
+        r = k.regdecl(op[1])
+        if r.type.kind == "pred" or storage_bits(r.type) < t.bits:
+            raise k.refuse(f"store source {op[1]}")
+        return resize(b, b.load(k.regs[r.uid]), t.bits, signed=False)
+    v = k.get(op, t)
+    return b.bitcast(v, ity(t.bits)) if t.kind == "f" else v
+
+
+def _ld_put(k: KernelLowering, op, t: PtxType, x) -> None:
+    """A load's destination: a register at least as wide as the type, sign-extended for
+    signed types and zero-extended otherwise."""
+    b = k.b
+    if op[0] != "reg":
+        raise k.refuse("load destination")
+    r = k.regdecl(op[1])
+    sw = storage_bits(r.type)
+    if r.type.kind == "pred" or sw < t.bits:
+        raise k.refuse(f"load destination {op[1]}")
+    st = ity(sw)
+    if sw > t.bits:
+        x = b.sext(x, st) if t.kind == "s" else b.zext(x, st)
+    b.store(x, k.regs[r.uid])
+
+
+def _h_bra(k: KernelLowering, types, mods, ops) -> None:
+    k.only(mods)
+    b = k.b
+    ins = k.ins
+    if len(ops) != 1 or ops[0][0] != "name" or ops[0][1] not in k.labels:
+        raise k.refuse("branch target")
+    target = k.labels[ops[0][1]]
+    back = _is_backward(k, ops[0][1])
+    if back and not k.fast:  # loops check the launch's deadline flag (the fast form's
+        # regions have no loop: a branch back from there leaves through a barrier first)
+        stop = b.load_atomic(b.gep(k.ctx, [c64(L.STOP)]), "monotonic", 8)
+        k.fault_if(b.icmp_unsigned("!=", stop, c64(0)), c64(0), L.KIND_TIMEOUT, 0, 0)
+    if ins.guard is not None:
+        g = k.guard(ins)
+        fall = k.step.append_basic_block("fall")
+        b.cbranch(g, target, fall)
+        b.position_at_end(fall)
+    else:
+        b.branch(target)
+
+
+def _is_backward(k: KernelLowering, label: str) -> bool:
+    seen_label = False
+    for s in k.fn.body or []:
+        if s is k.ins:
+            return seen_label
+        if isinstance(s, Label) and s.name == label:
+            seen_label = True
+    return False
+
+
+def _h_exit(k: KernelLowering, types, mods, ops) -> None:
+    k.only(mods)
+    k.ret_exited()
+
+
+def _h_bar(k: KernelLowering, types, mods, ops) -> None:
+    k.only(mods, ("sync",))
+    if "sync" not in mods or len(ops) != 1 or ops[0] != ("int", 0):
+        raise k.refuse("barrier form (only bar.sync 0 / barrier.sync 0)")
+    b = k.b
+    live = k.live[id(k.ins)]
+    nxt = ir.Constant(I32, len(k.resumes) + 1)
+    if k.fast and not k.commit:  # checked up to the barrier: now the committing pass
+        k.to_commit()
+    if k.fast and not b.block.is_terminated:
+        # a lane that failed a check keeps its old save area: it runs again
+        ok = b.load(k.lane_ok)
+        go = k.step.append_basic_block("save")
+        no = k.step.append_basic_block("unsaved")
+        b.cbranch(ok, go, no)
+        b.position_at_end(no)
+        b.ret(ir.Constant(I32, FAULTED))
+        b.position_at_end(go)
+        k.save_regs(live)
+        b.ret(nxt)
+    elif not k.fast:
+        k.save_regs(live)
+        b.ret(nxt)
+    blk = k.step.append_basic_block(f"resume{len(k.resumes) + 1}")
+    k.resumes.append(blk)
+    b.position_at_end(blk)
+    k.restore_regs(live)
+
+
+def _h_rcp(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    k.only(mods, ("rn", "approx"))
+    if t.kind != "f" or len(ops) != 2 or not mods_has(mods, ("rn", "approx")):
+        raise k.refuse("rcp form")
+    vt = vty(t)
+    k.put(ops[0], t, k.b.fdiv(ir.Constant(vt, 1.0), k.get(ops[1], t)))
+
+
+def _h_sqrt(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    k.only(mods, ("rn", "approx"))
+    if t.kind != "f" or len(ops) != 2 or not mods_has(mods, ("rn", "approx")):
+        raise k.refuse("sqrt form")
+    vt = vty(t)
+    f = k.intrinsic(f"llvm.sqrt.{k.fname(vt)}", vt, [vt])
+    k.put(ops[0], t, k.b.call(f, [k.get(ops[1], t)]))
+
+
+def _h_rsqrt(k: KernelLowering, types, mods, ops) -> None:
+    t = k.one_type(types)
+    k.only(mods, ("approx",))
+    if t.kind != "f" or len(ops) != 2 or "approx" not in mods:
+        raise k.refuse("rsqrt form")
+    b = k.b
+    a = k.get(ops[1], t)
+    a64 = b.fpext(a, F64) if t.bits == 32 else a
+    s = b.call(k.intrinsic("llvm.sqrt.f64", F64, [F64]), [a64])
+    r = b.fdiv(ir.Constant(F64, 1.0), s)
+    k.put(ops[0], t, b.fptrunc(r, F32) if t.bits == 32 else r)
+
+
+HANDLERS = {
+    "mov": _h_mov,
+    "add": _arith("add"),
+    "sub": _arith("sub"),
+    "mul": _arith("mul"),
+    "div": _arith("div"),
+    "rem": _arith("rem"),
+    "min": _arith("min"),
+    "max": _arith("max"),
+    "mad": _h_mad,
+    "fma": _h_fma,
+    "neg": _h_unary("neg"),
+    "abs": _h_unary("abs"),
+    "and": _h_logic("and"),
+    "or": _h_logic("or"),
+    "xor": _h_logic("xor"),
+    "not": _h_logic("not"),
+    "shl": _h_shift(True),
+    "shr": _h_shift(False),
+    "setp": _h_setp,
+    "selp": _h_selp,
+    "cvt": _h_cvt,
+    "cvta": _h_cvta,
+    "ld": _ldst(False),
+    "st": _ldst(True),
+    "bra": _h_bra,
+    "ret": _h_exit,
+    "exit": _h_exit,
+    "bar": _h_bar,
+    "barrier": _h_bar,
+    "rcp": _h_rcp,
+    "sqrt": _h_sqrt,
+    "rsqrt": _h_rsqrt,
+}

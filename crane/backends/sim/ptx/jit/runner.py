@@ -1,0 +1,174 @@
+"""Running a compiled kernel over a launch: the context words, the block loop, faults.
+
+The grid's blocks are split into one contiguous range per core, run by a thread pool (ctypes
+releases the GIL during the native call), each range in chunks of blocks, so a launch with a
+deadline is also checked between chunks; inside a chunk the compiled code polls a stop flag at
+every backward branch, which a timer thread sets when the deadline passes. Within a range the
+blocks run one after the other (a block's lanes, region by region, then the next block).
+Blocks are independent in CUDA's model (the compiler refuses the atomics and ``.volatile``
+accesses through which blocks may talk), so running them at once is a legal schedule.
+
+A fault recorded by the compiled code becomes the interpreter's :class:`KernelFault`: the same
+CUresult, the same address message (global addresses are re-checked through
+``SimMemory.offsets``, which words it), and the instruction and PTX line.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from crane.backends.sim.memory import MemoryFault
+
+from ..errors import KernelFault, fault_code
+from ..memspace import CLUSTER_RANK_SHIFT, SHARED_WINDOW
+from . import layout as L
+
+__all__ = ["LANES_PER_CALL", "run_compiled"]
+
+#: lanes per native call: bounds how late a deadline between calls is noticed
+LANES_PER_CALL = 1 << 20
+
+
+def run_compiled(ck, *, geo, memory, kparams, symvals, shared_stride, deadline) -> None:
+    """Run compiled kernel ``ck`` (:class:`CompiledKernel`) over the whole grid: the blocks
+    split into one contiguous range per core (each with its own shared memory, save area and
+    caches), a fault reported from the lowest range that had one."""
+    starts, ends = memory.allocation_arrays()
+    symvals = np.ascontiguousarray(symvals, np.uint64)
+    workers = min(_cores(), max(1, geo.blocks * geo.threads // MIN_LANES_PER_CORE), geo.blocks)
+    bounds = [geo.blocks * i // workers for i in range(workers + 1)]
+    ranges = [(bounds[i], bounds[i + 1]) for i in range(workers)]
+    parts = [_Part(ck, geo, memory, kparams, symvals, starts, ends, shared_stride) for _ in ranges]
+    timer = None
+    if deadline is not None:
+        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _stop, (parts,))
+        timer.daemon = True
+        timer.start()
+    try:
+        if workers == 1:
+            faults = [parts[0].run(*ranges[0], deadline)]
+        else:
+            pool = _pool()
+            futs = [
+                pool.submit(p.run, a, z, deadline) for p, (a, z) in zip(parts, ranges, strict=True)
+            ]
+            faults = [f.result() for f in futs]
+    finally:
+        if timer is not None:
+            timer.cancel()
+    for f in faults:
+        if f is not None:
+            raise f
+
+
+#: grids smaller than this many lanes per core run on one core (a thread hand-off costs more)
+MIN_LANES_PER_CORE = 1 << 15
+_pool_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _pool_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(_cores(), thread_name_prefix="crane-ptx-jit")
+        return _executor
+
+
+class _Part:
+    """One core's share of a launch: its context words and the buffers they point at."""
+
+    def __init__(self, ck, geo, memory, kparams, symvals, starts, ends, shared_stride) -> None:
+        t = geo.threads
+        self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
+        ctx = self.ctx = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
+        shared = np.zeros(max(shared_stride, 16), np.uint8)
+        # as many words as the driver clears: at least one per lane, even with no register live
+        save = np.zeros(t * max(ck.nregs, 1), np.int64)
+        resume = np.zeros(max(t, 1), np.int32)
+        self._keep = (starts, ends, shared, save, resume, symvals, kparams)  # alive while run
+        ctx[L.MEM_BUF] = memory.buf.ctypes.data
+        ctx[L.MEM_BASE] = memory.base
+        ctx[L.ALLOC_STARTS] = starts.ctypes.data
+        ctx[L.ALLOC_ENDS] = ends.ctypes.data
+        ctx[L.NALLOC] = len(starts)
+        ctx[L.KPARAMS] = kparams.ctypes.data
+        ctx[L.SHARED] = shared.ctypes.data
+        ctx[L.SHARED_SIZE] = shared_stride
+        ctx[L.SYMVALS] = symvals.ctypes.data
+        ctx[L.GRID : L.GRID + 3] = geo.grid
+        ctx[L.NTID : L.NTID + 3] = geo.block
+        ctx[L.SAVE] = save.ctypes.data
+        ctx[L.RESUME] = resume.ctypes.data
+
+    def run(self, begin: int, end: int, deadline) -> KernelFault | None:
+        """Blocks [begin, end) in calls of about LANES_PER_CALL lanes; the fault, if any."""
+        ck, ctx, geo = self.ck, self.ctx, self.geo
+        # the vectorizable form takes 1-D blocks (the lane index is %tid.x)
+        fn = ck.fast if ck.fast is not None and geo.block[1] == geo.block[2] == 1 else ck.fn
+        per_call = max(1, LANES_PER_CALL // max(geo.threads, 1))
+        ptr = ctx.ctypes.data
+        for first in range(begin, end, per_call):
+            if deadline is not None and time.monotonic() > deadline:
+                return KernelFault(702, "the launch ran past its time limit")
+            ctx[L.BLOCK_BEGIN] = first
+            ctx[L.BLOCK_END] = min(first + per_call, end)
+            if fn(ptr):
+                return _fault(ck, ctx, self.memory, self.stride)
+        return None
+
+
+def _stop(parts: list[_Part]) -> None:
+    for p in parts:
+        p.ctx[L.STOP] = 1
+
+
+def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
+    text, line = ck.texts[int(ctx[L.FAULT_PC])]
+    kind = int(ctx[L.FAULT_KIND])
+    where = f"`{text}` (PTX line {line})"
+    if kind == L.KIND_TIMEOUT:
+        return KernelFault(702, f"the launch ran past its time limit at {where}")
+    addr = int(ctx[L.FAULT_ADDR]) & (2**64 - 1)
+    n = int(ctx[L.FAULT_BYTES])
+    if int(ctx[L.FAULT_SPACE]) == L.SPACE_GLOBAL:
+        try:
+            memory.offsets(np.array([addr], np.uint64), n)
+            e = MemoryFault(f"{n}-byte access at {addr:#x} is outside every allocation", addr)
+            e.kind = "illegal" if kind == L.KIND_ILLEGAL else "misaligned"
+        except MemoryFault as err:
+            e = err
+    else:
+        off = addr - SHARED_WINDOW
+        off = off - 2**64 if off >= 2**63 else off
+        if kind == L.KIND_ILLEGAL and off >> CLUSTER_RANK_SHIFT and off >= 0:
+            # worded as the interpreter's .shared::cluster check (each CTA its own cluster)
+            rank = (off >> CLUSTER_RANK_SHIFT) - 1
+            msg = (
+                f"{n}-byte shared::cluster access at {off:#x} (generic {addr:#x}): CTA rank "
+                f"{rank} offset {off & ((1 << CLUSTER_RANK_SHIFT) - 1):#x} is outside the "
+                f"cluster's 1 CTAs of {stride} bytes of shared memory"
+            )
+            e = MemoryFault(msg, addr, "illegal")
+        elif kind == L.KIND_ILLEGAL:
+            msg = (
+                f"{n}-byte shared access at shared offset {off:#x} (generic {addr:#x}) is "
+                f"outside the {stride} bytes of shared memory"
+            )
+            e = MemoryFault(msg, addr, "illegal")
+        else:
+            e = MemoryFault(f"misaligned {n}-byte shared access at offset {off:#x}", addr)
+            e.kind = "misaligned"
+    return KernelFault(fault_code(e.kind), f"{e} in {where}")

@@ -1,0 +1,74 @@
+"""The ring's small-call hot path under the conditions its shortcuts must survive: several
+threads of one guest sharing the reply stream (one reads, the others wait and are woken only
+when someone waits), calls in flight from all of them, and an asynchronous failure raised at
+the next synchronizing call of whichever thread makes it; each on both same-host transports."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from crane.api.ops import OPS_BY_NAME as O
+from crane.api.results import CudaError, CUresult
+from crane.craned.launcher import DaemonProcess
+from crane.guest.session import GuestSession
+from crane.wire import ring as wring
+
+pytestmark = pytest.mark.skipif(bool(wring.available()), reason=wring.available() or "")
+
+THREADS = 6
+ROUNDS = 150
+
+
+def test_threads_sharing_a_session_all_get_their_answers(
+    daemon: DaemonProcess, transport: str
+) -> None:
+    with GuestSession(daemon.address, direct=True) as s:
+        assert s._t.path == transport
+        size = 4096
+        p = s.mem_alloc(size * THREADS)
+        s.synchronize()
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                stream = s.stream_create()
+                for r in range(ROUNDS):
+                    s.memset_d8(p + i * size, (i + r) & 0xFF, size, stream)
+                    s.stream_synchronize(stream)
+                    if r % 25 == 0:
+                        assert s.stream_query(stream)
+                s.stream_destroy(stream)
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a thread never got its answer"
+        assert errors == []
+        got = s.memcpy_dtoh(p, size * THREADS)
+        for i in range(THREADS):
+            assert bytes(got[i * size : (i + 1) * size]) == bytes([(i + ROUNDS - 1) & 0xFF]) * size
+
+
+def test_an_async_failure_is_raised_once_at_the_next_synchronizing_call(
+    daemon: DaemonProcess, transport: str
+) -> None:
+    with GuestSession(daemon.address, direct=True) as s:
+        p = s.mem_alloc(1 << 20)
+        e = s.event_create()
+        s.synchronize()
+        # the guest checks the handle; the worker finds the event gone: an asynchronous error
+        wait = O["STREAM_WAIT_EVENT"]
+        s._t.enqueue(wait, wait.pack(0, e + 1, 0), expect=False)
+        for i in range(100):  # later asynchronous calls still run
+            s.memset_d8(p + i, i, 1)
+        with pytest.raises(CudaError) as err:
+            s.synchronize()
+        assert err.value.code == CUresult.CUDA_ERROR_INVALID_HANDLE
+        s.synchronize()  # raised once
+        assert bytes(s.memcpy_dtoh(p, 100)) == bytes(range(100))

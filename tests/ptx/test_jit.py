@@ -1,0 +1,465 @@
+"""The PTX compiler's own behaviour: faults as the interpreter reports them, refusals that fall
+back to the interpreter with one log line, the CRANE_PTX_JIT switch, the cache by module hash,
+the deadline. (That compiled and interpreted kernels give the same bytes is checked on every
+launch of the PTX suite: conftest.py runs it with CRANE_PTX_JIT=diff.)"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+from ptxdev import Ptr
+
+from crane.backends.sim.ptx import KernelFault, jit, load_ptx
+
+HEAD = """
+.version 8.0
+.target sm_80
+.address_size 64
+"""
+
+#: each thread i stores (i * 3) to out[i + shift]; one thread is enough to fault exactly
+STORE = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out, .param .u32 shift)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [shift];
+    mov.u32 %r2, %tid.x;
+    add.s32 %r3, %r2, %r1;
+    mul.wide.s32 %rd2, %r3, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    mul.lo.s32 %r4, %r2, 3;
+    st.global.u32 [%rd3], %r4;
+    ret;
+}
+"""
+)
+
+SHARED = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out, .param .u32 idx)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    .shared .align 4 .b8 sh[64];
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [idx];
+    mov.u32 %r2, sh;
+    shl.b32 %r3, %r1, 2;
+    add.s32 %r4, %r2, %r3;
+    st.shared.u32 [%r4], %r1;
+    bar.sync 0;
+    ld.shared.u32 %r5, [%r4];
+    st.global.u32 [%rd1], %r5;
+    ret;
+}
+"""
+)
+
+LOOP = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out)
+{
+    .reg .b32 %r<4>;
+    .reg .pred %p<2>;
+    mov.u32 %r1, 0;
+$L_top:
+    add.s32 %r1, %r1, 1;
+    setp.ne.s32 %p1, %r1, 0;
+    @%p1 bra $L_top;
+    ret;
+}
+"""
+)
+
+POPC = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    popc.b32 %r2, %r1;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r2;
+    ret;
+}
+"""
+)
+
+
+@pytest.fixture(autouse=True)
+def _compile_every_launch(monkeypatch):
+    """These tests look at compiled launches however small (``on`` mode waits otherwise)."""
+    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+
+
+def _fault(dev, prog, args, monkeypatch, mode: str, threads: int = 1) -> KernelFault:
+    monkeypatch.setenv("CRANE_PTX_JIT", mode)
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "t", 1, threads, args)
+    return e.value
+
+
+def _compiled_names() -> set[str]:
+    return {name for name, _ in jit.stats()["compiled"]}
+
+
+def test_compiled_result(dev, monkeypatch):
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(STORE)
+    out = dev.zeros(300, np.uint32)
+    dev.launch(prog, "t", 1, 300, [Ptr(out), np.uint32(0)])
+    assert np.array_equal(dev.download(out, 300, np.uint32), np.arange(300) * 3)
+    assert "t" in _compiled_names()
+
+
+@pytest.mark.parametrize("shift", [1, -1, 1 << 20])
+def test_global_fault_same_as_interpreter(dev, monkeypatch, shift):
+    """One thread: the compiled kernel reports the very fault the interpreter reports."""
+    prog = load_ptx(STORE)
+    out = dev.zeros(1, np.uint32)
+    args = [Ptr(out), np.uint32(shift & 0xFFFFFFFF)]
+    got = _fault(dev, prog, args, monkeypatch, "1")
+    want = _fault(dev, prog, args, monkeypatch, "0")
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert "PTX line 17" in str(got) and "st.global.u32" in str(got)
+
+
+def test_misaligned_global(dev, monkeypatch):
+    prog = load_ptx(STORE)
+    out = dev.zeros(8, np.uint32)
+    args = [Ptr(out + 2), np.uint32(0)]
+    got = _fault(dev, prog, args, monkeypatch, "1")
+    want = _fault(dev, prog, args, monkeypatch, "0")
+    assert got.code == want.code == 716
+    assert str(got) == str(want)
+
+
+@pytest.mark.parametrize("idx", [16, 0xFFFFFFFF, 1000, (1 << 22) + 16, (2 << 22) + 1])
+def test_shared_fault_same_as_interpreter(dev, monkeypatch, idx):
+    prog = load_ptx(SHARED)
+    out = dev.zeros(1, np.uint32)
+    args = [Ptr(out), np.uint32(idx)]
+    got = _fault(dev, prog, args, monkeypatch, "1")
+    want = _fault(dev, prog, args, monkeypatch, "0")
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert "st.shared.u32" in str(got)
+
+
+@pytest.mark.parametrize("idx", [15, (1 << 22) + 3])
+def test_shared_in_bounds_across_barrier(dev, monkeypatch, idx):
+    """In bounds, also through a .shared::cluster address of the CTA's own rank (tag 1)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(SHARED)
+    out = dev.zeros(1, np.uint32)
+    dev.launch(prog, "t", 1, 1, [Ptr(out), np.uint32(idx)])
+    assert dev.download(out, 1, np.uint32)[0] == idx
+
+
+def test_refused_kernel_runs_interpreted_with_one_log_line(dev, monkeypatch, caplog):
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(POPC + "\n// refusal test\n")  # a module of its own (cache by hash)
+    out = dev.zeros(64, np.uint32)
+    with caplog.at_level(logging.INFO, logger="crane.sim.ptx.jit"):
+        dev.launch(prog, "t", 1, 64, [Ptr(out)])
+        dev.launch(prog, "t", 1, 64, [Ptr(out)])
+    lines = [r.getMessage() for r in caplog.records if r.name == "crane.sim.ptx.jit"]
+    assert len(lines) == 1, lines
+    assert "runs interpreted" in lines[0] and "popc" in lines[0] and "PTX line 12" in lines[0]
+    want = [bin(i).count("1") for i in range(64)]
+    assert dev.download(out, 64, np.uint32).tolist() == want
+
+
+def test_switch_off_never_compiles(dev, monkeypatch):
+    monkeypatch.setenv("CRANE_PTX_JIT", "0")
+
+    def boom(*a, **k):
+        raise AssertionError("compiled with CRANE_PTX_JIT=0")
+
+    monkeypatch.setattr(jit, "compiled_kernel", boom)
+    prog = load_ptx(STORE + "\n// off\n")
+    out = dev.zeros(4, np.uint32)
+    dev.launch(prog, "t", 1, 4, [Ptr(out), np.uint32(0)])
+    assert dev.download(out, 4, np.uint32).tolist() == [0, 3, 6, 9]
+
+
+def test_cached_by_module_hash(dev, monkeypatch):
+    """Loading the same module text again reuses the machine code: no second compile."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    text = STORE + "\n// cache test\n"
+    out = dev.zeros(4, np.uint32)
+    load_ptx(text).launch  # noqa: B018
+    dev.launch(load_ptx(text), "t", 1, 4, [Ptr(out), np.uint32(0)])
+    n = len(jit.stats()["compiled"])
+    t = time.perf_counter()
+    dev.launch(load_ptx(text), "t", 1, 4, [Ptr(out), np.uint32(0)])
+    assert len(jit.stats()["compiled"]) == n
+    assert time.perf_counter() - t < 0.05  # a compile takes tens of milliseconds
+
+
+def test_deadline_ends_a_compiled_loop(dev, monkeypatch):
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(LOOP)
+    t = time.monotonic()
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "t", 1, 1, [Ptr(dev.zeros(1, np.uint32))], deadline=t + 0.3)
+    # 2**32 iterations would take seconds; the watchdog stops it at the backward branch
+    assert e.value.code == 702
+    assert "PTX line 14" in str(e.value) and "bra" in str(e.value)
+    assert time.monotonic() - t < 2.0
+
+
+def test_small_launches_wait_before_compiling(dev, monkeypatch):
+    """In ``on`` mode a kernel launched small is compiled at its third launch (a compile
+    costs more than a few small launches interpreted), a big first launch at once."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1 << 14)
+    prog = load_ptx(STORE + "\n// policy\n")
+    out = dev.zeros(1 << 14, np.uint32)
+    before = len(jit.stats()["compiled"])
+    for _ in range(2):
+        dev.launch(prog, "t", 1, 32, [Ptr(out), np.uint32(0)])
+    assert len(jit.stats()["compiled"]) == before
+    dev.launch(prog, "t", 1, 32, [Ptr(out), np.uint32(0)])
+    assert len(jit.stats()["compiled"]) == before + 1
+    big = load_ptx(STORE + "\n// policy, big\n")
+    dev.launch(big, "t", 64, 256, [Ptr(out), np.uint32(0)])
+    assert len(jit.stats()["compiled"]) == before + 2
+    got = dev.download(out, 1 << 14, np.uint32)  # every block writes out[%tid.x]
+    assert np.array_equal(got[:256], np.arange(256) * 3) and not got[256:].any()
+
+
+#: three regions: 0 stores shared then loads global (other memory: vectorizable), lanes at or
+#: past ``live`` exit there; 1 reads the shared slot ``lim`` lanes further on (vectorizable,
+#: stores nothing: one pass); 2 stores shared and loads it back (stays scalar)
+REGIONS = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out, .param .u32 lim, .param .u32 live)
+{
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<8>;
+    .reg .pred %p<4>;
+    .shared .align 4 .b8 sh[1024];
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r9, [lim];
+    ld.param.u32 %r20, [live];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %tid.y;
+    mov.u32 %r3, %ntid.x;
+    mad.lo.s32 %r4, %r2, %r3, %r1;
+    shl.b32 %r5, %r4, 2;
+    mov.u32 %r6, sh;
+    add.s32 %r7, %r6, %r5;
+    st.shared.u32 [%r7], %r4;
+    mul.wide.u32 %rd2, %r4, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    ld.global.u32 %r8, [%rd3];
+    setp.ge.u32 %p1, %r4, %r20;
+    @%p1 bra $L_end;
+    bar.sync 0;
+    add.s32 %r10, %r4, %r9;
+    shl.b32 %r11, %r10, 2;
+    add.s32 %r12, %r6, %r11;
+    ld.shared.u32 %r13, [%r12];
+    add.s32 %r14, %r13, %r8;
+    bar.sync 0;
+    st.shared.u32 [%r7], %r14;
+    ld.shared.u32 %r15, [%r7];
+    st.global.u32 [%rd3], %r15;
+$L_end:
+    ret;
+}
+"""
+)
+
+
+def test_vectorizable_regions():
+    """Regions are taken for the vectorized form by their own code: loads after stores to
+    other memory are fine, a load after a store to the same memory is not; a region that
+    stores nothing needs no committing pass."""
+    from crane.backends.sim.ptx.jit.lower import KernelLowering
+    from crane.backends.sim.ptx.parser import parse_module
+
+    fn = parse_module(REGIONS).functions["t"]
+    assert KernelLowering(fn, {}, lambda v: None, 16).vector_regions() == ([0, 1], [0])
+
+
+@pytest.mark.parametrize("live", [64, 40, 0])
+def test_vectorized_regions_same_as_interpreter(dev, monkeypatch, live):
+    """2-D blocks; all lanes at each barrier (vectorized rounds), or some exited before it
+    (the rounds after run scalar); diff mode compares every byte with the interpreter."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(REGIONS)
+    base = np.arange(64, dtype=np.uint32) * 10
+    out = dev.upload(base)
+    dev.launch(prog, "t", 1, (16, 4, 1), [Ptr(out), np.uint32(1), np.uint32(live)])
+    t = np.arange(64, dtype=np.uint32)
+    nxt = np.where(t + 1 < 64, t + 1, 0).astype(np.uint32)
+    want = np.where(t < live, base + nxt, base)
+    assert np.array_equal(dev.download(out, 64, np.uint32), want)
+    assert "t" in _compiled_names()
+
+
+def test_vectorized_region_fault_same_as_interpreter(dev, monkeypatch):
+    """Lanes 56.. read past the 1024 bytes of shared memory in a vectorized region: they
+    run again scalar, and the first of them faults as the interpreter words it."""
+    prog = load_ptx(REGIONS)
+    out = dev.zeros(64, np.uint32)
+    args = [Ptr(out), np.uint32(200), np.uint32(64)]
+    got = _fault(dev, prog, args, monkeypatch, "1", threads=64)
+    want = _fault(dev, prog, args, monkeypatch, "0", threads=64)
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert "ld.shared.u32" in str(got)
+
+
+_CACHE_RUN = """
+import json, sys
+import numpy as np
+from ptxdev import Device, Ptr
+from crane.backends.sim.ptx import jit, load_ptx
+import test_jit as T
+jit.COMPILE_MIN_LANES = 1
+dev = Device()
+out = dev.zeros(300, np.uint32)
+dev.launch(load_ptx(T.STORE), "t", 1, 300, [Ptr(out), np.uint32(0)])
+ok = bool(np.array_equal(dev.download(out, 300, np.uint32), np.arange(300) * 3))
+st = jit.stats()
+print(json.dumps({"ok": ok, "compiled": len(st["compiled"]), "loaded": len(st["loaded"])}))
+"""
+
+
+def _cache_run(tmp_path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, CRANE_PTX_JIT="1", CRANE_PTX_JIT_CACHE=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent.parent)])
+    r = subprocess.run(
+        [sys.executable, "-c", _CACHE_RUN], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_disk_cache_across_processes(tmp_path):
+    """A second process loads the kernel's machine code from the disk cache instead of
+    compiling it, and runs it right; a damaged entry is compiled again."""
+    assert _cache_run(tmp_path) == {"ok": True, "compiled": 1, "loaded": 0}
+    objs = list(tmp_path.glob("*.o"))
+    assert len(objs) == 1 and len(list(tmp_path.glob("*.json"))) == 1
+    assert _cache_run(tmp_path) == {"ok": True, "compiled": 0, "loaded": 1}
+    objs[0].write_bytes(objs[0].read_bytes()[:100])  # truncated: its size no longer matches
+    assert _cache_run(tmp_path) == {"ok": True, "compiled": 1, "loaded": 0}
+    assert _cache_run(tmp_path) == {"ok": True, "compiled": 0, "loaded": 1}
+
+
+#: every lane loops around a barrier forever: both regions are vectorizable
+BARRIER_LOOP = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out)
+{
+$L_top:
+    bar.sync 0;
+    bra.uni $L_top;
+}
+"""
+)
+
+
+def test_deadline_ends_a_loop_around_barriers(dev, monkeypatch):
+    """A loop whose only way back is through barriers, all its regions vectorized: the
+    rounds notice the deadline (the scalar round's branch back reports it)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(BARRIER_LOOP)
+    t = time.monotonic()
+    with pytest.raises(KernelFault) as e:
+        dev.launch(prog, "t", 2, 64, [Ptr(dev.zeros(1, np.uint32))], deadline=t + 0.3)
+    assert e.value.code == 702
+    assert "bra.uni" in str(e.value)
+    assert time.monotonic() - t < 2.0
+
+
+#: %r5 is defined only by lanes with tid.x odd (it does not dominate the barrier: the others
+#: keep 0), %r6 on every path before it (computed again after the barrier, not saved)
+COND_DEF = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<2>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    and.b32 %r2, %r1, 1;
+    setp.eq.u32 %p1, %r2, 0;
+    @%p1 bra $L_skip;
+    add.s32 %r5, %r1, 100;
+$L_skip:
+    shl.b32 %r6, %r1, 1;
+    bar.sync 0;
+    add.s32 %r7, %r5, %r6;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r7;
+    ret;
+}
+"""
+)
+
+
+def test_registers_computed_again_after_a_barrier(dev, monkeypatch):
+    """Only registers whose one definition every lane ran before the barrier are computed
+    again instead of saved; a conditionally defined one keeps each lane's own value."""
+    from crane.backends.sim.ptx.jit.lower import rematerializable
+    from crane.backends.sim.ptx.parser import parse_module
+
+    fn = parse_module(COND_DEF).functions["t"]
+    remat, prefix = rematerializable(fn.body)
+    names = [ins.text.split()[1].rstrip(",") for ins, _ in prefix]
+    assert "%r6" in names and "%r1" in names and "%r5" not in names
+    assert len(remat) == len(prefix)
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    out = dev.zeros(64, np.uint32)
+    dev.launch(load_ptx(COND_DEF), "t", 1, 64, [Ptr(out)])
+    t = np.arange(64, dtype=np.uint32)
+    want = np.where(t % 2 == 1, t + 100, 0) + 2 * t
+    assert np.array_equal(dev.download(out, 64, np.uint32), want)
+
+
+def test_without_llvmlite_every_kernel_runs_interpreted() -> None:
+    """llvmlite is the optional ``sim`` extra: a host without it runs kernels interpreted,
+    saying so once, rather than failing to import the simulator."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, logging; sys.modules['llvmlite'] = None; logging.basicConfig(level=20)\n"
+        "from crane.backends.sim.ptx import jit\n"
+        "assert jit.mode() == 'off' and jit.mode() == 'off'\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    assert r.stderr.count("PTX kernels run interpreted: llvmlite is not installed") == 1
