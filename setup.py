@@ -90,17 +90,16 @@ def _build_interposer() -> Path | None:
 
 
 def _build_ring() -> None:
-    """The call ring's C core (crane/wire/ring_build.py). Without it guests on this host use
+    """The call ring's C cores (crane/wire/shm_build.py). Without them guests on this host use
     the worker's gRPC socket (the transport says why), so a missing compiler is not fatal."""
     import importlib.util
 
     try:
-        for name in ("ring_build", "bulk_build"):  # the ring, and its bulk area (bulk copies)
-            path = HERE / "crane" / "wire" / f"{name}.py"
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            spec.loader.exec_module(mod)  # type: ignore[union-attr]
-            mod.build()
+        path = HERE / "crane" / "wire" / "shm_build.py"  # the ring, and its bulk area
+        spec = importlib.util.spec_from_file_location("shm_build", path)
+        mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        mod.build()
     except Exception as e:
         if os.environ.get("CRANE_REQUIRE_GUEST_LIB") == "1":
             raise

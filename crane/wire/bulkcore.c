@@ -19,13 +19,11 @@
  * be read.
  */
 #include <errno.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
+
+#include "shm_futex.h"
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
@@ -100,29 +98,6 @@ static inline void stream_fence(void) {
 #if defined(__x86_64__)
     _mm_sfence();
 #endif
-}
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void futex_wait(uint32_t *addr, uint32_t val, uint64_t ns) {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake_all(uint32_t *addr) {
-    syscall(SYS_futex, addr, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
-}
-
-static inline void bell(uint32_t *parked, uint32_t *b) {
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(parked, __ATOMIC_RELAXED)) {
-        __atomic_add_fetch(b, 1, __ATOMIC_SEQ_CST);
-        futex_wake_all(b);
-    }
 }
 
 static inline int is_closed(struct bulk_ctl *c) {
@@ -202,9 +177,9 @@ void crane_bulk_close(void *base) {
     __atomic_store_n(&c->closed, 1, __ATOMIC_RELEASE);
     for (int i = 0; i < 2; i++) {
         __atomic_add_fetch(&c->f[i].cons_bell, 1, __ATOMIC_SEQ_CST);
-        futex_wake_all(&c->f[i].cons_bell);
+        futex_wake(&c->f[i].cons_bell, INT32_MAX);
         __atomic_add_fetch(&c->f[i].prod_bell, 1, __ATOMIC_SEQ_CST);
-        futex_wake_all(&c->f[i].prod_bell);
+        futex_wake(&c->f[i].prod_bell, INT32_MAX);
     }
 }
 
@@ -248,7 +223,7 @@ int64_t crane_bulk_put(void *base, uint64_t cap, int which, const void *src, uin
             memset(data, 0, k - first);
         }
         __atomic_store_n(&f->head, head + k, __ATOMIC_RELEASE);
-        bell(&f->cons_parked, &f->cons_bell);
+        ring_bell(&f->cons_parked, &f->cons_bell, INT32_MAX);
         done += k;
     }
     return (int64_t)done;
@@ -280,7 +255,7 @@ int64_t crane_bulk_get(void *base, uint64_t cap, int which, void *dst, uint64_t 
             memcpy((char *)dst + done + first, data, k - first);
         }
         __atomic_store_n(&f->tail, tail + k, __ATOMIC_RELEASE);
-        bell(&f->prod_parked, &f->prod_bell);
+        ring_bell(&f->prod_parked, &f->prod_bell, INT32_MAX);
         done += k;
     }
     if (dst && n >= stream_min) stream_fence();

@@ -1,7 +1,7 @@
 """The call ring: two shared-memory SPSC rings (requests, replies) between a guest and its
 worker on one host, and the handshake that hands the memory over.
 
-The C core (``ringcore.c``, built by ``ring_build.py`` into :mod:`crane.wire._ringcore`) writes
+The C core (``ringcore.c``, built by ``shm_build.py`` into :mod:`crane.wire._ringcore`) writes
 and waits; this module frames messages on it. A message is one record, or, when larger than a
 record may be, consecutive records flagged :data:`MORE` but the last. A record flagged
 :data:`END` closes the stream: its payload is ``CODE message`` (code as gRPC names it, empty for

@@ -10,13 +10,11 @@
  * Futexes are the shared (non-private) kind: the mapping is shared between processes.
  */
 #include <errno.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
+
+#include "shm_futex.h"
 
 #define RING_MAGIC 0x31474e4952455243ULL /* "CRERING1" */
 #define HDR_BYTES 4096
@@ -41,27 +39,6 @@ struct ring_ctl {
     char pad[48];
     struct ring_hdr r[2];
 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void futex_wait(uint32_t *addr, uint32_t val, uint64_t ns) {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake(uint32_t *addr) { syscall(SYS_futex, addr, FUTEX_WAKE, 1, NULL, NULL, 0); }
-
-static inline void ring_bell(uint32_t *parked, uint32_t *bell) {
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(parked, __ATOMIC_RELAXED)) {
-        __atomic_add_fetch(bell, 1, __ATOMIC_SEQ_CST);
-        futex_wake(bell);
-    }
-}
 
 typedef int (*ready_fn)(struct ring_hdr *, uint64_t, uint64_t);
 
@@ -177,7 +154,7 @@ int crane_ring_write(void *base, uint64_t cap, int which, const void *buf, uint6
     memcpy(data + at, rh, REC_HDR);
     memcpy(data + at + REC_HDR, buf, len);
     __atomic_store_n(&h->head, head + rec, __ATOMIC_RELEASE);
-    ring_bell(&h->cons_parked, &h->cons_bell);
+    ring_bell(&h->cons_parked, &h->cons_bell, 1);
     return 0;
 }
 
@@ -215,7 +192,7 @@ int64_t crane_ring_wait(void *base, uint64_t cap, int which, int timeout_ms, uin
             return rh[0];
         }
         __atomic_store_n(&h->tail, tail + REC_HDR + rh[0], __ATOMIC_RELEASE);
-        ring_bell(&h->prod_parked, &h->prod_bell);
+        ring_bell(&h->prod_parked, &h->prod_bell, 1);
     }
 }
 
@@ -230,7 +207,7 @@ int crane_ring_take(void *base, uint64_t cap, int which, void *dst, uint64_t len
         return -EPROTO;
     memcpy(dst, ring_data(base, which, cap) + at + REC_HDR, len);
     __atomic_store_n(&h->tail, tail + REC_HDR + round8(len), __ATOMIC_RELEASE);
-    ring_bell(&h->prod_parked, &h->prod_bell);
+    ring_bell(&h->prod_parked, &h->prod_bell, 1);
     return 0;
 }
 
