@@ -12,9 +12,11 @@ lanes (x innermost) in the checking/committing two-pass scheme of the barrier-fr
 (one pass if the region stores nothing), the registers saved across barriers register-major so
 the lanes' saves are contiguous; a lane that failed a check runs the region again, scalar.
 Lanes of a warp do *not* run in lockstep here, so kernels that rely on it
-(``.volatile`` shared-memory accesses, the warp-synchronous idiom) and warp-level instructions
-are refused, as is everything outside the covered instruction set: the caller then runs the
-kernel interpreted (:class:`Refusal` names the instruction and PTX line).
+(``.volatile`` shared-memory accesses, the warp-synchronous idiom) are refused, as is
+everything outside the covered instruction set: the caller then runs the kernel interpreted
+(:class:`Refusal` names the instruction and PTX line). Warp-level instructions (shuffle, vote,
+redux, match, activemask, ``bar.warp.sync``) end regions too, as barriers scoped to the warp
+(:mod:`.warp`); a kernel with them runs its rounds scalar.
 
 Every memory access is checked the interpreter's way in the generated code: global addresses
 against the session's allocation table (a per-site cache of the last allocation hit, then a
