@@ -134,7 +134,8 @@ MATCH_REDUX = (
 )
 
 #: lanes 0-15 shuffle among themselves (idx, mask 0xffff) inside a branch the others skip;
-#: then every lane stores to shared memory, __syncwarp, and reads its neighbour's word
+#: then every lane stores to shared memory, __syncwarp (guarded, always true), and reads its
+#: neighbour's word
 DIVERGE = (
     HEAD
     + """
@@ -159,7 +160,8 @@ $L_join:
     shl.b32 %r8, %r1, 2;
     add.s32 %r9, %r7, %r8;
     st.shared.u32 [%r9], %r3;
-    bar.warp.sync 0xffffffff;
+    setp.lt.u32 %p2, %r1, 1000;
+    @%p2 bar.warp.sync 0xffffffff;
     xor.b32 %r10, %r1, 1;
     shl.b32 %r11, %r10, 2;
     add.s32 %r12, %r7, %r11;

@@ -734,7 +734,7 @@ class KernelLowering:
             raise self.refuse("unparsable operands")
         op, types, mods = _split(ins.opcode)
         if ins.guard is not None and op not in ("bra",):
-            if op in ("bar", "barrier"):
+            if op in ("bar", "barrier") and not is_warp_stop(ins):
                 raise self.refuse("a guarded barrier")
             b = self.b
             g = self.guard(ins)
