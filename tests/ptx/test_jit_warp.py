@@ -175,6 +175,73 @@ $L_join:
 """
 )
 
+#: lanes loop laneid % 5 times, shuffling (bfly 1) over the lanes still in the loop
+#: (activemask): the group at each iteration is the lanes that have not left yet, and a lane
+#: that left is read where it stopped (its register no longer changes after the loop)
+LOOPY = (
+    HEAD
+    + """
+.visible .entry loopy(.param .u64 out)
+{
+    .reg .b32 %r<20>;
+    .reg .b64 %rd<8>;
+    .reg .pred %p<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %laneid;
+    rem.u32 %r3, %r2, 5;
+    mov.u32 %r4, %r1;
+    mov.u32 %r5, 0;
+    mov.u32 %r9, 0;
+$L_top:
+    setp.ge.u32 %p1, %r5, %r3;
+    @%p1 bra $L_done;
+    activemask.b32 %r6;
+    shfl.sync.bfly.b32 %r7, %r4, 1, 31, %r6;
+    add.s32 %r4, %r4, %r7;
+    xor.b32 %r9, %r9, %r6;
+    add.s32 %r5, %r5, 1;
+    bra.uni $L_top;
+$L_done:
+    mul.wide.u32 %rd2, %r1, 8;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r4;
+    st.global.u32 [%rd3+4], %r9;
+    ret;
+}
+"""
+)
+
+#: a 2-D block (6 x 11: warps across rows, the last one of 2 lanes): shfl.bfly and ballot
+TWOD = (
+    HEAD
+    + """
+.visible .entry twod(.param .u64 out)
+{
+    .reg .b32 %r<20>;
+    .reg .b64 %rd<8>;
+    .reg .pred %p<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %tid.y;
+    mov.u32 %r3, %ntid.x;
+    mad.lo.s32 %r4, %r2, %r3, %r1;
+    mul.lo.s32 %r5, %r4, 3;
+    shfl.sync.bfly.b32 %r6|%p1, %r5, 1, 31, 0xffffffff;
+    selp.u32 %r7, 1000000, 0, %p1;
+    add.s32 %r8, %r6, %r7;
+    mov.u32 %r9, %laneid;
+    setp.lt.u32 %p2, %r9, 7;
+    vote.sync.ballot.b32 %r10, %p2, 0xffffffff;
+    add.s32 %r8, %r8, %r10;
+    mul.wide.u32 %rd2, %r4, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r8;
+    ret;
+}
+"""
+)
+
 #: elect.sync is not compiled: the kernel runs interpreted and the log says why
 ELECT = """
 .version 8.0
@@ -285,6 +352,34 @@ def test_divergent_shuffle_and_syncwarp(dev):
     shuffled = np.where(lane < 16, (tid - lane + (lane + 1) % 16) * 7, 0)
     assert got[:, 0].tolist() == shuffled.tolist()
     assert got[:, 1].tolist() == ((tid ^ 1) * 7).tolist()
+
+
+def test_shuffle_in_a_loop_lanes_leave(dev):
+    """Each iteration's group is the lanes still looping (the interpreter's schedule): the
+    compiled kernel must match it (``diff``) and activemask must name exactly those lanes."""
+    out = dev.zeros(2 * 64, np.uint32)
+    dev.launch(load_ptx(LOOPY), "loopy", 1, 64, [Ptr(out)])
+    assert _compiled("loopy")
+    got = dev.download(out, 2 * 64, np.uint32).reshape(64, 2)
+    active = [sum(1 << m for m in range(32) if m % 5 > it) for it in range(5)]
+    for t in range(64):
+        want = 0
+        for it in range(t % 32 % 5):  # xor of the active masks of the iterations it ran
+            want ^= active[it]
+        assert got[t, 1] == want, t
+
+
+def test_two_dimensional_block(dev):
+    out = dev.zeros(66, np.uint32)
+    dev.launch(load_ptx(TWOD), "twod", 2, (6, 11, 1), [Ptr(out)])
+    assert _compiled("twod")
+    got = dev.download(out, 66, np.uint32)
+    for t in range(66):
+        w0, width = t - t % 32, min(32, 66 - (t - t % 32))
+        ballot = (1 << min(7, width)) - 1
+        src = t ^ 1
+        want = (src * 3 + 1000000 if src < w0 + width else t * 3) + ballot
+        assert got[t] == want, t
 
 
 def test_elect_is_refused_and_says_why(dev, caplog):
