@@ -56,6 +56,11 @@ SPECIAL_GEOM = {
     "%nctaid.z",
     "%laneid",
     "%warpid",
+    "%lanemask_eq",
+    "%lanemask_lt",
+    "%lanemask_le",
+    "%lanemask_ge",
+    "%lanemask_gt",
 }
 
 

@@ -12,9 +12,11 @@ lanes (x innermost) in the checking/committing two-pass scheme of the barrier-fr
 (one pass if the region stores nothing), the registers saved across barriers register-major so
 the lanes' saves are contiguous; a lane that failed a check runs the region again, scalar.
 Lanes of a warp do *not* run in lockstep here, so kernels that rely on it
-(``.volatile`` shared-memory accesses, the warp-synchronous idiom) and warp-level instructions
-are refused, as is everything outside the covered instruction set: the caller then runs the
-kernel interpreted (:class:`Refusal` names the instruction and PTX line).
+(``.volatile`` shared-memory accesses, the warp-synchronous idiom) are refused, as is
+everything outside the covered instruction set: the caller then runs the kernel interpreted
+(:class:`Refusal` names the instruction and PTX line). Warp-level instructions (shuffle, vote,
+redux, match, activemask, ``bar.warp.sync``) end regions too, as barriers scoped to the warp
+(:mod:`.warp`); a kernel with them runs its rounds scalar.
 
 Every memory access is checked the interpreter's way in the generated code: global addresses
 against the session's allocation table (a per-site cache of the last allocation hit, then a
@@ -60,8 +62,21 @@ from .irtypes import (
 )
 from .liveness import live_after
 from .ops import HANDLERS
+from .warp import (
+    NSCRATCH,
+    WARP_OPS,
+    build_settle,
+    call_settle,
+    is_warp_stop,
+    keep_live,
+    lower_warp,
+    shfl_sources,
+)
 
 __all__ = ["KernelLowering", "Lowered", "lower_kernel"]
+
+#: instructions that end a lane's region: block barriers and warp-level ones (:mod:`.warp`)
+_STOPS = frozenset({"bar", "barrier"}) | WARP_OPS
 
 #: context words that stay the same for a whole call: the driver loads them once and passes
 #: them to the lane's code as arguments (so no store in the kernel can make them reload)
@@ -161,9 +176,10 @@ class KernelLowering:
         self.sites = 0
         self.ins: Instr | None = None
         body = fn.body or []
-        self.has_bar = any(
-            isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier") for s in body
-        )
+        self.has_bar = any(isinstance(s, Instr) and s.opcode.split(".")[0] in _STOPS for s in body)
+        #: warp-level instructions stop lanes for their warp (:mod:`.warp`)
+        self.has_warp = any(isinstance(s, Instr) and is_warp_stop(s) for s in body)
+        self.warp_sites: list = []
         self._intrinsics: dict[str, ir.Function] = {}
         self._pcs: dict[int, int] = {}
         #: whether a block's shared memory must be zeroed before it runs: the kernel names a
@@ -198,12 +214,20 @@ class KernelLowering:
         # the save area holds only registers live across some barrier
         self.live = live_after(fn) if self.has_bar else {}
         self.remat, self.prefix = rematerializable(fn.body or []) if self.has_bar else ({}, [])
+        # registers other lanes' shfl read: in the save area at every stop, never recomputed
+        self.keep = frozenset(shfl_sources(fn))
+        self.live = keep_live(fn, self.live, self.keep, lambda s: s.opcode.split(".")[0] in _STOPS)
+        for uid in self.keep:
+            self.remat.pop(uid, None)
         saved = sorted(set().union(*self.live_at_barriers()))
         self.reg_index = {uid: i for i, uid in enumerate(saved)}
+        self.nsave_regs = len(saved)
+        self.nsave = len(saved) + (NSCRATCH if self.has_warp else 0)
         self.by_uid = {r.uid: r for r in regs}
         self.fast = False
         self.par_loops: list[tuple[str, str]] = []
-        self.vec_regions, self.store_regions = self.vector_regions() if self.has_bar else ([], [])
+        vec = self.has_bar and not self.has_warp  # a warp's lanes stop apart: scalar rounds
+        self.vec_regions, self.store_regions = self.vector_regions() if vec else ([], [])
         self.build_step("step")
         scalar_step = self.step
         fast = None
@@ -231,13 +255,15 @@ class KernelLowering:
             self.fast = False
             fast = None
         self.step = scalar_step
+        if self.has_warp:
+            self.settle = build_settle(self, _INVARIANT, _INVARIANT.index(L.NTID))
         self.build_lookup()
         self.build_driver()
         return Lowered(
             self.mod,
             "kern_" + sanitize(fn.name),
             self.sites,
-            len(self.reg_index),
+            self.nsave,
             self.texts,
             fast,
             self.par_loops,
@@ -254,7 +280,7 @@ class KernelLowering:
                 seen.add(s.name)
                 continue
             op = s.opcode.split(".")[0]
-            if op in ("bar", "barrier"):
+            if op in _STOPS:
                 return False
             ops = s.operands if isinstance(s.operands, list) else []
             if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):
@@ -369,7 +395,7 @@ class KernelLowering:
         step.linkage = "internal"
         # the scalar form of a kernel with vectorized regions is called from two places (the
         # scalar rounds and the lanes to run again): one copy, not two, to compile
-        if self.fast or not self.vec_regions:
+        if self.fast or not (self.vec_regions or self.has_warp):
             step.attributes.add("alwaysinline")
         else:
             step.attributes.add("noinline")
@@ -489,6 +515,8 @@ class KernelLowering:
             ok = b.load(self.lane_ok)
             b.ret(b.select(ok, ir.Constant(I32, EXITED), ir.Constant(I32, FAULTED)))
         else:
+            if self.keep:  # other lanes' shfl may still read them
+                self.save_regs(self.keep)
             b.ret(ir.Constant(I32, EXITED))
 
     def ctx_word(self, slot: int, ty=I64):
@@ -506,7 +534,7 @@ class KernelLowering:
         return [
             self.live[id(s)]
             for s in body
-            if isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier")
+            if isinstance(s, Instr) and s.opcode.split(".")[0] in _STOPS
         ]
 
     def save_offset(self, uid: int):
@@ -610,6 +638,11 @@ class KernelLowering:
         )
         if name == "%laneid":
             return b.and_(lin, ir.Constant(I32, 31))
+        if name.startswith("%lanemask_"):
+            eq = b.shl(ir.Constant(I32, 1), b.and_(lin, ir.Constant(I32, 31)))
+            lt = b.sub(eq, ir.Constant(I32, 1))
+            le = b.or_(lt, eq)
+            return {"eq": eq, "lt": lt, "le": le, "ge": b.not_(lt), "gt": b.not_(le)}[name[10:]]
         return b.lshr(lin, ir.Constant(I32, 5))  # %warpid
 
     def get(self, op, t: PtxType):
@@ -701,7 +734,7 @@ class KernelLowering:
             raise self.refuse("unparsable operands")
         op, types, mods = _split(ins.opcode)
         if ins.guard is not None and op not in ("bra",):
-            if op in ("bar", "barrier"):
+            if op in ("bar", "barrier") and not is_warp_stop(ins):
                 raise self.refuse("a guarded barrier")
             b = self.b
             g = self.guard(ins)
@@ -722,6 +755,9 @@ class KernelLowering:
         return self.b.not_(v) if neg else v
 
     def lower_op(self, op: str, types, mods, ins: Instr) -> None:
+        if is_warp_stop(ins):
+            lower_warp(self, op, types, mods, ins.operands)
+            return
         h = HANDLERS.get(op)
         if h is None:
             raise self.refuse(f"instruction {op}")
@@ -1063,7 +1099,7 @@ class KernelLowering:
         bx, by, bz = d.ntid
         nthreads = b.mul(b.mul(bx, by), bz)
         cx, cy, cz = d.ctaid
-        nregs = len(self.reg_index)
+        nregs = self.nsave
         bar = self.has_bar
         if bar:
             b.call(
@@ -1148,9 +1184,11 @@ class KernelLowering:
         live2.add_incoming(now_live, cont)
         if bar:
             live2.add_incoming(live, xbody)
-        x.add_incoming(b.add(x, c64(1)), lnext)
-        t.add_incoming(b.add(t, c64(1)), lnext)
-        live.add_incoming(live2, lnext)
+        if self.has_warp:  # the warp's last lane ran: its warp-level instructions now
+            call_settle(self, d, t, nthreads, fault)
+        x.add_incoming(b.add(x, c64(1)), b.block)
+        t.add_incoming(b.add(t, c64(1)), b.block)
+        live.add_incoming(live2, b.block)
         b.branch(xhead)
         b.position_at_end(ynext)
         y.add_incoming(b.add(y, c64(1)), ynext)
@@ -1318,9 +1356,7 @@ def rematerializable(body) -> tuple[dict[int, frozenset[int]], list]:
                 defs[name] = defs.get(name, 0) + 1
     dom = _Dominance(body)
     bars = [
-        i
-        for i, s in enumerate(body)
-        if isinstance(s, Instr) and s.opcode.split(".")[0] in ("bar", "barrier")
+        i for i, s in enumerate(body) if isinstance(s, Instr) and s.opcode.split(".")[0] in _STOPS
     ]
     remat: dict[int, frozenset[int]] = {}
     prefix: list = []
