@@ -463,3 +463,212 @@ def test_without_llvmlite_every_kernel_runs_interpreted() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
     assert r.stderr.count("PTX kernels run interpreted: llvmlite is not installed") == 1
+
+
+#: nvcc's local frame: each thread fills a local array a[i] = tid + i (through .local
+#: addresses), crosses a barrier, then reads a[idx] back through the generic address
+#: (cvta.local) and stores it to out[tid]; idx out of the frame faults in the local window
+LOCAL = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out, .param .u32 idx)
+{
+    .local .align 4 .b8 __local_depot0[32];
+    .reg .b64 %SP;
+    .reg .b64 %SPL;
+    .reg .pred %p<2>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<10>;
+    mov.u64 %SPL, __local_depot0;
+    cvta.local.u64 %SP, %SPL;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [idx];
+    mov.u32 %r2, %tid.x;
+    mov.u32 %r3, 0;
+$L_fill:
+    add.s32 %r4, %r2, %r3;
+    mul.wide.u32 %rd2, %r3, 4;
+    add.s64 %rd3, %SPL, %rd2;
+    st.local.u32 [%rd3], %r4;
+    add.s32 %r3, %r3, 1;
+    setp.lt.u32 %p1, %r3, 8;
+    @%p1 bra $L_fill;
+    bar.sync 0;
+    mul.wide.u32 %rd4, %r1, 4;
+    add.s64 %rd5, %SP, %rd4;
+    ld.u32 %r5, [%rd5];
+    mul.wide.u32 %rd6, %r2, 4;
+    add.s64 %rd7, %rd1, %rd6;
+    st.global.u32 [%rd7], %r5;
+    ret;
+}
+"""
+)
+
+
+@pytest.mark.parametrize("idx", [0, 5, 7])
+def test_local_frame_compiled(dev, monkeypatch, idx):
+    """A kernel with a __local_depot frame compiles (not refused) and each lane sees its own
+    area, kept across a barrier: the interpreter's result."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(LOCAL + f"\n// local {idx}\n")
+    out = dev.zeros(70, np.uint32)
+    dev.launch(prog, "t", 1, 70, [Ptr(out), np.uint32(idx)])
+    assert np.array_equal(dev.download(out, 70, np.uint32), np.arange(70) + idx)
+    assert "t" in _compiled_names()
+
+
+@pytest.mark.parametrize("idx", [8, 100, 1 << 20])
+def test_local_fault_same_as_interpreter(dev, monkeypatch, idx):
+    """Past the lane's local stride (32 bytes): the interpreter's illegal-address fault, same
+    message, same instruction and PTX line (idx 8 is the first word past the frame)."""
+    prog = load_ptx(LOCAL)
+    out = dev.zeros(4, np.uint32)
+    args = [Ptr(out), np.uint32(idx)]
+    got = _fault(dev, prog, args, monkeypatch, "1", threads=4)
+    want = _fault(dev, prog, args, monkeypatch, "0", threads=4)
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert "ld.u32" in str(got) and "PTX line 31" in str(got)
+    assert "local" in str(got)
+
+
+#: every thread: a ticket from atom.add on cnt[0] (stored to tickets[gid]), then updates of
+#: every kind on words of ``w`` (global) and of a shared array copied out by thread 0; the
+#: address of the ticket counter is cnt + off (off out of bounds faults)
+ATOMS = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 cnt, .param .u64 tickets, .param .u64 w, .param .u64 f,
+                  .param .u64 sh_out, .param .u64 off)
+{
+    .shared .align 8 .b8 sh[32];
+    .reg .pred %p<2>;
+    .reg .b32 %r<20>;
+    .reg .f32 %f<4>;
+    .reg .f64 %fd<4>;
+    .reg .b64 %rd<20>;
+    ld.param.u64 %rd1, [cnt];
+    ld.param.u64 %rd2, [tickets];
+    ld.param.u64 %rd3, [w];
+    ld.param.u64 %rd4, [f];
+    ld.param.u64 %rd5, [sh_out];
+    ld.param.u64 %rd6, [off];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mad.lo.s32 %r4, %r2, %r3, %r1;
+    add.s64 %rd7, %rd1, %rd6;
+    atom.global.add.u32 %r5, [%rd7], 1;
+    mul.wide.u32 %rd8, %r4, 4;
+    add.s64 %rd9, %rd2, %rd8;
+    st.global.u32 [%rd9], %r5;
+    red.global.add.u32 [%rd3], %r4;
+    atom.global.min.s32 %r6, [%rd3+4], %r4;
+    atom.global.max.u32 %r6, [%rd3+8], %r4;
+    atom.global.inc.u32 %r6, [%rd3+12], 5;
+    atom.global.dec.u32 %r6, [%rd3+16], 7;
+    atom.global.and.b32 %r6, [%rd3+20], %r4;
+    atom.global.or.b32 %r6, [%rd3+24], %r4;
+    atom.global.xor.b32 %r6, [%rd3+28], %r4;
+    atom.global.exch.b32 %r6, [%rd3+32], %r4;
+    add.s32 %r7, %r6, 1;
+    atom.global.cas.b32 %r8, [%rd3+36], %r4, %r7;
+    cvt.u64.u32 %rd10, %r4;
+    atom.global.add.u64 %rd11, [%rd3+40], %rd10;
+    atom.global.max.s64 %rd11, [%rd3+48], %rd10;
+    cvt.rn.f32.u32 %f1, %r4;
+    mul.f32 %f2, %f1, 0f3DCCCCCD;
+    atom.global.add.f32 %f3, [%rd4], %f2;
+    red.global.add.f32 [%rd4+4], 0f00400000;
+    cvt.rn.f64.u32 %fd1, %r4;
+    atom.global.add.f64 %fd2, [%rd4+8], %fd1;
+    mov.u32 %r9, sh;
+    and.b32 %r10, %r1, 3;
+    shl.b32 %r11, %r10, 2;
+    add.s32 %r12, %r9, %r11;
+    atom.shared.add.u32 %r13, [%r12], %r1;
+    atom.shared.max.s32 %r13, [%r9+16], %r1;
+    bar.sync 0;
+    setp.ne.s32 %p1, %r1, 0;
+    @%p1 bra $L_done;
+    ld.shared.v4.u32 {%r14, %r15, %r16, %r17}, [%r9];
+    mul.wide.u32 %rd13, %r2, 20;
+    add.s64 %rd14, %rd5, %rd13;
+    st.global.u32 [%rd14], %r14;
+    st.global.u32 [%rd14+4], %r15;
+    st.global.u32 [%rd14+8], %r16;
+    st.global.u32 [%rd14+12], %r17;
+    ld.shared.u32 %r18, [%r9+16];
+    st.global.u32 [%rd14+16], %r18;
+$L_done:
+    ret;
+}
+"""
+)
+
+
+def _atoms_args(dev, blocks: int, threads: int, off: int = 0):
+    n = blocks * threads
+    bufs = {
+        "cnt": dev.zeros(1, np.uint32),
+        "tickets": dev.zeros(n, np.uint32),
+        "w": dev.zeros(14, np.uint32),
+        "f": dev.zeros(4, np.float32),
+        "sh": dev.zeros(5 * blocks, np.uint32),
+    }
+    args = [Ptr(bufs[k]) for k in ("cnt", "tickets", "w", "f", "sh")] + [np.uint64(off)]
+    return bufs, args
+
+
+@pytest.mark.parametrize("blocks,threads", [(1, 33), (3, 64)])
+def test_atomics_compiled_same_as_interpreter(dev, monkeypatch, blocks, threads):
+    """Every atomic operation on global and shared memory compiles (not refused) and gives
+    the interpreter's bytes, returned old values (tickets, float sums) included: diff mode."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(ATOMS + f"\n// atoms {blocks} {threads}\n")
+    bufs, args = _atoms_args(dev, blocks, threads)
+    dev.launch(prog, "t", blocks, threads, args)
+    n = blocks * threads
+    assert "t" in _compiled_names()
+    tickets = dev.download(bufs["tickets"], n, np.uint32)
+    assert np.array_equal(tickets, np.arange(n))  # the lanes in order, as the interpreter's
+    w = dev.download(bufs["w"], 14, np.uint32)
+    assert w[0] == n * (n - 1) // 2 and w[2] == n - 1
+    sh = dev.download(bufs["sh"], 5 * blocks, np.uint32).reshape(blocks, 5)
+    lanes = np.arange(threads)
+    assert [int(sh[0, i]) for i in range(4)] == [int(lanes[lanes % 4 == i].sum()) for i in range(4)]
+    assert sh[0, 4] == threads - 1
+
+
+def test_atomics_on_many_cores(dev, monkeypatch):
+    """A launch big enough to run on several cores: the real atomics lose no update and hand
+    out every ticket once."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(ATOMS + "\n// atoms big\n")
+    blocks, threads = 512, 256
+    bufs, args = _atoms_args(dev, blocks, threads)
+    dev.launch(prog, "t", blocks, threads, args)
+    n = blocks * threads
+    assert dev.download(bufs["cnt"], 1, np.uint32)[0] == n
+    tickets = dev.download(bufs["tickets"], n, np.uint32)
+    assert np.array_equal(np.sort(tickets), np.arange(n))
+    w = dev.download(bufs["w"], 14, np.uint32)
+    assert w[0] == (n * (n - 1) // 2) & 0xFFFFFFFF and w[1] == 0 and w[2] == n - 1
+    assert int(w[10]) | int(w[11]) << 32 == n * (n - 1) // 2
+    f = dev.download(bufs["f"], 4, np.float32)
+    assert f[1] == 0.0  # subnormal increments flush to zero, as the interpreter's add.f32
+    assert int(f[2:4].view(np.float64)[0]) == n * (n - 1) // 2
+
+
+@pytest.mark.parametrize("off", [4, -8, 2])
+def test_atomic_fault_same_as_interpreter(dev, monkeypatch, off):
+    """An atomic outside its allocation (or misaligned): the interpreter's fault, message,
+    instruction and PTX line."""
+    prog = load_ptx(ATOMS)
+    _, args = _atoms_args(dev, 1, 1, off & (2**64 - 1))
+    got = _fault(dev, prog, args, monkeypatch, "1")
+    want = _fault(dev, prog, args, monkeypatch, "0")
+    assert got.code == want.code == (716 if off == 2 else 700)
+    assert str(got) == str(want)
+    assert "atom.global.add.u32" in str(got) and "PTX line 26" in str(got)

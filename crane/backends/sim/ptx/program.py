@@ -422,7 +422,9 @@ class PtxProgram:
                 kparams=kparams,
                 symvals=symvals,
                 shared_stride=shared_stride,
+                local_stride=local_stride,
                 deadline=deadline,
+                serial=mode == "diff" and jit.orders_matter(self._dec.by_fid[k.fid].fn),
             )
 
         if mode == "diff":
@@ -446,6 +448,8 @@ class PtxProgram:
                     key = ("shared", var.name)
                 else:
                     key = ("fshared", fi.fid, var.name)
+            elif var.space == "local":  # its offset in the lane's local area
+                key = ("local", fi.fid, var.name)
             else:
                 return None
             return dec.slot_index.get(key)

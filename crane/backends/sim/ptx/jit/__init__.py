@@ -39,6 +39,7 @@ __all__ = [
     "compiled_kernel",
     "mode",
     "module_hash",
+    "orders_matter",
     "stats",
     "worth_compiling",
 ]
@@ -96,6 +97,13 @@ def worth_compiling(mod_hash: str, name: str, lanes: int, launches: int) -> bool
         if (mod_hash, name) in _cache:
             return True
     return lanes >= COMPILE_MIN_LANES or launches >= COMPILE_AFTER_LAUNCHES
+
+
+def orders_matter(fn) -> bool:
+    """Whether entry function ``fn``'s results may depend on the order its blocks run in (it
+    has atomics, whose returned old values do): ``diff`` mode then runs the compiled kernel on
+    one core, blocks in order, the interpreter's schedule."""
+    return any(getattr(s, "opcode", "").split(".")[0] in ("atom", "red") for s in fn.body or [])
 
 
 def _say_missing() -> None:

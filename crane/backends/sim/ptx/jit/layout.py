@@ -25,6 +25,8 @@ __all__ = [
     "KIND_MISALIGNED",
     "KIND_TIMEOUT",
     "KPARAMS",
+    "LOCAL",
+    "LOCAL_SIZE",
     "MEM_BASE",
     "MEM_BUF",
     "NALLOC",
@@ -34,6 +36,7 @@ __all__ = [
     "SHARED",
     "SHARED_SIZE",
     "SPACE_GLOBAL",
+    "SPACE_LOCAL",
     "SPACE_SHARED",
     "STOP",
     "SYMVALS",
@@ -60,7 +63,9 @@ FAULT_ADDR = 21
 FAULT_KIND = 22
 FAULT_BYTES = 23
 FAULT_SPACE = 24
-FIXED = 25  # first per-site cache slot
+LOCAL = 25  # every lane's local memory: threads x LOCAL_SIZE bytes (jit/local.py)
+LOCAL_SIZE = 26  # one lane's local stride (the interpreter's)
+FIXED = 27  # first per-site cache slot
 
 KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT = 1, 2, 3
-SPACE_GLOBAL, SPACE_SHARED = 0, 1
+SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL = 0, 1, 2

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from ..memspace import CLUSTER_RANK_SHIFT, SHARED_WINDOW, WINDOW_SIZE
+from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, SHARED_WINDOW, WINDOW_SIZE
 from ..ops_common import IGNORED_MODS
 from ..parser import Function, Instr, Label
 from ..ptxtypes import TYPES, PtxType
@@ -59,7 +59,9 @@ from .irtypes import (
     vty,
 )
 from .liveness import live_after
+from .local import local_ptr, uses_local, zero_block_locals
 from .ops import HANDLERS
+from .ops_atomic import is_atomic
 
 __all__ = ["KernelLowering", "Lowered", "lower_kernel"]
 
@@ -77,6 +79,8 @@ _INVARIANT = (
     L.GRID,
     L.GRID + 1,
     L.GRID + 2,
+    L.LOCAL,
+    L.LOCAL_SIZE,
 )
 
 #: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
@@ -172,6 +176,7 @@ class KernelLowering:
             isinstance(s, Instr) and (".shared" in s.opcode or _is_generic_access(s.opcode))
             for s in body
         )
+        self.uses_local = uses_local(fn)
 
     # ---- errors ---------------------------------------------------------------------------
     def refuse(self, what: str) -> Refusal:
@@ -254,7 +259,7 @@ class KernelLowering:
                 seen.add(s.name)
                 continue
             op = s.opcode.split(".")[0]
-            if op in ("bar", "barrier"):
+            if op in ("bar", "barrier") or is_atomic(s):  # an atomic loads what it stores
                 return False
             ops = s.operands if isinstance(s.operands, list) else []
             if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):
@@ -315,6 +320,8 @@ class KernelLowering:
                     nxt = [target] if s.guard is None else [target, i + 1]
                 elif op in ("ld", "st") and ".param" not in s.opcode:
                     kinds[i] = (op, _spaces_of(s.opcode))
+                elif is_atomic(s):  # a load after its own store: the scalar form only
+                    return False, False
             succ[i] = [n for n in nxt if n < len(body)]
             stack.extend(succ[i])
         # a cycle: depth-first search with colours
@@ -869,8 +876,36 @@ class KernelLowering:
             return self.global_ptr(addr, nbytes)
         if space == "shared":
             return self.shared_ptr(addr, nbytes, SHARED_WINDOW)
-        # generic: the shared window is routed to shared memory, everything else to global
-        # (local and .param windows hold nothing this compiler's kernels can point at)
+        if space == "local":
+            return local_ptr(self, addr, nbytes)
+        # generic: the shared window is routed to shared memory, the local window (in kernels
+        # with local memory) to the lane's local area, everything else to global (the .param
+        # window holds nothing this compiler's kernels can point at)
+        if self.uses_local:
+            lrel = b.sub(addr, c64(LOCAL_WINDOW))
+            in_lo = b.icmp_unsigned("<", lrel, c64(WINDOW_SIZE))
+            lo_blk = self.step.append_basic_block("generic_local")
+            other = self.step.append_basic_block("generic_other")
+            lo_join = self.step.append_basic_block("generic_local_join")
+            b.cbranch(in_lo, lo_blk, other)
+            b.position_at_end(lo_blk)
+            p0 = local_ptr(self, lrel, nbytes)
+            e0 = b.block
+            b.branch(lo_join)
+            b.position_at_end(other)
+            p_rest = self._generic_not_local(addr, nbytes)
+            e_rest = b.block
+            b.branch(lo_join)
+            b.position_at_end(lo_join)
+            p = b.phi(I8P)
+            p.add_incoming(p0, e0)
+            p.add_incoming(p_rest, e_rest)
+            return p
+        return self._generic_not_local(addr, nbytes)
+
+    def _generic_not_local(self, addr, nbytes: int):
+        """A generic access outside the local window: shared window or global memory."""
+        b = self.b
         rel = b.sub(addr, c64(SHARED_WINDOW))
         in_sh = b.icmp_unsigned("<", rel, c64(WINDOW_SIZE))
         sh_blk = self.step.append_basic_block("generic_shared")
@@ -981,6 +1016,8 @@ class KernelLowering:
         d.ctaid = tuple(b.trunc(v, I32) for v in d.cta)
         if self.uses_shared:
             b.call(d.memset, [d.shared, ir.Constant(I8, 0), shsize, ir.Constant(I1, 0)])
+        if self.uses_local:
+            zero_block_locals(b, d.memset, word, b.mul(b.mul(d.ntid[0], d.ntid[1]), d.ntid[2]))
         return d
 
     def close_driver(self, d: _Driver) -> None:
@@ -1444,15 +1481,17 @@ def _spaces_of(opcode: str) -> frozenset[str]:
     parts = opcode.split(".")
     if "shared" in parts:
         return frozenset({"shared"})
+    if "local" in parts:
+        return frozenset({"local"})
     if "global" in parts or "const" in parts:
         return frozenset({"global"})
-    return frozenset({"global", "shared"})
+    return frozenset({"global", "shared", "local"})
 
 
 def _is_generic_access(opcode: str) -> bool:
     """An ld/st without a state space: its address may fall in the shared window."""
     parts = opcode.split(".")
-    return parts[0] in ("ld", "st") and not any(
+    return parts[0] in ("ld", "st", "atom", "red") and not any(
         p in ("global", "shared", "param", "const", "local") for p in parts[1:]
     )
 
@@ -1462,8 +1501,6 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
     symbol slot of a module or shared variable (None if it has none)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
-    if fn.locals:
-        raise Refusal(f".local variable {fn.locals[0].name}", fn.locals[0].line)
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.declare_lookup()
     return k.build()

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from ..memspace import SHARED_WINDOW
+from ..memspace import LOCAL_WINDOW, SHARED_WINDOW
 from ..parser import Label
 from ..ptxtypes import TYPES, PtxType
 from . import layout as L
 from .irtypes import F32, F64, FAULTED, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
+from .ops_atomic import ATOMIC_HANDLERS
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -387,11 +388,11 @@ def _h_cvta(k: KernelLowering, types, mods, ops) -> None:
     to = "to" in mods
     spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
     k.only(mods, ("to", *spaces))
-    if len(spaces) != 1 or spaces[0] not in ("global", "shared") or t.bits != 64:
+    if len(spaces) != 1 or spaces[0] not in ("global", "shared", "local") or t.bits != 64:
         raise k.refuse("cvta form")
     a = k.get(ops[1], t)
-    if spaces[0] == "shared":
-        w = c64(SHARED_WINDOW)
+    if spaces[0] in ("shared", "local"):
+        w = c64(SHARED_WINDOW if spaces[0] == "shared" else LOCAL_WINDOW)
         a = k.b.sub(a, w) if to else k.b.add(a, w)
     k.put(ops[0], t, a)
 
@@ -404,8 +405,6 @@ def _space_of(k: KernelLowering, mods) -> str:
         # shared: the warp-synchronous idiom needs lockstep lanes; global: a block may spin on
         # another block's store, and blocks here run one after the other
         raise k.refuse(".volatile access")
-    if spaces and spaces[0] == "local":
-        raise k.refuse(".local memory")
     return spaces[0] if spaces else "generic"
 
 
@@ -417,7 +416,7 @@ def _ldst(store: bool):
             raise k.refuse("ld/st of .pred")
         space = _space_of(k, mods)
         vec = [m for m in mods if m in ("v2", "v4")]
-        k.only(mods, ("global", "shared", "param", "const", *vec))
+        k.only(mods, ("global", "shared", "param", "const", "local", *vec))
         n = int(vec[0][1]) if vec else 1
         if len(ops) != 2:
             raise k.refuse("operand count")
@@ -653,3 +652,4 @@ HANDLERS = {
     "sqrt": _h_sqrt,
     "rsqrt": _h_rsqrt,
 }
+HANDLERS.update(ATOMIC_HANDLERS)
