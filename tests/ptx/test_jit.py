@@ -80,7 +80,8 @@ $L_top:
 """
 )
 
-POPC = (
+#: bmsk (a bit-field mask) is an instruction the compiler does not take
+BMSK = (
     HEAD
     + """
 .visible .entry t(.param .u64 out)
@@ -89,7 +90,7 @@ POPC = (
     .reg .b64 %rd<4>;
     ld.param.u64 %rd1, [out];
     mov.u32 %r1, %tid.x;
-    popc.b32 %r2, %r1;
+    bmsk.clamp.b32 %r2, 0, %r1;
     mul.wide.u32 %rd2, %r1, 4;
     add.s64 %rd3, %rd1, %rd2;
     st.global.u32 [%rd3], %r2;
@@ -172,15 +173,15 @@ def test_shared_in_bounds_across_barrier(dev, monkeypatch, idx):
 
 def test_refused_kernel_runs_interpreted_with_one_log_line(dev, monkeypatch, caplog):
     monkeypatch.setenv("CRANE_PTX_JIT", "1")
-    prog = load_ptx(POPC + "\n// refusal test\n")  # a module of its own (cache by hash)
+    prog = load_ptx(BMSK + "\n// refusal test\n")  # a module of its own (cache by hash)
     out = dev.zeros(64, np.uint32)
     with caplog.at_level(logging.INFO, logger="crane.sim.ptx.jit"):
         dev.launch(prog, "t", 1, 64, [Ptr(out)])
         dev.launch(prog, "t", 1, 64, [Ptr(out)])
     lines = [r.getMessage() for r in caplog.records if r.name == "crane.sim.ptx.jit"]
     assert len(lines) == 1, lines
-    assert "runs interpreted" in lines[0] and "popc" in lines[0] and "PTX line 12" in lines[0]
-    want = [bin(i).count("1") for i in range(64)]
+    assert "runs interpreted" in lines[0] and "bmsk" in lines[0] and "PTX line 12" in lines[0]
+    want = [(1 << min(i, 32)) - 1 for i in range(64)]
     assert dev.download(out, 64, np.uint32).tolist() == want
 
 
@@ -672,3 +673,197 @@ def test_atomic_fault_same_as_interpreter(dev, monkeypatch, off):
     assert got.code == want.code == (716 if off == 2 else 700)
     assert str(got) == str(want)
     assert "atom.global.add.u32" in str(got) and "PTX line 26" in str(got)
+
+
+#: each thread: the bit instructions on (a, b, c) = (x[i], y[i], z[i]) with the field
+#: positions and lengths taken from y and z unmasked (so 0, widths and >= 256 all occur),
+#: one result word per instruction form in out[16 * i ...]
+BITS = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 x, .param .u64 y, .param .u64 z, .param .u64 out)
+{
+    .reg .b32 %r<40>;
+    .reg .b64 %rd<40>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [y];
+    ld.param.u64 %rd3, [z];
+    ld.param.u64 %rd4, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd5, %r1, 4;
+    add.s64 %rd6, %rd1, %rd5;
+    ld.global.u32 %r2, [%rd6];
+    add.s64 %rd7, %rd2, %rd5;
+    ld.global.u32 %r3, [%rd7];
+    add.s64 %rd8, %rd3, %rd5;
+    ld.global.u32 %r4, [%rd8];
+    mov.b64 %rd9, {%r2, %r3};
+    mul.wide.u32 %rd10, %r1, 64;
+    add.s64 %rd11, %rd4, %rd10;
+    popc.b64 %r5, %rd9;
+    clz.b32 %r6, %r2;
+    bfind.s32 %r7, %r2;
+    bfind.shiftamt.u64 %r8, %rd9;
+    bfe.u32 %r9, %r2, %r3, %r4;
+    bfe.s32 %r10, %r2, %r3, %r4;
+    bfe.s64 %rd12, %rd9, %r3, %r4;
+    cvt.u32.u64 %r11, %rd12;
+    bfi.b32 %r12, %r2, %r4, %r3, %r4;
+    bfi.b64 %rd13, %rd9, %rd9, %r4, %r3;
+    cvt.u32.u64 %r13, %rd13;
+    prmt.b32 %r14, %r2, %r3, %r4;
+    prmt.b32.b4e %r15, %r2, %r3, %r4;
+    prmt.b32.rc16 %r16, %r2, %r3, %r4;
+    lop3.b32 %r17, %r2, %r3, %r4, 0xe8;
+    shf.l.wrap.b32 %r18, %r2, %r3, %r4;
+    shf.r.clamp.b32 %r19, %r2, %r3, %r4;
+    brev.b64 %rd14, %rd9;
+    cvt.u32.u64 %r20, %rd14;
+    sad.s32 %r21, %r2, %r3, %r4;
+    dp4a.s32.u32 %r22, %r2, %r3, %r4;
+    dp2a.hi.u32.s32 %r23, %r2, %r3, %r4;
+    st.global.v4.u32 [%rd11], {%r5, %r6, %r7, %r8};
+    st.global.v4.u32 [%rd11+16], {%r9, %r10, %r11, %r12};
+    st.global.v4.u32 [%rd11+32], {%r13, %r14, %r15, %r16};
+    st.global.v4.u32 [%rd11+48], {%r17, %r18, %r19, %r20};
+    ret;
+}
+"""
+)
+
+
+def test_bit_instructions_compiled_same_as_interpreter(dev, monkeypatch):
+    """popc, clz, bfind, bfe, bfi, prmt (default and modes), lop3, shf, brev, sad, dp4a, dp2a
+    compile (not refused) and give the interpreter's bits on edge-case fields: diff mode."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    rng = np.random.default_rng(7)
+    n = 256
+    edge = np.array([0, 1, 7, 8, 31, 32, 33, 63, 64, 65, 255, 256, 257, 0xFFFFFFFF], np.uint32)
+    x = rng.integers(0, 2**32, n, dtype=np.uint32)
+    x[:4] = [0, 0xFFFFFFFF, 0x80000000, 1]
+    y = np.concatenate([np.repeat(edge, 14)[: n // 2], rng.integers(0, 300, n // 2)]).astype(
+        np.uint32
+    )
+    z = np.concatenate([np.tile(edge, 14)[: n // 2], rng.integers(0, 2**32, n // 2)]).astype(
+        np.uint32
+    )
+    bufs = [dev.upload(v) for v in (x, y, z)]
+    out = dev.zeros(16 * n, np.uint32)
+    prog = load_ptx(BITS)
+    dev.launch(prog, "t", 1, n, [*(Ptr(b) for b in bufs), Ptr(out)])
+    assert "t" in _compiled_names()
+    got = dev.download(out, 16 * n, np.uint32).reshape(n, 16)
+    assert got[0, 1] == 32 and got[1, 2] == 0xFFFFFFFF  # clz(0); bfind.s32(-1): no clear bit
+    assert got[2, 0] == bin(int(y[2]) << 32 | 0x80000000).count("1")
+
+
+#: thread i converts x[i] (u64 bits) in every directed mode: as s64, u64 and s32 to f32, as
+#: s64 to f64, and as an f64 to f32; 8 result words per thread
+CVT = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 x, .param .u64 out)
+{
+    .reg .b32 %r<4>;
+    .reg .f32 %f<16>;
+    .reg .f64 %fd<8>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.u64 %rd5, [%rd4];
+    cvt.u32.u64 %r2, %rd5;
+    mov.b64 %fd1, %rd5;
+    mul.wide.u32 %rd6, %r1, 48;
+    add.s64 %rd7, %rd2, %rd6;
+    cvt.rz.f32.s64 %f1, %rd5;
+    cvt.rm.f32.u64 %f2, %rd5;
+    cvt.rp.f32.s32 %f3, %r2;
+    cvt.rz.f32.f64 %f4, %fd1;
+    cvt.rm.f32.f64 %f5, %fd1;
+    cvt.rp.f32.f64 %f6, %fd1;
+    cvt.rm.f32.s64 %f7, %rd5;
+    cvt.rp.f32.u64 %f8, %rd5;
+    st.global.v4.f32 [%rd7], {%f1, %f2, %f3, %f4};
+    st.global.v4.f32 [%rd7+16], {%f5, %f6, %f7, %f8};
+    cvt.rz.f64.s64 %fd2, %rd5;
+    cvt.rp.f64.u64 %fd3, %rd5;
+    st.global.v2.f64 [%rd7+32], {%fd2, %fd3};
+    ret;
+}
+"""
+)
+
+
+def test_directed_cvt_compiled_same_as_interpreter(dev, monkeypatch):
+    """Integer → float and float64 → float32 conversions with .rz/.rm/.rp compile (not
+    refused) and round as the interpreter on edge values: ties, 2^63 and 2^64 neighbours,
+    negative values, float32 overflow, subnormals, infinities and NaN (diff mode)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    ints = [0, 1, -1, (1 << 24) + 1, -((1 << 24) + 1), (1 << 63) - 1, -(1 << 63), 2**64 - 1]
+    ints += [(1 << 53) + 1, (1 << 31) - 1, -(1 << 31), 0x7FFFFFC0_00000001, 12345678901]
+    floats = [3.4028235e38 * 1.5, -3.4028235e38 * 1.5, 1e-40, -1e-40, 1e-50, -1e-50]
+    floats += [float("inf"), float("-inf"), float("nan"), 1.0 + 2.0**-30, -(1.0 + 2.0**-30)]
+    floats += [3.4028235677973366e38, 0.1, -0.1, 0.0, -0.0]
+    vals = np.array([v & (2**64 - 1) for v in ints], np.uint64)
+    vals = np.concatenate([vals, np.array(floats, np.float64).view(np.uint64)])
+    rng = np.random.default_rng(3)
+    vals = np.concatenate([vals, rng.integers(0, 2**63, 64, dtype=np.uint64) << np.uint64(1)])
+    n = vals.size
+    x = dev.upload(vals)
+    out = dev.zeros(12 * n, np.uint32)
+    dev.launch(load_ptx(CVT), "t", 1, n, [Ptr(x), Ptr(out)])
+    assert "t" in _compiled_names()
+    got = dev.download(out, 12 * n, np.uint32).reshape(n, 12)
+    assert got[3, 0].view(np.float32) == np.float32(1 << 24)  # 2^24 + 1 toward zero
+    assert got[3, 7].view(np.float32) == np.float32((1 << 24) + 2)  # and up
+
+
+#: nvcc's double-halves idiom: unpack an f64 into {lo, _} and {_, hi}, four 16-bit parts of
+#: the u64 (a sink among them), and pack them back in another order
+PACK = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 x, .param .u64 out)
+{
+    .reg .b16 %rs<6>;
+    .reg .b32 %r<6>;
+    .reg .f64 %fd<4>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.f64 %fd1, [%rd4];
+    mov.b64 {%r2, _}, %fd1;
+    mov.b64 {_, %r3}, %fd1;
+    mov.b64 {%rs1, %rs2, _, %rs4}, %fd1;
+    mov.b64 %rd5, {%r3, %r2};
+    mov.b64 %rd6, {%rs4, %rs1, %rs2, %rs4};
+    mov.b32 %r4, {%rs2, %rs1};
+    mul.wide.u32 %rd7, %r1, 24;
+    add.s64 %rd8, %rd2, %rd7;
+    st.global.u64 [%rd8], %rd5;
+    st.global.u64 [%rd8+8], %rd6;
+    st.global.u32 [%rd8+16], %r4;
+    ret;
+}
+"""
+)
+
+
+def test_pack_unpack_compiled(dev, monkeypatch):
+    """mov pack/unpack forms, with ``_`` sinks, compile (not refused) and move the
+    interpreter's bits (diff mode)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    vals = np.array([0x0123456789ABCDEF, 0xFFFF0000FFFF0000, 1], np.uint64)
+    out = dev.zeros(6 * vals.size, np.uint32)
+    dev.launch(load_ptx(PACK), "t", 1, vals.size, [Ptr(dev.upload(vals)), Ptr(out)])
+    assert "t" in _compiled_names()
+    got = dev.download(out, 6 * vals.size, np.uint32).reshape(vals.size, 6)
+    assert int(got[0, 0]) | int(got[0, 1]) << 32 == 0x89ABCDEF01234567
+    assert int(got[0, 2]) | int(got[0, 3]) << 32 == 0x0123_89AB_CDEF_0123
+    assert got[0, 4] == 0xCDEF89AB

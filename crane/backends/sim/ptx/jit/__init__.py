@@ -34,6 +34,7 @@ except ImportError as _e:  # pragma: no cover - exercised where llvmlite is not 
 __all__ = [
     "COMPILE_AFTER_LAUNCHES",
     "COMPILE_MIN_LANES",
+    "MAX_BLOCK_LOCAL_BYTES",
     "CompiledKernel",
     "JitMismatch",
     "compiled_kernel",
@@ -87,6 +88,10 @@ def mode() -> str:
 #: kernel run once or twice (most of a test suite's) would not earn back
 COMPILE_MIN_LANES = 1 << 14
 COMPILE_AFTER_LAUNCHES = 3
+#: compiled launches give each core a block's worth of local memory (threads x the local
+#: stride) at once; blocks needing more (huge local arrays) run interpreted, whose batches are
+#: sized by memory
+MAX_BLOCK_LOCAL_BYTES = 64 << 20
 
 
 def worth_compiling(mod_hash: str, name: str, lanes: int, launches: int) -> bool:

@@ -18,6 +18,9 @@ from ..ptxtypes import TYPES, PtxType
 from . import layout as L
 from .irtypes import F32, F64, FAULTED, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
 from .ops_atomic import ATOMIC_HANDLERS
+from .ops_bits import BIT_HANDLERS
+from .ops_cvt import DIRECTED, int_to_float_directed, narrow_directed
+from .ops_pack import mov_vector
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -49,6 +52,9 @@ _ICMP_X = {"lo": "<", "ls": "<=", "hi": ">", "hs": ">="}
 def _h_mov(k: KernelLowering, types, mods, ops) -> None:
     k.only(mods)
     t = k.one_type(types)
+    if len(ops) == 2 and "vec" in (ops[0][0], ops[1][0]):
+        mov_vector(k, t, ops[0], ops[1])  # pack / unpack
+        return
     if len(ops) != 2 or ops[0][0] != "reg" or ops[1][0] in ("vec", "mem"):
         raise k.refuse("mov form")
     k.put(ops[0], t, k.get(ops[1], t))
@@ -335,10 +341,13 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
         k.put(ops[0], dt, resize(b, a, dt.bits, signed=st.kind == "s"))
         return
     if st.kind != "f":  # integer -> float
-        if r != "rn":
-            raise k.refuse("integer to float cvt without .rn")
+        if r not in ("rn", *DIRECTED):
+            raise k.refuse("integer to float cvt without .rn/.rz/.rm/.rp")
         a = _cvt_src_int(k, ops[1], st)
         vt = vty(dt)
+        if r != "rn" and not (st.bits <= 32 and dt.bits == 64):  # else exact
+            k.put(ops[0], dt, int_to_float_directed(k, a, st, vt, r))
+            return
         k.put(ops[0], dt, b.sitofp(a, vt) if st.kind == "s" else b.uitofp(a, vt))
         return
     a = k.get(ops[1], st)
@@ -348,8 +357,11 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
                 raise k.refuse("rounding on a widening cvt")
             k.put(ops[0], dt, b.fpext(a, vty(dt)))
         elif dt.bits < st.bits:
+            if r not in ("rn", *DIRECTED):
+                raise k.refuse("narrowing float cvt without .rn/.rz/.rm/.rp")
             if r != "rn":
-                raise k.refuse("narrowing float cvt other than .rn")
+                k.put(ops[0], dt, narrow_directed(k, a, r))
+                return
             k.put(ops[0], dt, b.fptrunc(a, vty(dt)))
         else:
             if r not in ("rni", "rzi", "rmi", "rpi"):
@@ -653,3 +665,4 @@ HANDLERS = {
     "rsqrt": _h_rsqrt,
 }
 HANDLERS.update(ATOMIC_HANDLERS)
+HANDLERS.update(BIT_HANDLERS)
