@@ -867,3 +867,66 @@ def test_pack_unpack_compiled(dev, monkeypatch):
     assert int(got[0, 0]) | int(got[0, 1]) << 32 == 0x89ABCDEF01234567
     assert int(got[0, 2]) | int(got[0, 3]) << 32 == 0x0123_89AB_CDEF_0123
     assert got[0, 4] == 0xCDEF89AB
+
+
+#: an array passed by value, indexed per lane: out[tid] = a[tid + idx] through the parameter's
+#: .param address and again through its generic address (cvta.param); with ``poke`` set, a
+#: generic store into the parameters (read-only: a fault)
+PARAMS = (
+    HEAD
+    + """
+.visible .entry t(.param .align 4 .b8 a[64], .param .u64 out, .param .u32 idx,
+                  .param .u32 poke)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [idx];
+    ld.param.u32 %r7, [poke];
+    mov.u32 %r2, %tid.x;
+    add.s32 %r3, %r2, %r1;
+    mul.wide.u32 %rd2, %r3, 4;
+    mov.u64 %rd3, a;
+    add.s64 %rd4, %rd3, %rd2;
+    ld.param.u32 %r4, [%rd4];
+    cvta.param.u64 %rd5, %rd3;
+    add.s64 %rd6, %rd5, %rd2;
+    ld.u32 %r5, [%rd6];
+    add.s32 %r6, %r4, %r5;
+    mul.wide.u32 %rd7, %r2, 4;
+    add.s64 %rd8, %rd1, %rd7;
+    st.global.u32 [%rd8], %r6;
+    setp.ne.s32 %p1, %r7, 0;
+    @%p1 st.u32 [%rd6], %r6;
+    ret;
+}
+"""
+)
+
+
+def _params_args(out, idx: int, poke: int = 0) -> list:
+    return [np.arange(16, dtype=np.uint32) * 10, Ptr(out), np.uint32(idx), np.uint32(poke)]
+
+
+def test_param_array_indexed_compiled(dev, monkeypatch):
+    """ld.param through a register and a generic load in the param window compile (not
+    refused) and read the launch's parameters (diff mode)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    out = dev.zeros(12, np.uint32)
+    dev.launch(load_ptx(PARAMS + "\n// params ok\n"), "t", 1, 12, _params_args(out, 4))
+    assert "t" in _compiled_names()
+    assert np.array_equal(dev.download(out, 12, np.uint32), (np.arange(12) + 4) * 20)
+
+
+@pytest.mark.parametrize("idx,poke", [(20, 0), (0xFFFFFFF0, 0), (0, 1)])
+def test_param_fault_same_as_interpreter(dev, monkeypatch, idx, poke):
+    """Past the parameters, before them, or a store into them: the interpreter's fault,
+    message and PTX line."""
+    prog = load_ptx(PARAMS)
+    out = dev.zeros(4, np.uint32)
+    got = _fault(dev, prog, _params_args(out, idx, poke), monkeypatch, "1")
+    want = _fault(dev, prog, _params_args(out, idx, poke), monkeypatch, "0")
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert ".param offset" in str(got)

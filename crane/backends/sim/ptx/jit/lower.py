@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, SHARED_WINDOW, WINDOW_SIZE
+from ..memspace import (
+    CLUSTER_RANK_SHIFT,
+    LOCAL_WINDOW,
+    PARAM_WINDOW,
+    SHARED_WINDOW,
+    WINDOW_SIZE,
+)
 from ..ops_common import IGNORED_MODS
 from ..parser import Function, Instr, Label
 from ..ptxtypes import TYPES, PtxType
@@ -62,6 +68,7 @@ from .liveness import live_after
 from .local import local_ptr, uses_local, zero_block_locals
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
+from .param import param_ptr, uses_param_window
 
 __all__ = ["KernelLowering", "Lowered", "lower_kernel"]
 
@@ -177,6 +184,7 @@ class KernelLowering:
             for s in body
         )
         self.uses_local = uses_local(fn)
+        self.uses_param = uses_param_window(fn)
 
     # ---- errors ---------------------------------------------------------------------------
     def refuse(self, what: str) -> Refusal:
@@ -869,7 +877,6 @@ class KernelLowering:
 
     def mem_ptr(self, space: str, addr, nbytes: int, write: bool):
         """A checked pointer for an access in ``space`` (global/const/shared/generic)."""
-        b = self.b
         if space in ("global", "const"):
             if write and space == "const":
                 raise self.refuse("st.const")
@@ -878,30 +885,42 @@ class KernelLowering:
             return self.shared_ptr(addr, nbytes, SHARED_WINDOW)
         if space == "local":
             return local_ptr(self, addr, nbytes)
-        # generic: the shared window is routed to shared memory, the local window (in kernels
-        # with local memory) to the lane's local area, everything else to global (the .param
-        # window holds nothing this compiler's kernels can point at)
+        # generic: the shared window is routed to shared memory, the local and param windows
+        # (in kernels that can point there) to the lane's local area and the parameters,
+        # everything else to global
+        windows = []
         if self.uses_local:
-            lrel = b.sub(addr, c64(LOCAL_WINDOW))
-            in_lo = b.icmp_unsigned("<", lrel, c64(WINDOW_SIZE))
-            lo_blk = self.step.append_basic_block("generic_local")
-            other = self.step.append_basic_block("generic_other")
-            lo_join = self.step.append_basic_block("generic_local_join")
-            b.cbranch(in_lo, lo_blk, other)
-            b.position_at_end(lo_blk)
-            p0 = local_ptr(self, lrel, nbytes)
-            e0 = b.block
-            b.branch(lo_join)
-            b.position_at_end(other)
-            p_rest = self._generic_not_local(addr, nbytes)
-            e_rest = b.block
-            b.branch(lo_join)
-            b.position_at_end(lo_join)
-            p = b.phi(I8P)
-            p.add_incoming(p0, e0)
-            p.add_incoming(p_rest, e_rest)
-            return p
-        return self._generic_not_local(addr, nbytes)
+            windows.append((LOCAL_WINDOW, lambda rel: local_ptr(self, rel, nbytes)))
+        if self.uses_param:
+            windows.append((PARAM_WINDOW, lambda rel: param_ptr(self, rel, nbytes, write)))
+        return self._generic_windows(addr, nbytes, windows)
+
+    def _generic_windows(self, addr, nbytes: int, windows: list):
+        """Route a generic address: into the first of ``windows`` (base, pointer of the
+        offset) it falls in, else shared or global memory."""
+        if not windows:
+            return self._generic_not_local(addr, nbytes)
+        b = self.b
+        (base, ptr), rest = windows[0], windows[1:]
+        rel = b.sub(addr, c64(base))
+        inside = b.icmp_unsigned("<", rel, c64(WINDOW_SIZE))
+        win = self.step.append_basic_block("generic_window")
+        other = self.step.append_basic_block("generic_other")
+        join = self.step.append_basic_block("generic_window_join")
+        b.cbranch(inside, win, other)
+        b.position_at_end(win)
+        p0 = ptr(rel)
+        e0 = b.block
+        b.branch(join)
+        b.position_at_end(other)
+        p1 = self._generic_windows(addr, nbytes, rest)
+        e1 = b.block
+        b.branch(join)
+        b.position_at_end(join)
+        p = b.phi(I8P)
+        p.add_incoming(p0, e0)
+        p.add_incoming(p1, e1)
+        return p
 
     def _generic_not_local(self, addr, nbytes: int):
         """A generic access outside the local window: shared window or global memory."""

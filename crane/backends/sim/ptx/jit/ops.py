@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from ..memspace import LOCAL_WINDOW, SHARED_WINDOW
+from ..memspace import LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from ..parser import Label
 from ..ptxtypes import TYPES, PtxType
 from . import layout as L
@@ -21,6 +21,7 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_bits import BIT_HANDLERS
 from .ops_cvt import DIRECTED, int_to_float_directed, narrow_directed
 from .ops_pack import mov_vector
+from .param import param_ptr
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -400,11 +401,11 @@ def _h_cvta(k: KernelLowering, types, mods, ops) -> None:
     to = "to" in mods
     spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
     k.only(mods, ("to", *spaces))
-    if len(spaces) != 1 or spaces[0] not in ("global", "shared", "local") or t.bits != 64:
+    if len(spaces) != 1 or spaces[0] == "const" or t.bits != 64:
         raise k.refuse("cvta form")
     a = k.get(ops[1], t)
-    if spaces[0] in ("shared", "local"):
-        w = c64(SHARED_WINDOW if spaces[0] == "shared" else LOCAL_WINDOW)
+    if spaces[0] != "global":
+        w = c64({"shared": SHARED_WINDOW, "local": LOCAL_WINDOW, "param": PARAM_WINDOW}[spaces[0]])
         a = k.b.sub(a, w) if to else k.b.add(a, w)
     k.put(ops[0], t, a)
 
@@ -445,8 +446,13 @@ def _ldst(store: bool):
             if addr < 0 or addr + total > k.param_bytes or addr % total:
                 raise k.refuse("a kernel parameter access outside the parameters")
             base = None
-        elif space == "param":
-            raise k.refuse("ld.param through a register")
+        elif space == "param":  # a parameter's address plus an offset
+            if store:
+                raise k.refuse("st.param through a register")
+            if k.fast:
+                b.store(ir.Constant(ir.IntType(1), 1), k.access_ok)
+            base = param_ptr(k, addr, total, False)
+            kind = "value"
         else:
             if k.fast:
                 b.store(ir.Constant(ir.IntType(1), 1), k.access_ok)

@@ -26,7 +26,7 @@ import numpy as np
 from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
-from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, SHARED_WINDOW
+from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from . import layout as L
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
@@ -119,6 +119,7 @@ class _Part:
         self._keep = (starts, ends, shared, save, resume, symvals, kparams, local)  # alive
         ctx[L.LOCAL] = local.ctypes.data
         ctx[L.LOCAL_SIZE] = local_stride
+        ctx[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
         ctx[L.MEM_BUF] = memory.buf.ctypes.data
         ctx[L.MEM_BASE] = memory.base
         ctx[L.ALLOC_STARTS] = starts.ctypes.data
@@ -177,6 +178,8 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
         else:
             e = MemoryFault(f"misaligned {n}-byte local access at offset {off:#x}", addr)
             e.kind = "misaligned"
+    elif space in (L.SPACE_PARAM, L.SPACE_PARAM_STORE):
+        e = _param_fault(addr, n, kind, space == L.SPACE_PARAM_STORE, int(ctx[L.KPARAM_SIZE]))
     elif space == L.SPACE_GLOBAL:
         try:
             memory.offsets(np.array([addr], np.uint64), n)
@@ -206,3 +209,22 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
             e = MemoryFault(f"misaligned {n}-byte shared access at offset {off:#x}", addr)
             e.kind = "misaligned"
     return KernelFault(fault_code(e.kind), f"{e} in {where}")
+
+
+def _param_fault(addr: int, n: int, kind: int, store: bool, size: int) -> MemoryFault:
+    """The interpreter's fault (memspace._param) for a kernel parameter access at generic
+    address ``addr``: outside the parameters, a store (read-only), or misaligned."""
+    off = addr - PARAM_WINDOW
+    off = off - 2**64 if off >= 2**63 else off
+    if kind == L.KIND_MISALIGNED:
+        e = MemoryFault(f"misaligned {n}-byte .param access at offset {off:#x}", addr)
+        e.kind = "misaligned"
+        return e
+    outside = off < 0 or off + n > size
+    why = (
+        f"outside the {size} bytes of kernel parameters"
+        if outside
+        else "kernel parameters are read-only"
+    )
+    msg = f"{n}-byte {'store' if store else 'load'} at .param offset {off:#x} (generic {addr:#x}): "
+    return MemoryFault(msg + why, addr, "illegal")
