@@ -930,3 +930,29 @@ def test_param_fault_same_as_interpreter(dev, monkeypatch, idx, poke):
     assert got.code == want.code == 700
     assert str(got) == str(want)
     assert ".param offset" in str(got)
+
+
+def test_local_frames_on_many_cores(dev, monkeypatch):
+    """A grid big enough for several cores: each core's blocks get their own local areas,
+    zeroed per block, and every lane reads back what it wrote."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    gid = "mov.u32 %r6, %ctaid.x;\n    mov.u32 %r7, %ntid.x;\n    mov.u32 %r8, %tid.x;\n"
+    gid += "    mad.lo.s32 %r2, %r6, %r7, %r8;"  # the lanes' values: their global index + i
+    prog = load_ptx(LOCAL.replace("mov.u32 %r2, %tid.x;", gid))
+    blocks, threads = 256, 256
+    n = blocks * threads
+    out = dev.zeros(n, np.uint32)
+    dev.launch(prog, "t", blocks, threads, [Ptr(out), np.uint32(3)])
+    assert "t" in _compiled_names()
+    assert np.array_equal(dev.download(out, n, np.uint32), np.arange(n) + 3)
+
+
+def test_misaligned_local_same_as_interpreter(dev, monkeypatch):
+    """A 4-byte local access at an odd offset: CUDA_ERROR_MISALIGNED_ADDRESS, as interpreted."""
+    prog = load_ptx(LOCAL.replace("mul.wide.u32 %rd4, %r1, 4;", "mul.wide.u32 %rd4, %r1, 1;"))
+    out = dev.zeros(4, np.uint32)
+    args = [Ptr(out), np.uint32(1)]
+    got = _fault(dev, prog, args, monkeypatch, "1", threads=2)
+    want = _fault(dev, prog, args, monkeypatch, "0", threads=2)
+    assert got.code == want.code == 716
+    assert str(got) == str(want)

@@ -18,8 +18,11 @@ kernel interpreted (:class:`Refusal` names the instruction and PTX line).
 
 Every memory access is checked the interpreter's way in the generated code: global addresses
 against the session's allocation table (a per-site cache of the last allocation hit, then a
-binary search), shared addresses against the block's shared size; a failed check stores the
-fault (instruction, address, kind) in the launch context and ends the launch.
+binary search), shared addresses against the block's shared size, local and computed
+kernel-parameter addresses against the lane's local stride and the parameter buffer
+(:mod:`.local`, :mod:`.param`); a failed check stores the fault (instruction, address, kind) in
+the launch context and ends the launch. Atomics are real atomic instructions
+(:mod:`.ops_atomic`).
 
 The lowering mirrors the interpreter's semantics where PTX leaves a choice: integer division by
 zero gives all ones (remainder: the dividend), float ``min``/``max`` follow NumPy's
