@@ -80,7 +80,8 @@ $L_top:
 """
 )
 
-POPC = (
+#: bmsk (a bit-field mask) is an instruction the compiler does not take
+BMSK = (
     HEAD
     + """
 .visible .entry t(.param .u64 out)
@@ -89,7 +90,7 @@ POPC = (
     .reg .b64 %rd<4>;
     ld.param.u64 %rd1, [out];
     mov.u32 %r1, %tid.x;
-    popc.b32 %r2, %r1;
+    bmsk.clamp.b32 %r2, 0, %r1;
     mul.wide.u32 %rd2, %r1, 4;
     add.s64 %rd3, %rd1, %rd2;
     st.global.u32 [%rd3], %r2;
@@ -172,15 +173,15 @@ def test_shared_in_bounds_across_barrier(dev, monkeypatch, idx):
 
 def test_refused_kernel_runs_interpreted_with_one_log_line(dev, monkeypatch, caplog):
     monkeypatch.setenv("CRANE_PTX_JIT", "1")
-    prog = load_ptx(POPC + "\n// refusal test\n")  # a module of its own (cache by hash)
+    prog = load_ptx(BMSK + "\n// refusal test\n")  # a module of its own (cache by hash)
     out = dev.zeros(64, np.uint32)
     with caplog.at_level(logging.INFO, logger="crane.sim.ptx.jit"):
         dev.launch(prog, "t", 1, 64, [Ptr(out)])
         dev.launch(prog, "t", 1, 64, [Ptr(out)])
     lines = [r.getMessage() for r in caplog.records if r.name == "crane.sim.ptx.jit"]
     assert len(lines) == 1, lines
-    assert "runs interpreted" in lines[0] and "popc" in lines[0] and "PTX line 12" in lines[0]
-    want = [bin(i).count("1") for i in range(64)]
+    assert "runs interpreted" in lines[0] and "bmsk" in lines[0] and "PTX line 12" in lines[0]
+    want = [(1 << min(i, 32)) - 1 for i in range(64)]
     assert dev.download(out, 64, np.uint32).tolist() == want
 
 
@@ -463,3 +464,495 @@ def test_without_llvmlite_every_kernel_runs_interpreted() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
     assert r.stderr.count("PTX kernels run interpreted: llvmlite is not installed") == 1
+
+
+#: nvcc's local frame: each thread fills a local array a[i] = tid + i (through .local
+#: addresses), crosses a barrier, then reads a[idx] back through the generic address
+#: (cvta.local) and stores it to out[tid]; idx out of the frame faults in the local window
+LOCAL = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out, .param .u32 idx)
+{
+    .local .align 4 .b8 __local_depot0[32];
+    .reg .b64 %SP;
+    .reg .b64 %SPL;
+    .reg .pred %p<2>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<10>;
+    mov.u64 %SPL, __local_depot0;
+    cvta.local.u64 %SP, %SPL;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [idx];
+    mov.u32 %r2, %tid.x;
+    mov.u32 %r3, 0;
+$L_fill:
+    add.s32 %r4, %r2, %r3;
+    mul.wide.u32 %rd2, %r3, 4;
+    add.s64 %rd3, %SPL, %rd2;
+    st.local.u32 [%rd3], %r4;
+    add.s32 %r3, %r3, 1;
+    setp.lt.u32 %p1, %r3, 8;
+    @%p1 bra $L_fill;
+    bar.sync 0;
+    mul.wide.u32 %rd4, %r1, 4;
+    add.s64 %rd5, %SP, %rd4;
+    ld.u32 %r5, [%rd5];
+    mul.wide.u32 %rd6, %r2, 4;
+    add.s64 %rd7, %rd1, %rd6;
+    st.global.u32 [%rd7], %r5;
+    ret;
+}
+"""
+)
+
+
+@pytest.mark.parametrize("idx", [0, 5, 7])
+def test_local_frame_compiled(dev, monkeypatch, idx):
+    """A kernel with a __local_depot frame compiles (not refused) and each lane sees its own
+    area, kept across a barrier: the interpreter's result."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(LOCAL + f"\n// local {idx}\n")
+    out = dev.zeros(70, np.uint32)
+    dev.launch(prog, "t", 1, 70, [Ptr(out), np.uint32(idx)])
+    assert np.array_equal(dev.download(out, 70, np.uint32), np.arange(70) + idx)
+    assert "t" in _compiled_names()
+
+
+@pytest.mark.parametrize("idx", [8, 100, 1 << 20])
+def test_local_fault_same_as_interpreter(dev, monkeypatch, idx):
+    """Past the lane's local stride (32 bytes): the interpreter's illegal-address fault, same
+    message, same instruction and PTX line (idx 8 is the first word past the frame)."""
+    prog = load_ptx(LOCAL)
+    out = dev.zeros(4, np.uint32)
+    args = [Ptr(out), np.uint32(idx)]
+    got = _fault(dev, prog, args, monkeypatch, "1", threads=4)
+    want = _fault(dev, prog, args, monkeypatch, "0", threads=4)
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert "ld.u32" in str(got) and "PTX line 31" in str(got)
+    assert "local" in str(got)
+
+
+#: every thread: a ticket from atom.add on cnt[0] (stored to tickets[gid]), then updates of
+#: every kind on words of ``w`` (global) and of a shared array copied out by thread 0; the
+#: address of the ticket counter is cnt + off (off out of bounds faults)
+ATOMS = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 cnt, .param .u64 tickets, .param .u64 w, .param .u64 f,
+                  .param .u64 sh_out, .param .u64 off)
+{
+    .shared .align 8 .b8 sh[32];
+    .reg .pred %p<2>;
+    .reg .b32 %r<20>;
+    .reg .f32 %f<4>;
+    .reg .f64 %fd<4>;
+    .reg .b64 %rd<20>;
+    ld.param.u64 %rd1, [cnt];
+    ld.param.u64 %rd2, [tickets];
+    ld.param.u64 %rd3, [w];
+    ld.param.u64 %rd4, [f];
+    ld.param.u64 %rd5, [sh_out];
+    ld.param.u64 %rd6, [off];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mad.lo.s32 %r4, %r2, %r3, %r1;
+    add.s64 %rd7, %rd1, %rd6;
+    atom.global.add.u32 %r5, [%rd7], 1;
+    mul.wide.u32 %rd8, %r4, 4;
+    add.s64 %rd9, %rd2, %rd8;
+    st.global.u32 [%rd9], %r5;
+    red.global.add.u32 [%rd3], %r4;
+    atom.global.min.s32 %r6, [%rd3+4], %r4;
+    atom.global.max.u32 %r6, [%rd3+8], %r4;
+    atom.global.inc.u32 %r6, [%rd3+12], 5;
+    atom.global.dec.u32 %r6, [%rd3+16], 7;
+    atom.global.and.b32 %r6, [%rd3+20], %r4;
+    atom.global.or.b32 %r6, [%rd3+24], %r4;
+    atom.global.xor.b32 %r6, [%rd3+28], %r4;
+    atom.global.exch.b32 %r6, [%rd3+32], %r4;
+    add.s32 %r7, %r6, 1;
+    atom.global.cas.b32 %r8, [%rd3+36], %r4, %r7;
+    cvt.u64.u32 %rd10, %r4;
+    atom.global.add.u64 %rd11, [%rd3+40], %rd10;
+    atom.global.max.s64 %rd11, [%rd3+48], %rd10;
+    cvt.rn.f32.u32 %f1, %r4;
+    mul.f32 %f2, %f1, 0f3DCCCCCD;
+    atom.global.add.f32 %f3, [%rd4], %f2;
+    red.global.add.f32 [%rd4+4], 0f00400000;
+    cvt.rn.f64.u32 %fd1, %r4;
+    atom.global.add.f64 %fd2, [%rd4+8], %fd1;
+    mov.u32 %r9, sh;
+    and.b32 %r10, %r1, 3;
+    shl.b32 %r11, %r10, 2;
+    add.s32 %r12, %r9, %r11;
+    atom.shared.add.u32 %r13, [%r12], %r1;
+    atom.shared.max.s32 %r13, [%r9+16], %r1;
+    bar.sync 0;
+    setp.ne.s32 %p1, %r1, 0;
+    @%p1 bra $L_done;
+    ld.shared.v4.u32 {%r14, %r15, %r16, %r17}, [%r9];
+    mul.wide.u32 %rd13, %r2, 20;
+    add.s64 %rd14, %rd5, %rd13;
+    st.global.u32 [%rd14], %r14;
+    st.global.u32 [%rd14+4], %r15;
+    st.global.u32 [%rd14+8], %r16;
+    st.global.u32 [%rd14+12], %r17;
+    ld.shared.u32 %r18, [%r9+16];
+    st.global.u32 [%rd14+16], %r18;
+$L_done:
+    ret;
+}
+"""
+)
+
+
+def _atoms_args(dev, blocks: int, threads: int, off: int = 0):
+    n = blocks * threads
+    bufs = {
+        "cnt": dev.zeros(1, np.uint32),
+        "tickets": dev.zeros(n, np.uint32),
+        "w": dev.zeros(14, np.uint32),
+        "f": dev.zeros(4, np.float32),
+        "sh": dev.zeros(5 * blocks, np.uint32),
+    }
+    args = [Ptr(bufs[k]) for k in ("cnt", "tickets", "w", "f", "sh")] + [np.uint64(off)]
+    return bufs, args
+
+
+@pytest.mark.parametrize("blocks,threads", [(1, 33), (3, 64)])
+def test_atomics_compiled_same_as_interpreter(dev, monkeypatch, blocks, threads):
+    """Every atomic operation on global and shared memory compiles (not refused) and gives
+    the interpreter's bytes, returned old values (tickets, float sums) included: diff mode."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(ATOMS + f"\n// atoms {blocks} {threads}\n")
+    bufs, args = _atoms_args(dev, blocks, threads)
+    dev.launch(prog, "t", blocks, threads, args)
+    n = blocks * threads
+    assert "t" in _compiled_names()
+    tickets = dev.download(bufs["tickets"], n, np.uint32)
+    assert np.array_equal(tickets, np.arange(n))  # the lanes in order, as the interpreter's
+    w = dev.download(bufs["w"], 14, np.uint32)
+    assert w[0] == n * (n - 1) // 2 and w[2] == n - 1
+    sh = dev.download(bufs["sh"], 5 * blocks, np.uint32).reshape(blocks, 5)
+    lanes = np.arange(threads)
+    assert [int(sh[0, i]) for i in range(4)] == [int(lanes[lanes % 4 == i].sum()) for i in range(4)]
+    assert sh[0, 4] == threads - 1
+
+
+def test_atomics_on_many_cores(dev, monkeypatch):
+    """A launch big enough to run on several cores: the real atomics lose no update and hand
+    out every ticket once."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = load_ptx(ATOMS + "\n// atoms big\n")
+    blocks, threads = 512, 256
+    bufs, args = _atoms_args(dev, blocks, threads)
+    dev.launch(prog, "t", blocks, threads, args)
+    n = blocks * threads
+    assert dev.download(bufs["cnt"], 1, np.uint32)[0] == n
+    tickets = dev.download(bufs["tickets"], n, np.uint32)
+    assert np.array_equal(np.sort(tickets), np.arange(n))
+    w = dev.download(bufs["w"], 14, np.uint32)
+    assert w[0] == (n * (n - 1) // 2) & 0xFFFFFFFF and w[1] == 0 and w[2] == n - 1
+    assert int(w[10]) | int(w[11]) << 32 == n * (n - 1) // 2
+    f = dev.download(bufs["f"], 4, np.float32)
+    assert f[1] == 0.0  # subnormal increments flush to zero, as the interpreter's add.f32
+    assert int(f[2:4].view(np.float64)[0]) == n * (n - 1) // 2
+
+
+@pytest.mark.parametrize("off", [4, -8, 2])
+def test_atomic_fault_same_as_interpreter(dev, monkeypatch, off):
+    """An atomic outside its allocation (or misaligned): the interpreter's fault, message,
+    instruction and PTX line."""
+    prog = load_ptx(ATOMS)
+    _, args = _atoms_args(dev, 1, 1, off & (2**64 - 1))
+    got = _fault(dev, prog, args, monkeypatch, "1")
+    want = _fault(dev, prog, args, monkeypatch, "0")
+    assert got.code == want.code == (716 if off == 2 else 700)
+    assert str(got) == str(want)
+    assert "atom.global.add.u32" in str(got) and "PTX line 26" in str(got)
+
+
+#: each thread: the bit instructions on (a, b, c) = (x[i], y[i], z[i]) with the field
+#: positions and lengths taken from y and z unmasked (so 0, widths and >= 256 all occur),
+#: one result word per instruction form in out[16 * i ...]
+BITS = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 x, .param .u64 y, .param .u64 z, .param .u64 out)
+{
+    .reg .b32 %r<40>;
+    .reg .b64 %rd<40>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [y];
+    ld.param.u64 %rd3, [z];
+    ld.param.u64 %rd4, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd5, %r1, 4;
+    add.s64 %rd6, %rd1, %rd5;
+    ld.global.u32 %r2, [%rd6];
+    add.s64 %rd7, %rd2, %rd5;
+    ld.global.u32 %r3, [%rd7];
+    add.s64 %rd8, %rd3, %rd5;
+    ld.global.u32 %r4, [%rd8];
+    mov.b64 %rd9, {%r2, %r3};
+    mul.wide.u32 %rd10, %r1, 64;
+    add.s64 %rd11, %rd4, %rd10;
+    popc.b64 %r5, %rd9;
+    clz.b32 %r6, %r2;
+    bfind.s32 %r7, %r2;
+    bfind.shiftamt.u64 %r8, %rd9;
+    bfe.u32 %r9, %r2, %r3, %r4;
+    bfe.s32 %r10, %r2, %r3, %r4;
+    bfe.s64 %rd12, %rd9, %r3, %r4;
+    cvt.u32.u64 %r11, %rd12;
+    bfi.b32 %r12, %r2, %r4, %r3, %r4;
+    bfi.b64 %rd13, %rd9, %rd9, %r4, %r3;
+    cvt.u32.u64 %r13, %rd13;
+    prmt.b32 %r14, %r2, %r3, %r4;
+    prmt.b32.b4e %r15, %r2, %r3, %r4;
+    prmt.b32.rc16 %r16, %r2, %r3, %r4;
+    lop3.b32 %r17, %r2, %r3, %r4, 0xe8;
+    shf.l.wrap.b32 %r18, %r2, %r3, %r4;
+    shf.r.clamp.b32 %r19, %r2, %r3, %r4;
+    brev.b64 %rd14, %rd9;
+    cvt.u32.u64 %r20, %rd14;
+    sad.s32 %r21, %r2, %r3, %r4;
+    dp4a.s32.u32 %r22, %r2, %r3, %r4;
+    dp2a.hi.u32.s32 %r23, %r2, %r3, %r4;
+    st.global.v4.u32 [%rd11], {%r5, %r6, %r7, %r8};
+    st.global.v4.u32 [%rd11+16], {%r9, %r10, %r11, %r12};
+    st.global.v4.u32 [%rd11+32], {%r13, %r14, %r15, %r16};
+    st.global.v4.u32 [%rd11+48], {%r17, %r18, %r19, %r20};
+    ret;
+}
+"""
+)
+
+
+def test_bit_instructions_compiled_same_as_interpreter(dev, monkeypatch):
+    """popc, clz, bfind, bfe, bfi, prmt (default and modes), lop3, shf, brev, sad, dp4a, dp2a
+    compile (not refused) and give the interpreter's bits on edge-case fields: diff mode."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    rng = np.random.default_rng(7)
+    n = 256
+    edge = np.array([0, 1, 7, 8, 31, 32, 33, 63, 64, 65, 255, 256, 257, 0xFFFFFFFF], np.uint32)
+    x = rng.integers(0, 2**32, n, dtype=np.uint32)
+    x[:4] = [0, 0xFFFFFFFF, 0x80000000, 1]
+    y = np.concatenate([np.repeat(edge, 14)[: n // 2], rng.integers(0, 300, n // 2)]).astype(
+        np.uint32
+    )
+    z = np.concatenate([np.tile(edge, 14)[: n // 2], rng.integers(0, 2**32, n // 2)]).astype(
+        np.uint32
+    )
+    bufs = [dev.upload(v) for v in (x, y, z)]
+    out = dev.zeros(16 * n, np.uint32)
+    prog = load_ptx(BITS)
+    dev.launch(prog, "t", 1, n, [*(Ptr(b) for b in bufs), Ptr(out)])
+    assert "t" in _compiled_names()
+    got = dev.download(out, 16 * n, np.uint32).reshape(n, 16)
+    assert got[0, 1] == 32 and got[1, 2] == 0xFFFFFFFF  # clz(0); bfind.s32(-1): no clear bit
+    assert got[2, 0] == bin(int(y[2]) << 32 | 0x80000000).count("1")
+
+
+#: thread i converts x[i] (u64 bits) in every directed mode: as s64, u64 and s32 to f32, as
+#: s64 to f64, and as an f64 to f32; 8 result words per thread
+CVT = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 x, .param .u64 out)
+{
+    .reg .b32 %r<4>;
+    .reg .f32 %f<16>;
+    .reg .f64 %fd<8>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.u64 %rd5, [%rd4];
+    cvt.u32.u64 %r2, %rd5;
+    mov.b64 %fd1, %rd5;
+    mul.wide.u32 %rd6, %r1, 48;
+    add.s64 %rd7, %rd2, %rd6;
+    cvt.rz.f32.s64 %f1, %rd5;
+    cvt.rm.f32.u64 %f2, %rd5;
+    cvt.rp.f32.s32 %f3, %r2;
+    cvt.rz.f32.f64 %f4, %fd1;
+    cvt.rm.f32.f64 %f5, %fd1;
+    cvt.rp.f32.f64 %f6, %fd1;
+    cvt.rm.f32.s64 %f7, %rd5;
+    cvt.rp.f32.u64 %f8, %rd5;
+    st.global.v4.f32 [%rd7], {%f1, %f2, %f3, %f4};
+    st.global.v4.f32 [%rd7+16], {%f5, %f6, %f7, %f8};
+    cvt.rz.f64.s64 %fd2, %rd5;
+    cvt.rp.f64.u64 %fd3, %rd5;
+    st.global.v2.f64 [%rd7+32], {%fd2, %fd3};
+    ret;
+}
+"""
+)
+
+
+def test_directed_cvt_compiled_same_as_interpreter(dev, monkeypatch):
+    """Integer → float and float64 → float32 conversions with .rz/.rm/.rp compile (not
+    refused) and round as the interpreter on edge values: ties, 2^63 and 2^64 neighbours,
+    negative values, float32 overflow, subnormals, infinities and NaN (diff mode)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    ints = [0, 1, -1, (1 << 24) + 1, -((1 << 24) + 1), (1 << 63) - 1, -(1 << 63), 2**64 - 1]
+    ints += [(1 << 53) + 1, (1 << 31) - 1, -(1 << 31), 0x7FFFFFC0_00000001, 12345678901]
+    floats = [3.4028235e38 * 1.5, -3.4028235e38 * 1.5, 1e-40, -1e-40, 1e-50, -1e-50]
+    floats += [float("inf"), float("-inf"), float("nan"), 1.0 + 2.0**-30, -(1.0 + 2.0**-30)]
+    floats += [3.4028235677973366e38, 0.1, -0.1, 0.0, -0.0]
+    vals = np.array([v & (2**64 - 1) for v in ints], np.uint64)
+    vals = np.concatenate([vals, np.array(floats, np.float64).view(np.uint64)])
+    rng = np.random.default_rng(3)
+    vals = np.concatenate([vals, rng.integers(0, 2**63, 64, dtype=np.uint64) << np.uint64(1)])
+    n = vals.size
+    x = dev.upload(vals)
+    out = dev.zeros(12 * n, np.uint32)
+    dev.launch(load_ptx(CVT), "t", 1, n, [Ptr(x), Ptr(out)])
+    assert "t" in _compiled_names()
+    got = dev.download(out, 12 * n, np.uint32).reshape(n, 12)
+    assert got[3, 0].view(np.float32) == np.float32(1 << 24)  # 2^24 + 1 toward zero
+    assert got[3, 7].view(np.float32) == np.float32((1 << 24) + 2)  # and up
+
+
+#: nvcc's double-halves idiom: unpack an f64 into {lo, _} and {_, hi}, four 16-bit parts of
+#: the u64 (a sink among them), and pack them back in another order
+PACK = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 x, .param .u64 out)
+{
+    .reg .b16 %rs<6>;
+    .reg .b32 %r<6>;
+    .reg .f64 %fd<4>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.f64 %fd1, [%rd4];
+    mov.b64 {%r2, _}, %fd1;
+    mov.b64 {_, %r3}, %fd1;
+    mov.b64 {%rs1, %rs2, _, %rs4}, %fd1;
+    mov.b64 %rd5, {%r3, %r2};
+    mov.b64 %rd6, {%rs4, %rs1, %rs2, %rs4};
+    mov.b32 %r4, {%rs2, %rs1};
+    mul.wide.u32 %rd7, %r1, 24;
+    add.s64 %rd8, %rd2, %rd7;
+    st.global.u64 [%rd8], %rd5;
+    st.global.u64 [%rd8+8], %rd6;
+    st.global.u32 [%rd8+16], %r4;
+    ret;
+}
+"""
+)
+
+
+def test_pack_unpack_compiled(dev, monkeypatch):
+    """mov pack/unpack forms, with ``_`` sinks, compile (not refused) and move the
+    interpreter's bits (diff mode)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    vals = np.array([0x0123456789ABCDEF, 0xFFFF0000FFFF0000, 1], np.uint64)
+    out = dev.zeros(6 * vals.size, np.uint32)
+    dev.launch(load_ptx(PACK), "t", 1, vals.size, [Ptr(dev.upload(vals)), Ptr(out)])
+    assert "t" in _compiled_names()
+    got = dev.download(out, 6 * vals.size, np.uint32).reshape(vals.size, 6)
+    assert int(got[0, 0]) | int(got[0, 1]) << 32 == 0x89ABCDEF01234567
+    assert int(got[0, 2]) | int(got[0, 3]) << 32 == 0x0123_89AB_CDEF_0123
+    assert got[0, 4] == 0xCDEF89AB
+
+
+#: an array passed by value, indexed per lane: out[tid] = a[tid + idx] through the parameter's
+#: .param address and again through its generic address (cvta.param); with ``poke`` set, a
+#: generic store into the parameters (read-only: a fault)
+PARAMS = (
+    HEAD
+    + """
+.visible .entry t(.param .align 4 .b8 a[64], .param .u64 out, .param .u32 idx,
+                  .param .u32 poke)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [idx];
+    ld.param.u32 %r7, [poke];
+    mov.u32 %r2, %tid.x;
+    add.s32 %r3, %r2, %r1;
+    mul.wide.u32 %rd2, %r3, 4;
+    mov.u64 %rd3, a;
+    add.s64 %rd4, %rd3, %rd2;
+    ld.param.u32 %r4, [%rd4];
+    cvta.param.u64 %rd5, %rd3;
+    add.s64 %rd6, %rd5, %rd2;
+    ld.u32 %r5, [%rd6];
+    add.s32 %r6, %r4, %r5;
+    mul.wide.u32 %rd7, %r2, 4;
+    add.s64 %rd8, %rd1, %rd7;
+    st.global.u32 [%rd8], %r6;
+    setp.ne.s32 %p1, %r7, 0;
+    @%p1 st.u32 [%rd6], %r6;
+    ret;
+}
+"""
+)
+
+
+def _params_args(out, idx: int, poke: int = 0) -> list:
+    return [np.arange(16, dtype=np.uint32) * 10, Ptr(out), np.uint32(idx), np.uint32(poke)]
+
+
+def test_param_array_indexed_compiled(dev, monkeypatch):
+    """ld.param through a register and a generic load in the param window compile (not
+    refused) and read the launch's parameters (diff mode)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    out = dev.zeros(12, np.uint32)
+    dev.launch(load_ptx(PARAMS + "\n// params ok\n"), "t", 1, 12, _params_args(out, 4))
+    assert "t" in _compiled_names()
+    assert np.array_equal(dev.download(out, 12, np.uint32), (np.arange(12) + 4) * 20)
+
+
+@pytest.mark.parametrize("idx,poke", [(20, 0), (0xFFFFFFF0, 0), (0, 1)])
+def test_param_fault_same_as_interpreter(dev, monkeypatch, idx, poke):
+    """Past the parameters, before them, or a store into them: the interpreter's fault,
+    message and PTX line."""
+    prog = load_ptx(PARAMS)
+    out = dev.zeros(4, np.uint32)
+    got = _fault(dev, prog, _params_args(out, idx, poke), monkeypatch, "1")
+    want = _fault(dev, prog, _params_args(out, idx, poke), monkeypatch, "0")
+    assert got.code == want.code == 700
+    assert str(got) == str(want)
+    assert ".param offset" in str(got)
+
+
+def test_local_frames_on_many_cores(dev, monkeypatch):
+    """A grid big enough for several cores: each core's blocks get their own local areas,
+    zeroed per block, and every lane reads back what it wrote."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    gid = "mov.u32 %r6, %ctaid.x;\n    mov.u32 %r7, %ntid.x;\n    mov.u32 %r8, %tid.x;\n"
+    gid += "    mad.lo.s32 %r2, %r6, %r7, %r8;"  # the lanes' values: their global index + i
+    prog = load_ptx(LOCAL.replace("mov.u32 %r2, %tid.x;", gid))
+    blocks, threads = 256, 256
+    n = blocks * threads
+    out = dev.zeros(n, np.uint32)
+    dev.launch(prog, "t", blocks, threads, [Ptr(out), np.uint32(3)])
+    assert "t" in _compiled_names()
+    assert np.array_equal(dev.download(out, n, np.uint32), np.arange(n) + 3)
+
+
+def test_misaligned_local_same_as_interpreter(dev, monkeypatch):
+    """A 4-byte local access at an odd offset: CUDA_ERROR_MISALIGNED_ADDRESS, as interpreted."""
+    prog = load_ptx(LOCAL.replace("mul.wide.u32 %rd4, %r1, 4;", "mul.wide.u32 %rd4, %r1, 1;"))
+    out = dev.zeros(4, np.uint32)
+    args = [Ptr(out), np.uint32(1)]
+    got = _fault(dev, prog, args, monkeypatch, "1", threads=2)
+    want = _fault(dev, prog, args, monkeypatch, "0", threads=2)
+    assert got.code == want.code == 716
+    assert str(got) == str(want)

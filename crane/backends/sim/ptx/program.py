@@ -404,6 +404,8 @@ class PtxProgram:
         ck = None
         # the compiler takes ordinary launches of kernels that call nothing
         plain = not grid_workspace and launch_env["cluster"] is None and launches is None
+        # a block's local memory is allocated whole per core: huge frames stay interpreted
+        plain = plain and geo.threads * local_stride <= jit.MAX_BLOCK_LOCAL_BYTES
         if mode != "off" and plain and not k.cluster_barrier and len(k.reachable) == 1:
             n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
             if mode == "diff" or jit.worth_compiling(
@@ -422,7 +424,9 @@ class PtxProgram:
                 kparams=kparams,
                 symvals=symvals,
                 shared_stride=shared_stride,
+                local_stride=local_stride,
                 deadline=deadline,
+                serial=mode == "diff" and jit.orders_matter(self._dec.by_fid[k.fid].fn),
             )
 
         if mode == "diff":
@@ -446,6 +450,8 @@ class PtxProgram:
                     key = ("shared", var.name)
                 else:
                     key = ("fshared", fi.fid, var.name)
+            elif var.space == "local":  # its offset in the lane's local area
+                key = ("local", fi.fid, var.name)
             else:
                 return None
             return dec.slot_index.get(key)

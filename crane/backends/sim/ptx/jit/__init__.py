@@ -34,11 +34,13 @@ except ImportError as _e:  # pragma: no cover - exercised where llvmlite is not 
 __all__ = [
     "COMPILE_AFTER_LAUNCHES",
     "COMPILE_MIN_LANES",
+    "MAX_BLOCK_LOCAL_BYTES",
     "CompiledKernel",
     "JitMismatch",
     "compiled_kernel",
     "mode",
     "module_hash",
+    "orders_matter",
     "stats",
     "worth_compiling",
 ]
@@ -86,6 +88,10 @@ def mode() -> str:
 #: kernel run once or twice (most of a test suite's) would not earn back
 COMPILE_MIN_LANES = 1 << 14
 COMPILE_AFTER_LAUNCHES = 3
+#: compiled launches give each core a block's worth of local memory (threads x the local
+#: stride) at once; blocks needing more (huge local arrays) run interpreted, whose batches are
+#: sized by memory
+MAX_BLOCK_LOCAL_BYTES = 64 << 20
 
 
 def worth_compiling(mod_hash: str, name: str, lanes: int, launches: int) -> bool:
@@ -96,6 +102,13 @@ def worth_compiling(mod_hash: str, name: str, lanes: int, launches: int) -> bool
         if (mod_hash, name) in _cache:
             return True
     return lanes >= COMPILE_MIN_LANES or launches >= COMPILE_AFTER_LAUNCHES
+
+
+def orders_matter(fn) -> bool:
+    """Whether entry function ``fn``'s results may depend on the order its blocks run in (it
+    has atomics, whose returned old values do): ``diff`` mode then runs the compiled kernel on
+    one core, blocks in order, the interpreter's schedule."""
+    return any(getattr(s, "opcode", "").split(".")[0] in ("atom", "red") for s in fn.body or [])
 
 
 def _say_missing() -> None:

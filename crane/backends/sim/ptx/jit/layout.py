@@ -25,6 +25,9 @@ __all__ = [
     "KIND_MISALIGNED",
     "KIND_TIMEOUT",
     "KPARAMS",
+    "KPARAM_SIZE",
+    "LOCAL",
+    "LOCAL_SIZE",
     "MEM_BASE",
     "MEM_BUF",
     "NALLOC",
@@ -34,6 +37,9 @@ __all__ = [
     "SHARED",
     "SHARED_SIZE",
     "SPACE_GLOBAL",
+    "SPACE_LOCAL",
+    "SPACE_PARAM",
+    "SPACE_PARAM_STORE",
     "SPACE_SHARED",
     "STOP",
     "SYMVALS",
@@ -60,7 +66,10 @@ FAULT_ADDR = 21
 FAULT_KIND = 22
 FAULT_BYTES = 23
 FAULT_SPACE = 24
-FIXED = 25  # first per-site cache slot
+LOCAL = 25  # every lane's local memory: threads x LOCAL_SIZE bytes (jit/local.py)
+LOCAL_SIZE = 26  # one lane's local stride (the interpreter's)
+KPARAM_SIZE = 27  # bytes of kernel parameters (the buffer less its 8 bytes of padding)
+FIXED = 28  # first per-site cache slot
 
 KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT = 1, 2, 3
-SPACE_GLOBAL, SPACE_SHARED = 0, 1
+SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL, SPACE_PARAM, SPACE_PARAM_STORE = 0, 1, 2, 3, 4

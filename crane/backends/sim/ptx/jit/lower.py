@@ -20,8 +20,11 @@ redux, match, activemask, ``bar.warp.sync``) end regions too, as barriers scoped
 
 Every memory access is checked the interpreter's way in the generated code: global addresses
 against the session's allocation table (a per-site cache of the last allocation hit, then a
-binary search), shared addresses against the block's shared size; a failed check stores the
-fault (instruction, address, kind) in the launch context and ends the launch.
+binary search), shared addresses against the block's shared size, local and computed
+kernel-parameter addresses against the lane's local stride and the parameter buffer
+(:mod:`.local`, :mod:`.param`); a failed check stores the fault (instruction, address, kind) in
+the launch context and ends the launch. Atomics are real atomic instructions
+(:mod:`.ops_atomic`).
 
 The lowering mirrors the interpreter's semantics where PTX leaves a choice: integer division by
 zero gives all ones (remainder: the dividend), float ``min``/``max`` follow NumPy's
@@ -35,7 +38,13 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from ..memspace import CLUSTER_RANK_SHIFT, SHARED_WINDOW, WINDOW_SIZE
+from ..memspace import (
+    CLUSTER_RANK_SHIFT,
+    LOCAL_WINDOW,
+    PARAM_WINDOW,
+    SHARED_WINDOW,
+    WINDOW_SIZE,
+)
 from ..ops_common import IGNORED_MODS
 from ..parser import Function, Instr, Label
 from ..ptxtypes import TYPES, PtxType
@@ -61,7 +70,10 @@ from .irtypes import (
     vty,
 )
 from .liveness import live_after
+from .local import local_ptr, uses_local, zero_block_locals
 from .ops import HANDLERS
+from .ops_atomic import is_atomic
+from .param import param_ptr, uses_param_window
 from .warp import (
     NSCRATCH,
     WARP_OPS,
@@ -92,6 +104,8 @@ _INVARIANT = (
     L.GRID,
     L.GRID + 1,
     L.GRID + 2,
+    L.LOCAL,
+    L.LOCAL_SIZE,
 )
 
 #: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
@@ -188,6 +202,8 @@ class KernelLowering:
             isinstance(s, Instr) and (".shared" in s.opcode or _is_generic_access(s.opcode))
             for s in body
         )
+        self.uses_local = uses_local(fn)
+        self.uses_param = uses_param_window(fn)
 
     # ---- errors ---------------------------------------------------------------------------
     def refuse(self, what: str) -> Refusal:
@@ -280,7 +296,7 @@ class KernelLowering:
                 seen.add(s.name)
                 continue
             op = s.opcode.split(".")[0]
-            if op in _STOPS:
+            if op in _STOPS or is_atomic(s):  # an atomic loads what it stores
                 return False
             ops = s.operands if isinstance(s.operands, list) else []
             if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):
@@ -341,6 +357,8 @@ class KernelLowering:
                     nxt = [target] if s.guard is None else [target, i + 1]
                 elif op in ("ld", "st") and ".param" not in s.opcode:
                     kinds[i] = (op, _spaces_of(s.opcode))
+                elif is_atomic(s):  # a load after its own store: the scalar form only
+                    return False, False
             succ[i] = [n for n in nxt if n < len(body)]
             stack.extend(succ[i])
         # a cycle: depth-first search with colours
@@ -898,15 +916,54 @@ class KernelLowering:
 
     def mem_ptr(self, space: str, addr, nbytes: int, write: bool):
         """A checked pointer for an access in ``space`` (global/const/shared/generic)."""
-        b = self.b
         if space in ("global", "const"):
             if write and space == "const":
                 raise self.refuse("st.const")
             return self.global_ptr(addr, nbytes)
         if space == "shared":
             return self.shared_ptr(addr, nbytes, SHARED_WINDOW)
-        # generic: the shared window is routed to shared memory, everything else to global
-        # (local and .param windows hold nothing this compiler's kernels can point at)
+        if space == "local":
+            return local_ptr(self, addr, nbytes)
+        # generic: the shared window is routed to shared memory, the local and param windows
+        # (in kernels that can point there) to the lane's local area and the parameters,
+        # everything else to global
+        windows = []
+        if self.uses_local:
+            windows.append((LOCAL_WINDOW, lambda rel: local_ptr(self, rel, nbytes)))
+        if self.uses_param:
+            windows.append((PARAM_WINDOW, lambda rel: param_ptr(self, rel, nbytes, write)))
+        return self._generic_windows(addr, nbytes, windows)
+
+    def _generic_windows(self, addr, nbytes: int, windows: list):
+        """Route a generic address: into the first of ``windows`` (base, pointer of the
+        offset) it falls in, else shared or global memory."""
+        if not windows:
+            return self._generic_not_local(addr, nbytes)
+        b = self.b
+        (base, ptr), rest = windows[0], windows[1:]
+        rel = b.sub(addr, c64(base))
+        inside = b.icmp_unsigned("<", rel, c64(WINDOW_SIZE))
+        win = self.step.append_basic_block("generic_window")
+        other = self.step.append_basic_block("generic_other")
+        join = self.step.append_basic_block("generic_window_join")
+        b.cbranch(inside, win, other)
+        b.position_at_end(win)
+        p0 = ptr(rel)
+        e0 = b.block
+        b.branch(join)
+        b.position_at_end(other)
+        p1 = self._generic_windows(addr, nbytes, rest)
+        e1 = b.block
+        b.branch(join)
+        b.position_at_end(join)
+        p = b.phi(I8P)
+        p.add_incoming(p0, e0)
+        p.add_incoming(p1, e1)
+        return p
+
+    def _generic_not_local(self, addr, nbytes: int):
+        """A generic access outside the local window: shared window or global memory."""
+        b = self.b
         rel = b.sub(addr, c64(SHARED_WINDOW))
         in_sh = b.icmp_unsigned("<", rel, c64(WINDOW_SIZE))
         sh_blk = self.step.append_basic_block("generic_shared")
@@ -1017,6 +1074,8 @@ class KernelLowering:
         d.ctaid = tuple(b.trunc(v, I32) for v in d.cta)
         if self.uses_shared:
             b.call(d.memset, [d.shared, ir.Constant(I8, 0), shsize, ir.Constant(I1, 0)])
+        if self.uses_local:
+            zero_block_locals(b, d.memset, word, b.mul(b.mul(d.ntid[0], d.ntid[1]), d.ntid[2]))
         return d
 
     def close_driver(self, d: _Driver) -> None:
@@ -1480,15 +1539,17 @@ def _spaces_of(opcode: str) -> frozenset[str]:
     parts = opcode.split(".")
     if "shared" in parts:
         return frozenset({"shared"})
+    if "local" in parts:
+        return frozenset({"local"})
     if "global" in parts or "const" in parts:
         return frozenset({"global"})
-    return frozenset({"global", "shared"})
+    return frozenset({"global", "shared", "local"})
 
 
 def _is_generic_access(opcode: str) -> bool:
     """An ld/st without a state space: its address may fall in the shared window."""
     parts = opcode.split(".")
-    return parts[0] in ("ld", "st") and not any(
+    return parts[0] in ("ld", "st", "atom", "red") and not any(
         p in ("global", "shared", "param", "const", "local") for p in parts[1:]
     )
 
@@ -1498,8 +1559,6 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
     symbol slot of a module or shared variable (None if it has none)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
-    if fn.locals:
-        raise Refusal(f".local variable {fn.locals[0].name}", fn.locals[0].line)
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.declare_lookup()
     return k.build()

@@ -12,11 +12,16 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from ..memspace import SHARED_WINDOW
+from ..memspace import LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from ..parser import Label
 from ..ptxtypes import TYPES, PtxType
 from . import layout as L
 from .irtypes import F32, F64, FAULTED, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
+from .ops_atomic import ATOMIC_HANDLERS
+from .ops_bits import BIT_HANDLERS
+from .ops_cvt import DIRECTED, int_to_float_directed, narrow_directed
+from .ops_pack import mov_vector
+from .param import param_ptr
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -48,6 +53,9 @@ _ICMP_X = {"lo": "<", "ls": "<=", "hi": ">", "hs": ">="}
 def _h_mov(k: KernelLowering, types, mods, ops) -> None:
     k.only(mods)
     t = k.one_type(types)
+    if len(ops) == 2 and "vec" in (ops[0][0], ops[1][0]):
+        mov_vector(k, t, ops[0], ops[1])  # pack / unpack
+        return
     if len(ops) != 2 or ops[0][0] != "reg" or ops[1][0] in ("vec", "mem"):
         raise k.refuse("mov form")
     k.put(ops[0], t, k.get(ops[1], t))
@@ -334,10 +342,13 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
         k.put(ops[0], dt, resize(b, a, dt.bits, signed=st.kind == "s"))
         return
     if st.kind != "f":  # integer -> float
-        if r != "rn":
-            raise k.refuse("integer to float cvt without .rn")
+        if r not in ("rn", *DIRECTED):
+            raise k.refuse("integer to float cvt without .rn/.rz/.rm/.rp")
         a = _cvt_src_int(k, ops[1], st)
         vt = vty(dt)
+        if r != "rn" and not (st.bits <= 32 and dt.bits == 64):  # else exact
+            k.put(ops[0], dt, int_to_float_directed(k, a, st, vt, r))
+            return
         k.put(ops[0], dt, b.sitofp(a, vt) if st.kind == "s" else b.uitofp(a, vt))
         return
     a = k.get(ops[1], st)
@@ -347,8 +358,11 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
                 raise k.refuse("rounding on a widening cvt")
             k.put(ops[0], dt, b.fpext(a, vty(dt)))
         elif dt.bits < st.bits:
+            if r not in ("rn", *DIRECTED):
+                raise k.refuse("narrowing float cvt without .rn/.rz/.rm/.rp")
             if r != "rn":
-                raise k.refuse("narrowing float cvt other than .rn")
+                k.put(ops[0], dt, narrow_directed(k, a, r))
+                return
             k.put(ops[0], dt, b.fptrunc(a, vty(dt)))
         else:
             if r not in ("rni", "rzi", "rmi", "rpi"):
@@ -387,11 +401,11 @@ def _h_cvta(k: KernelLowering, types, mods, ops) -> None:
     to = "to" in mods
     spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
     k.only(mods, ("to", *spaces))
-    if len(spaces) != 1 or spaces[0] not in ("global", "shared") or t.bits != 64:
+    if len(spaces) != 1 or spaces[0] == "const" or t.bits != 64:
         raise k.refuse("cvta form")
     a = k.get(ops[1], t)
-    if spaces[0] == "shared":
-        w = c64(SHARED_WINDOW)
+    if spaces[0] != "global":
+        w = c64({"shared": SHARED_WINDOW, "local": LOCAL_WINDOW, "param": PARAM_WINDOW}[spaces[0]])
         a = k.b.sub(a, w) if to else k.b.add(a, w)
     k.put(ops[0], t, a)
 
@@ -404,8 +418,6 @@ def _space_of(k: KernelLowering, mods) -> str:
         # shared: the warp-synchronous idiom needs lockstep lanes; global: a block may spin on
         # another block's store, and blocks here run one after the other
         raise k.refuse(".volatile access")
-    if spaces and spaces[0] == "local":
-        raise k.refuse(".local memory")
     return spaces[0] if spaces else "generic"
 
 
@@ -417,7 +429,7 @@ def _ldst(store: bool):
             raise k.refuse("ld/st of .pred")
         space = _space_of(k, mods)
         vec = [m for m in mods if m in ("v2", "v4")]
-        k.only(mods, ("global", "shared", "param", "const", *vec))
+        k.only(mods, ("global", "shared", "param", "const", "local", *vec))
         n = int(vec[0][1]) if vec else 1
         if len(ops) != 2:
             raise k.refuse("operand count")
@@ -434,8 +446,13 @@ def _ldst(store: bool):
             if addr < 0 or addr + total > k.param_bytes or addr % total:
                 raise k.refuse("a kernel parameter access outside the parameters")
             base = None
-        elif space == "param":
-            raise k.refuse("ld.param through a register")
+        elif space == "param":  # a parameter's address plus an offset
+            if store:
+                raise k.refuse("st.param through a register")
+            if k.fast:
+                b.store(ir.Constant(ir.IntType(1), 1), k.access_ok)
+            base = param_ptr(k, addr, total, False)
+            kind = "value"
         else:
             if k.fast:
                 b.store(ir.Constant(ir.IntType(1), 1), k.access_ok)
@@ -653,3 +670,5 @@ HANDLERS = {
     "sqrt": _h_sqrt,
     "rsqrt": _h_rsqrt,
 }
+HANDLERS.update(ATOMIC_HANDLERS)
+HANDLERS.update(BIT_HANDLERS)

@@ -5,8 +5,9 @@ releases the GIL during the native call), each range in chunks of blocks, so a l
 deadline is also checked between chunks; inside a chunk the compiled code polls a stop flag at
 every backward branch, which a timer thread sets when the deadline passes. Within a range the
 blocks run one after the other (a block's lanes, region by region, then the next block).
-Blocks are independent in CUDA's model (the compiler refuses the atomics and ``.volatile``
-accesses through which blocks may talk), so running them at once is a legal schedule.
+Blocks are independent in CUDA's model but for atomics (compiled as real atomic instructions,
+:mod:`.ops_atomic`; the compiler refuses the ``.volatile`` and acquire/release accesses through
+which blocks may wait on each other), so running them at once is a legal schedule.
 
 A fault recorded by the compiled code becomes the interpreter's :class:`KernelFault`: the same
 CUresult, the same address message (global addresses are re-checked through
@@ -25,7 +26,7 @@ import numpy as np
 from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
-from ..memspace import CLUSTER_RANK_SHIFT, SHARED_WINDOW
+from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from . import layout as L
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
@@ -34,16 +35,30 @@ __all__ = ["LANES_PER_CALL", "run_compiled"]
 LANES_PER_CALL = 1 << 20
 
 
-def run_compiled(ck, *, geo, memory, kparams, symvals, shared_stride, deadline) -> None:
+def run_compiled(
+    ck,
+    *,
+    geo,
+    memory,
+    kparams,
+    symvals,
+    shared_stride,
+    deadline,
+    local_stride: int = 16,
+    serial: bool = False,
+) -> None:
     """Run compiled kernel ``ck`` (:class:`CompiledKernel`) over the whole grid: the blocks
-    split into one contiguous range per core (each with its own shared memory, save area and
-    caches), a fault reported from the lowest range that had one."""
+    split into one contiguous range per core (each with its own shared memory, local memory,
+    save area and caches), a fault reported from the lowest range that had one."""
     starts, ends = memory.allocation_arrays()
     symvals = np.ascontiguousarray(symvals, np.uint64)
     workers = min(_cores(), max(1, geo.blocks * geo.threads // MIN_LANES_PER_CORE), geo.blocks)
+    if serial:
+        workers = 1
     bounds = [geo.blocks * i // workers for i in range(workers + 1)]
     ranges = [(bounds[i], bounds[i + 1]) for i in range(workers)]
-    parts = [_Part(ck, geo, memory, kparams, symvals, starts, ends, shared_stride) for _ in ranges]
+    strides = (shared_stride, local_stride)
+    parts = [_Part(ck, geo, memory, kparams, symvals, starts, ends, strides) for _ in ranges]
     timer = None
     if deadline is not None:
         timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _stop, (parts,))
@@ -90,15 +105,21 @@ def _pool() -> ThreadPoolExecutor:
 class _Part:
     """One core's share of a launch: its context words and the buffers they point at."""
 
-    def __init__(self, ck, geo, memory, kparams, symvals, starts, ends, shared_stride) -> None:
+    def __init__(self, ck, geo, memory, kparams, symvals, starts, ends, strides) -> None:
         t = geo.threads
+        shared_stride, local_stride = strides
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
         ctx = self.ctx = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
         shared = np.zeros(max(shared_stride, 16), np.uint8)
         # as many words as the driver clears: at least one per lane, even with no register live
         save = np.zeros(t * max(ck.nregs, 1), np.int64)
         resume = np.zeros(max(t, 1), np.int32)
-        self._keep = (starts, ends, shared, save, resume, symvals, kparams)  # alive while run
+        # every lane's local area (zeroed by the driver when a block starts)
+        local = np.zeros(max(t * local_stride, 16), np.uint8)
+        self._keep = (starts, ends, shared, save, resume, symvals, kparams, local)  # alive
+        ctx[L.LOCAL] = local.ctypes.data
+        ctx[L.LOCAL_SIZE] = local_stride
+        ctx[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
         ctx[L.MEM_BUF] = memory.buf.ctypes.data
         ctx[L.MEM_BASE] = memory.base
         ctx[L.ALLOC_STARTS] = starts.ctypes.data
@@ -143,7 +164,23 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
         return KernelFault(702, f"the launch ran past its time limit at {where}")
     addr = int(ctx[L.FAULT_ADDR]) & (2**64 - 1)
     n = int(ctx[L.FAULT_BYTES])
-    if int(ctx[L.FAULT_SPACE]) == L.SPACE_GLOBAL:
+    space = int(ctx[L.FAULT_SPACE])
+    if space == L.SPACE_LOCAL:
+        off = addr - LOCAL_WINDOW
+        off = off - 2**64 if off >= 2**63 else off
+        lstride = int(ctx[L.LOCAL_SIZE])
+        if kind == L.KIND_ILLEGAL:  # worded as the interpreter's local window
+            msg = (
+                f"{n}-byte local access at local offset {off:#x} (generic {addr:#x}) is "
+                f"outside the {lstride} bytes of local memory"
+            )
+            e = MemoryFault(msg, addr, "illegal")
+        else:
+            e = MemoryFault(f"misaligned {n}-byte local access at offset {off:#x}", addr)
+            e.kind = "misaligned"
+    elif space in (L.SPACE_PARAM, L.SPACE_PARAM_STORE):
+        e = _param_fault(addr, n, kind, space == L.SPACE_PARAM_STORE, int(ctx[L.KPARAM_SIZE]))
+    elif space == L.SPACE_GLOBAL:
         try:
             memory.offsets(np.array([addr], np.uint64), n)
             e = MemoryFault(f"{n}-byte access at {addr:#x} is outside every allocation", addr)
@@ -172,3 +209,22 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
             e = MemoryFault(f"misaligned {n}-byte shared access at offset {off:#x}", addr)
             e.kind = "misaligned"
     return KernelFault(fault_code(e.kind), f"{e} in {where}")
+
+
+def _param_fault(addr: int, n: int, kind: int, store: bool, size: int) -> MemoryFault:
+    """The interpreter's fault (memspace._param) for a kernel parameter access at generic
+    address ``addr``: outside the parameters, a store (read-only), or misaligned."""
+    off = addr - PARAM_WINDOW
+    off = off - 2**64 if off >= 2**63 else off
+    if kind == L.KIND_MISALIGNED:
+        e = MemoryFault(f"misaligned {n}-byte .param access at offset {off:#x}", addr)
+        e.kind = "misaligned"
+        return e
+    outside = off < 0 or off + n > size
+    why = (
+        f"outside the {size} bytes of kernel parameters"
+        if outside
+        else "kernel parameters are read-only"
+    )
+    msg = f"{n}-byte {'store' if store else 'load'} at .param offset {off:#x} (generic {addr:#x}): "
+    return MemoryFault(msg + why, addr, "illegal")

@@ -1,0 +1,163 @@
+"""``atom`` and ``red`` in compiled kernels: real atomic instructions on the checked address.
+
+Why real atomics: the runner runs ranges of blocks on several cores at once, and CUDA lets
+blocks meet through atomics on global memory (counters, tickets, reductions). Each update is
+one LLVM ``atomicrmw`` (``uinc_wrap``/``udec_wrap`` are exactly PTX's ``inc``/``dec``;
+``fadd`` is IEEE addition, as NumPy's float64 add) or, where the interpreter rounds in its own
+way, a ``cmpxchg`` loop: ``add.f32`` flushes subnormal operands and results to zero
+(:func:`..fp.ftz`), so the new value is computed from the loaded old one and swapped in.
+
+Semantics are the interpreter's (:mod:`..atomics`, :func:`..ops_mem._dec_atomic`): integer
+``add`` wraps, ``min``/``max`` compare as the type's signedness (``b`` types as unsigned),
+``cas`` stores ``c`` where the old value equals ``b``, ``exch`` returns the old bits. Not taken
+(the kernel runs interpreted): half-precision and vector atomics, float ``min``/``max`` (NumPy's
+NaN and signed-zero rules), and acquire/release orderings (blocks here may run one after the
+other, so a block waiting on another's release could wait for ever).
+
+The returned old values depend on the order the lanes update in. The compiled lanes of a block
+run one after the other in linear thread order, as the interpreter serializes the lanes of one
+instruction; ``diff`` mode runs such kernels on one core, so the
+differential test sees the interpreter's order whenever all lanes reach the atomic together
+(:func:`crane.backends.sim.ptx.jit.orders_matter`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llvmlite import ir
+
+from ..parser import Instr
+from .irtypes import F32, I32, vty
+
+if TYPE_CHECKING:
+    from ..ptxtypes import PtxType
+    from .lower import KernelLowering
+
+__all__ = ["ATOMIC_HANDLERS", "is_atomic"]
+
+_OPS = ("and", "or", "xor", "cas", "exch", "add", "inc", "dec", "min", "max")
+#: PTX op -> atomicrmw operation, for integer types (min/max: signed, unsigned)
+_RMW = {"add": "add", "and": "and", "or": "or", "xor": "xor", "exch": "xchg"}
+_SPACES = ("global", "shared")
+#: the smallest normal float32: smaller magnitudes are flushed to zero by add.f32
+_F32_TINY = 1.17549435e-38
+
+
+def is_atomic(ins) -> bool:
+    return isinstance(ins, Instr) and ins.opcode.split(".")[0] in ("atom", "red")
+
+
+def _h_atomic(has_dst: bool):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        b = k.b
+        op = [m for m in mods if m in _OPS]
+        spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
+        k.only(mods, (*op, *spaces, "noftz"))
+        if len(op) != 1 or len(spaces) > 1 or (spaces and spaces[0] not in _SPACES):
+            raise k.refuse("atomic form")
+        op = op[0]
+        if len(types) != 1:
+            raise k.refuse("expected one type")
+        t = types[0]
+        if t.kind not in ("u", "s", "b", "f") or t.bits not in (32, 64):
+            raise k.refuse(f"atomic on .{t.name}")
+        if t.kind == "f" and op not in ("add", "exch"):
+            raise k.refuse(f"atomic {op}.{t.name}")
+        if op in ("inc", "dec") and t.name != "u32":
+            raise k.refuse(f"atomic {op}.{t.name}")
+        nsrc = 2 if op == "cas" else 1
+        first = 1 if has_dst else 0
+        if len(ops) != first + 1 + nsrc:
+            raise k.refuse("operand count")
+        kind, addr = k.address(ops[first], spaces[0] if spaces else "generic")
+        if kind != "value":
+            raise k.refuse("atomic on a kernel parameter")
+        it = ir.IntType(t.bits)
+        src = [_bits(k, o, t) for o in ops[first + 1 : first + 1 + nsrc]]
+        p = k.mem_ptr(spaces[0] if spaces else "generic", addr, t.bits // 8, True)
+        p = b.bitcast(p, it.as_pointer())
+        order = "seq_cst" if spaces != ["shared"] else "monotonic"
+        old = _update(k, op, t, p, src, order)
+        if has_dst and not (ops[0][0] == "reg" and ops[0][1] == "_"):
+            _put_bits(k, ops[0], t, old)
+
+    return h
+
+
+def _bits(k: KernelLowering, op, t: PtxType):
+    """A source operand as the integer bits of type ``t``."""
+    v = k.get(op, t)
+    return k.b.bitcast(v, ir.IntType(t.bits)) if t.kind == "f" else v
+
+
+def _put_bits(k: KernelLowering, op, t: PtxType, old) -> None:
+    k.put(op, t, k.b.bitcast(old, vty(t)) if t.kind == "f" else old)
+
+
+def _update(k: KernelLowering, op: str, t: PtxType, p, src, order: str):
+    """Emit the update; the old value (integer bits)."""
+    b = k.b
+    if op == "cas":
+        pair = b.cmpxchg(p, src[0], src[1], order, "monotonic" if order != "seq_cst" else order)
+        return b.extract_value(pair, 0)
+    if op == "add" and t.kind == "f":
+        if t.bits == 64:
+            return _rmw(b, "fadd", p, b.bitcast(src[0], vty(t)), order, t)
+        return _cas_loop(k, p, src[0], order, _add_f32_ftz)
+    if op in _RMW:
+        return _rmw(b, _RMW[op], p, src[0], order, t)
+    if op in ("min", "max"):
+        name = op if t.kind == "s" else "u" + op
+        return _rmw(b, name, p, src[0], order, t)
+    if op in ("inc", "dec"):
+        return _rmw(b, "uinc_wrap" if op == "inc" else "udec_wrap", p, src[0], order, t)
+    raise k.refuse(f"atomic {op}")
+
+
+def _rmw(b: ir.IRBuilder, name: str, p, v, order: str, t: PtxType):
+    if name == "fadd":
+        fp = b.bitcast(p, v.type.as_pointer())
+        old = b.atomic_rmw(name, fp, v, order)
+        return b.bitcast(old, ir.IntType(t.bits))
+    return b.atomic_rmw(name, p, v, order)
+
+
+def _ftz32(k: KernelLowering, x):
+    """Flush a float32 subnormal to a zero of its sign (the interpreter's ``fp.ftz``)."""
+    b = k.b
+    fabs = k.intrinsic("llvm.fabs.f32", F32, [F32])
+    tiny = b.fcmp_ordered("<", b.call(fabs, [x]), ir.Constant(F32, _F32_TINY))
+    cs = k.intrinsic("llvm.copysign.f32", F32, [F32, F32])
+    return b.select(tiny, b.call(cs, [ir.Constant(F32, 0.0), x]), x)
+
+
+def _add_f32_ftz(k: KernelLowering, old_bits, v_bits):
+    b = k.b
+    a = _ftz32(k, b.bitcast(old_bits, F32))
+    c = _ftz32(k, b.bitcast(v_bits, F32))
+    return b.bitcast(_ftz32(k, b.fadd(a, c)), I32)
+
+
+def _cas_loop(k: KernelLowering, p, v, order: str, new_of):
+    """``old = *p; do { new = new_of(old, v) } while (!cmpxchg(p, old, new))``; the old value."""
+    b = k.b
+    it = v.type
+    init = b.load_atomic(p, "monotonic", it.width // 8)
+    start = b.block
+    loop = k.step.append_basic_block("atomic_retry")
+    done = k.step.append_basic_block("atomic_done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    cur = b.phi(it)
+    cur.add_incoming(init, start)
+    new = new_of(k, cur, v)
+    pair = b.cmpxchg(p, cur, new, order, "monotonic" if order != "seq_cst" else order)
+    seen = b.extract_value(pair, 0)
+    cur.add_incoming(seen, b.block)
+    b.cbranch(b.extract_value(pair, 1), done, loop)
+    b.position_at_end(done)
+    return cur
+
+
+ATOMIC_HANDLERS = {"atom": _h_atomic(True), "red": _h_atomic(False)}

@@ -1,0 +1,74 @@
+"""Directed rounding (``.rz``/``.rm``/``.rp``) for the ``cvt`` forms that round: integer →
+float, and float64 → float32.
+
+Why not LLVM's constrained intrinsics: they tell the optimizer which rounding mode the code
+runs under but do not set it, and the lanes run under the host's round-to-nearest. Instead the
+value is converted to nearest (exact IEEE, as the interpreter's first step), compared exactly
+with the source, and moved one unit in the last place where round-to-nearest went the wrong
+way — the interpreter's :func:`..fp.round_f32` on the exact value, which is the IEEE result in
+that mode (a float32 overflow under ``.rz`` gives the largest finite value, as there).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llvmlite import ir
+
+from .irtypes import F64
+
+if TYPE_CHECKING:
+    from ..ptxtypes import PtxType
+    from .lower import KernelLowering
+
+__all__ = ["DIRECTED", "int_to_float_directed", "narrow_directed"]
+
+DIRECTED = ("rz", "rm", "rp")
+
+
+def _step(k: KernelLowering, r, mode: str, above, below):
+    """``r`` (nearest) moved one ulp where it lies on the wrong side of the exact value:
+    ``above``/``below`` say that ``r`` is greater/less than it."""
+    b = k.b
+    it = ir.IntType(64 if r.type == F64 else 32)
+    bits = b.bitcast(r, it)
+    one = ir.Constant(it, 1)
+    neg = b.icmp_signed("<", bits, ir.Constant(it, 0))  # the sign bit
+    down_mag = b.sub(bits, one)  # toward zero (inf -> the largest finite value)
+    if mode == "rz":
+        pos = b.fcmp_ordered(">", r, ir.Constant(r.type, 0.0))
+        negv = b.fcmp_ordered("<", r, ir.Constant(r.type, 0.0))
+        adj = b.or_(b.and_(above, pos), b.and_(below, negv))
+        out = b.select(adj, down_mag, bits)
+    elif mode == "rm":  # toward -inf: larger magnitude when negative
+        out = b.select(above, b.select(neg, b.add(bits, one), down_mag), bits)
+    else:  # rp
+        out = b.select(below, b.select(neg, down_mag, b.add(bits, one)), bits)
+    return b.bitcast(out, r.type)
+
+
+def narrow_directed(k: KernelLowering, a, mode: str):
+    """float64 ``a`` → float32 rounded in ``mode``."""
+    b = k.b
+    r = b.fptrunc(a, ir.FloatType())
+    rd = b.fpext(r, F64)
+    return _step(k, r, mode, b.fcmp_ordered(">", rd, a), b.fcmp_ordered("<", rd, a))
+
+
+def int_to_float_directed(k: KernelLowering, a, st: PtxType, vt, mode: str):
+    """Integer ``a`` (of type ``st``) → float type ``vt`` rounded in ``mode``: the nearest
+    value converted back exactly (saturating; a result at 2^bits, or 2^(bits-1) for signed
+    sources, is above every source value) and compared with ``a``."""
+    b = k.b
+    signed = st.kind == "s"
+    r = b.sitofp(a, vt) if signed else b.uitofp(a, vt)
+    it = a.type
+    name = "fptosi" if signed else "fptoui"
+    fn = k.intrinsic(f"llvm.{name}.sat.i{it.width}.{k.fname(vt)}", it, [vt])
+    back = b.call(fn, [r])
+    limit = float(2 ** (it.width - 1 if signed else it.width))
+    over = b.fcmp_ordered(">=", r, ir.Constant(vt, limit))
+    cmp = b.icmp_signed if signed else b.icmp_unsigned
+    above = b.or_(over, cmp(">", back, a))
+    below = b.and_(b.not_(over), cmp("<", back, a))
+    return _step(k, r, mode, above, below)
