@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from ..parser import Function, Instr, Label
 
-__all__ = ["live_after"]
+__all__ = ["dest_src", "live_after"]
 
 #: opcodes with no destination operand: every register operand is a use
 _NO_DEST = frozenset({"st", "bra", "bar", "barrier", "ret", "exit", "red", "prefetch"})
 
 
-def _regs(op, scope, out: set[int]) -> None:
+def reg_uids(op, scope, out: set[int]) -> None:
     """Register uids named anywhere in operand ``op``."""
     kind = op[0]
     if kind == "reg":
@@ -29,38 +29,44 @@ def _regs(op, scope, out: set[int]) -> None:
         if r is not None:
             out.add(r.uid)
     elif kind == "mem":
-        _regs(op[1], scope, out)
+        reg_uids(op[1], scope, out)
     elif kind in ("vec", "list", "texref"):
         for x in op[1]:
-            _regs(x, scope, out)
+            reg_uids(x, scope, out)
     elif kind == "not":
-        _regs(op[1], scope, out)
+        reg_uids(op[1], scope, out)
     elif kind == "pair":
-        _regs(op[1], scope, out)
-        _regs(op[2], scope, out)
+        reg_uids(op[1], scope, out)
+        reg_uids(op[2], scope, out)
 
 
-def _use_def(ins: Instr) -> tuple[set[int], set[int]]:
-    uses: set[int] = set()
-    defs: set[int] = set()
+def dest_src(ins: Instr) -> tuple[set[int], set[int]]:
+    """(registers ``ins`` writes, registers it reads, its guard included), whether or not the
+    guard lets the write happen."""
+    dst: set[int] = set()
+    src: set[int] = set()
     ops = ins.operands if isinstance(ins.operands, list) else []
     if ins.guard is not None:
         r = ins.scope.reg(ins.guard[0])
         if r is not None:
-            uses.add(r.uid)
+            src.add(r.uid)
     op = ins.opcode.split(".")[0]
     if op in _NO_DEST or not ops:
         for o in ops:
-            _regs(o, ins.scope, uses)
-        return uses, defs
+            reg_uids(o, ins.scope, src)
+        return dst, src
     dest = ops[0]
     for o in ops[1:]:
-        _regs(o, ins.scope, uses)
-    if dest[0] in ("reg", "vec", "pair"):
-        _regs(dest, ins.scope, uses if ins.guard is not None else defs)
-    else:
-        _regs(dest, ins.scope, uses)
-    return uses, defs
+        reg_uids(o, ins.scope, src)
+    reg_uids(dest, ins.scope, dst if dest[0] in ("reg", "vec", "pair") else src)
+    return dst, src
+
+
+def _use_def(ins: Instr) -> tuple[set[int], set[int]]:
+    dst, src = dest_src(ins)
+    if ins.guard is not None:  # a guarded definition may not happen: it defines nothing
+        return src | dst, set()
+    return src, dst
 
 
 def live_after(fn: Function) -> dict[int, frozenset[int]]:

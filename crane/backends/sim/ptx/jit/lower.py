@@ -74,6 +74,7 @@ from .local import local_ptr, uses_local, zero_block_locals
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
 from .param import param_ptr, uses_param_window
+from .spin import spin_wait
 from .warp import (
     NSCRATCH,
     WARP_OPS,
@@ -1559,6 +1560,9 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
     symbol slot of a module or shared variable (None if it has none)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
+    waited = spin_wait(fn)
+    if waited is not None:  # lanes run one after another here: a wait on a later lane hangs
+        raise Refusal(f"a spin-wait on `{waited.text}`", waited.line)
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.declare_lookup()
     return k.build()
