@@ -12,6 +12,7 @@ process frees everything the session held, whatever state it was in.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -275,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(args.log_level, args.log_format, "worker")
     # The daemon owns signals: a Ctrl-C in craned's terminal must not kill sessions mid-call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # `kill -USR1 PID` writes every thread's stack into craned's log (the worker's stderr):
+    # where a session that does not answer is waiting, without stopping it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # A kernel that never returns must not outlive craned (crane.host.lifeline).
     if args.parent and not die_with_parent(args.parent):
         log.error("craned (pid %d) is gone; not starting", args.parent)

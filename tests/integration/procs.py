@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
+from crane.craned.launcher import DaemonProcess
 from crane.host.lifeline import alive
 
-__all__ = ["recorded_workers", "worker_processes"]
+__all__ = ["recorded_workers", "where_stuck", "worker_processes"]
 
 
 def worker_processes(daemon_pid: int) -> list[int]:
@@ -33,3 +42,20 @@ def recorded_workers(run_dir: Path) -> list[int]:
     """Live workers listed in ``<run_dir>/workers``."""
     folder = run_dir / "workers"
     return [int(p.name) for p in folder.iterdir() if p.name.isdigit() and alive(int(p.name))]
+
+
+def where_stuck(thread: threading.Thread, daemons: Sequence[DaemonProcess] = ()) -> str:
+    """For a test whose guest thread did not finish: that thread's stack, and each daemon's
+    workers' stacks (``SIGUSR1``: the worker's faulthandler writes them into craned's log)
+    with the log's tail, so that a hang seen once in CI says where it waited."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    out = ["guest thread:", "".join(traceback.format_stack(frame)) if frame else "(gone)"]
+    for d in daemons:
+        for pid in worker_processes(d.proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    for d in daemons:
+        with contextlib.suppress(OSError):
+            out += [f"--- {d.log_path} (tail)", *d.log_text().splitlines()[-150:]]
+    return "\n".join(out)

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from crane.migrate.daemon_side import TEST_DELAY_FINAL_ACK_ENV
 from crane.v1 import control_pb2, control_pb2_grpc
 from crane.wire.channel import open_channel
 from tests.integration.net import CutProxy, tcp_address
+from tests.integration.procs import where_stuck
 from tests.integration.workload import Workload, reference
 
 STEPS = 300
@@ -91,10 +92,15 @@ class Guest:
             time.sleep(0.01)
         assert self.error is None, self.error
 
-    def finish(self) -> tuple[bytes, bytes, int]:
+    def finish(self, daemons: Sequence[DaemonProcess] = ()) -> tuple[bytes, bytes, int]:
+        """The result once every step ran; ``daemons``: whose workers' stacks to report if
+        the guest's thread does not finish."""
         self.go.set()
         self.last.set()
         self.thread.join(120)
+        assert not self.thread.is_alive(), (
+            f"the guest did not finish (step {self.steps}):\n{where_stuck(self.thread, daemons)}"
+        )
         assert self.error is None, self.error
         return self.w.result()
 
@@ -186,7 +192,7 @@ def test_destination_killed_during_precopy_finishes_on_source(tmp_path: Path, im
             dst.stop(9)
             t.join(60)
             assert out and out[-1].phase == "failed"
-            assert g.finish() == want
+            assert g.finish([src]) == want
             with ControlClient(src.address) as c:
                 (info,) = c.sessions().sessions
                 assert info.state in ("ready", "running") and not info.location

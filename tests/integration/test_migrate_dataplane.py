@@ -26,6 +26,7 @@ from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.migrate.dataplane import CHUNK, TEST_FAULT_ENV
 from tests.integration.net import tcp_address
+from tests.integration.procs import where_stuck
 from tests.integration.test_migrate import (
     STEPS,
     Guest,
@@ -206,11 +207,11 @@ def test_stopped_destination_worker_fails_within_the_timeout(
             at = g.steps
             g.go.set()
             g.wait_steps(at + 3, timeout=30)  # the program runs on
-            assert g.steps >= at + 3
+            assert g.steps >= at + 3, where_stuck(g.thread, [a])
             _resume(stopped)
             assert s._t.address == a.address
             assert s.memcpy_dtoh(buf, len(data)) == data
-            g.finish()
+            g.finish([a])
         _wait_no_sessions(a)
     finally:
         _resume(stopped)
