@@ -71,6 +71,7 @@ from .irtypes import (
 )
 from .liveness import live_after
 from .local import local_ptr, uses_local, zero_block_locals
+from .named_regs import resolve_named_regs
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
 from .param import param_ptr, uses_param_window
@@ -1560,6 +1561,7 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
     symbol slot of a module or shared variable (None if it has none)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
+    fn = resolve_named_regs(fn)
     waited = spin_wait(fn)
     if waited is not None:  # lanes run one after another here: a wait on a later lane hangs
         raise Refusal(f"a spin-wait on `{waited.text}`", waited.line)
