@@ -326,7 +326,8 @@ class Timing:
         parts = [
             f"{k} {getattr(self, k) * 1e3:.0f}" for k in ("read", "encode", "send", "apply", "wait")
         ]
-        return ", ".join(p for p in parts if not p.endswith(" 0")) + " ms"
+        shown = [p for p in parts if not p.endswith(" 0")]
+        return ", ".join(shown) + " ms" if shown else "each under 1 ms"
 
 
 class Receiver:

@@ -22,6 +22,7 @@ from crane.migrate.dataplane import (
     Incoming,
     Receiver,
     Sender,
+    Timing,
     decode_header,
     encode_chunk,
     is_zero,
@@ -95,6 +96,13 @@ def test_damaged_header_is_named() -> None:
         decode_header(bad)
     with pytest.raises(DataPlaneError, match="magic"):
         decode_header(bytes(HEADER))
+
+
+def test_timing_line_names_the_steps_that_took_time() -> None:
+    """The per-round log line: steps under 1 ms are left out, and a round that was all under
+    1 ms says so (it printed "threads:  ms")."""
+    assert Timing(read=0.0123, send=0.0004, apply=0.002).ms() == "read 12, apply 2 ms"
+    assert Timing(send=0.0004).ms() == "each under 1 ms"
 
 
 def test_data_host() -> None:
