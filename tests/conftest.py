@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+#: CRANE_PTX_JIT as the run started (this file is imported before any test package's own
+#: conftest): a package may change it for its own tests only (tests/ptx runs in diff mode)
+PTX_JIT_AT_START = os.environ.get("CRANE_PTX_JIT")
+
 
 def find_nvcc() -> str | None:
     from crane.cli.demo import find_nvcc as find
 
     return find()
+
+
+@pytest.fixture
+def ptx_jit_at_start() -> str | None:
+    return PTX_JIT_AT_START
 
 
 @pytest.fixture(scope="session")

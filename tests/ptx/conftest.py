@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,15 +19,27 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# Every launch of the PTX tests runs both ways, compiled and interpreted, from the same memory
-# and must give the same bytes (crane/backends/sim/ptx/jit/diff.py): the differential test of
-# the PTX compiler over the whole PTX test suite. CRANE_PTX_JIT=0 in the environment tests the
-# interpreter alone.
-os.environ.setdefault("CRANE_PTX_JIT", "diff")
-
 from ptxdev import Device
 
 KERNELS = Path(__file__).parent / "kernels"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _differential() -> Iterator[None]:
+    """Every launch of the PTX tests runs both ways, compiled and interpreted, from the same
+    memory and must give the same bytes (crane/backends/sim/ptx/jit/diff.py): the differential
+    test of the PTX compiler over the whole PTX test suite. CRANE_PTX_JIT=0 in the environment
+    tests the interpreter alone.
+
+    Set for these modules only, and undone after each: set at import (as it once was), it
+    reached every daemon the rest of the suite started, whose workers then compared all of a
+    session's memory after every launch (a migration test's 256 MiB guest took minutes)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if "CRANE_PTX_JIT" not in os.environ:
+            mp.setenv("CRANE_PTX_JIT", "diff")
+        yield
+
+
 ARCHS = ("compute_75", "compute_80", "compute_90")
 
 

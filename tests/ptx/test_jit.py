@@ -994,3 +994,10 @@ def test_registers_named_without_percent_compile(dev, monkeypatch):
     dev.launch(prog, "t", 1, 64, [Ptr(out)])
     assert dev.download(out, 64, np.uint32).tolist() == [7 + i for i in range(64)]
     assert "t" in _compiled_names()
+
+
+def test_the_ptx_suite_runs_differentially(ptx_jit_at_start):
+    """conftest.py's fixture puts these modules (and only these) in diff mode, unless the run
+    chose a mode itself."""
+    if ptx_jit_at_start is None:
+        assert jit.mode() == "diff"
