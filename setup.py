@@ -98,6 +98,7 @@ def _build_ring() -> None:
         path = HERE / "crane" / "wire" / "shm_build.py"  # the ring, and its bulk area
         spec = importlib.util.spec_from_file_location("shm_build", path)
         mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules["shm_build"] = mod  # its dataclass looks its module up there
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
         mod.build()
     except Exception as e:
