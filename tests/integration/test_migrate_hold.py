@@ -148,9 +148,22 @@ def test_hold_then_abort_carries_on_at_the_source(pair: tuple, image: bytes) -> 
 def test_gated_hold_then_commit_resumes_on_the_destination(pair: tuple, image: bytes) -> None:
     src, dst = pair
     want = reference(src.address, image, STEPS)
-    with _stepping(src, image, "held-commit") as (s, g):
+    gate_seen = threading.Event()
+    taken = iter(range(STEPS))
+
+    def keep_steps_for_the_gate() -> None:
+        # the second half of the run waits for the gate: a fast guest otherwise ran every
+        # step before the first round was over and sat at its last one (CI saw 299 == 299),
+        # and "still runs while gated" had nothing left to show
+        if next(taken) >= STEPS // 2:
+            gate_seen.wait(60)
+
+    with GuestSession(src.address, client="held-commit") as s:
+        g = Guest(s, image, each_step=keep_steps_for_the_gate)
+        g.wait_steps(5)
         m = Held(src.address, s.session_id, dst.address, gate=True)
         assert m.awaiting.wait(60), m.progress
+        gate_seen.set()
         assert m.progress[-1].phase == "precopy"
         with pytest.raises(grpc.RpcError) as e:
             m.decide("Commit")  # nothing to commit before the final round
