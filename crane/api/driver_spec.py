@@ -141,6 +141,8 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuMemcpy2DUnaligned@3020",
          "cuMemsetD8@3020", "cuMemsetD16@3020", "cuMemsetD32@3020", "cuMemsetD8Async@3020",
          "cuMemsetD16Async@3020", "cuMemsetD32Async@3020",
+         "cuMemsetD2D8@3020", "cuMemsetD2D16@3020", "cuMemsetD2D32@3020",
+         "cuMemsetD2D8Async@3020", "cuMemsetD2D16Async@3020", "cuMemsetD2D32Async@3020",
          "cuModuleLoad@2000", "cuModuleLoadData@2000", "cuModuleLoadDataEx@2010",
          "cuModuleLoadFatBinary@2000",
          teardown("cuModuleUnload@2000", sends="MODULE_UNLOAD"),

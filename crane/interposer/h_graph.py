@@ -23,7 +23,7 @@ from crane.interposer.h_launch import (
     params_from_launch_args,
     run_host_func,
 )
-from crane.interposer.h_memory import copy
+from crane.interposer.h_memory import copy, memset_rows
 from crane.interposer.h_module import max_dynamic_shared
 from crane.interposer.h_pools import free_now
 from crane.interposer.registry import handles
@@ -152,11 +152,8 @@ def run_node(kind: int, p: object, stream: int) -> None:
     elif kind == G.MEMSET:
         assert isinstance(p, G.MemsetParams)
         fill = {1: s.memset_d8, 2: s.memset_d16, 4: s.memset_d32}[p.elem]
-        if p.height == 1 or p.pitch == p.width * p.elem:
-            fill(p.dst, p.value, p.width * p.height, stream)
-        else:
-            for r in range(p.height):
-                fill(p.dst + r * p.pitch, p.value, p.width, stream)
+        for start, n in memset_rows(p):
+            fill(start, p.value, n, stream)
     elif kind == G.HOST:
         assert isinstance(p, G.HostParams)
         run_host_func(stream, RT.ffi.cast("void *", p.fn), RT.ffi.cast("void *", p.user_data))

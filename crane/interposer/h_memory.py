@@ -278,3 +278,61 @@ def memset_d16_async(dst: int, value: int, n: int, stream: Any) -> None:
 @handles("cuMemsetD32Async@3020")
 def memset_d32_async(dst: int, value: int, n: int, stream: Any) -> None:
     memset(dst, value, 4, n, RT.stream(stream), "cuMemsetD32Async")
+
+
+def memset_2d(
+    dst: int, pitch: int, value: int, elem: int, size: tuple[int, int], stream: int, what: str
+) -> None:
+    """``cuMemsetD2D*``: ``size`` = (width in elements, height in rows), the rows ``pitch``
+    bytes apart; one node while the stream captures, one fill where the rows are contiguous,
+    else a fill per row (each as :func:`memset` does it)."""
+    width, height = size
+    if not width or not height:
+        return
+    if height > 1 and pitch < width * elem:
+        raise CudaError(
+            CUresult.CUDA_ERROR_INVALID_VALUE,
+            f"{what}: pitch {pitch} is smaller than a row of {width * elem} bytes",
+        )
+    node = graphs.MemsetParams(dst, pitch, value, elem, width, height)
+    if graphs.STREAMS and graphs.record(stream, graphs.MEMSET, node):
+        return
+    for start, n in memset_rows(node):
+        memset(start, value, elem, n, stream, what)
+
+
+def memset_rows(p: graphs.MemsetParams) -> list[tuple[int, int]]:
+    """(address, elements) of each fill a 2D memset takes: one where its rows are contiguous."""
+    if p.height == 1 or p.pitch == p.width * p.elem:
+        return [(p.dst, p.width * p.height)]
+    return [(p.dst + r * p.pitch, p.width) for r in range(p.height)]
+
+
+@handles("cuMemsetD2D8@3020")
+def memset_d2d8(dst: int, pitch: int, value: int, width: int, height: int) -> None:
+    memset_2d(dst, pitch, value, 1, (width, height), RT.stream(RT.ffi.NULL), "cuMemsetD2D8")
+
+
+@handles("cuMemsetD2D16@3020")
+def memset_d2d16(dst: int, pitch: int, value: int, width: int, height: int) -> None:
+    memset_2d(dst, pitch, value, 2, (width, height), RT.stream(RT.ffi.NULL), "cuMemsetD2D16")
+
+
+@handles("cuMemsetD2D32@3020")
+def memset_d2d32(dst: int, pitch: int, value: int, width: int, height: int) -> None:
+    memset_2d(dst, pitch, value, 4, (width, height), RT.stream(RT.ffi.NULL), "cuMemsetD2D32")
+
+
+@handles("cuMemsetD2D8Async@3020")
+def memset_d2d8_async(dst: int, pitch: int, value: int, w: int, h: int, stream: Any) -> None:
+    memset_2d(dst, pitch, value, 1, (w, h), RT.stream(stream), "cuMemsetD2D8Async")
+
+
+@handles("cuMemsetD2D16Async@3020")
+def memset_d2d16_async(dst: int, pitch: int, value: int, w: int, h: int, stream: Any) -> None:
+    memset_2d(dst, pitch, value, 2, (w, h), RT.stream(stream), "cuMemsetD2D16Async")
+
+
+@handles("cuMemsetD2D32Async@3020")
+def memset_d2d32_async(dst: int, pitch: int, value: int, w: int, h: int, stream: Any) -> None:
+    memset_2d(dst, pitch, value, 4, (w, h), RT.stream(stream), "cuMemsetD2D32Async")

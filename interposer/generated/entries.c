@@ -2498,33 +2498,105 @@ CUresult cuMemsetD16Async_ptsz(unsigned long long dstDevice, unsigned short us, 
 
 CUresult cuMemsetD2D16(void) { return crane_unsupported("cuMemsetD2D16"); }
 
-CUresult cuMemsetD2D16_v2(void) { return crane_unsupported("cuMemsetD2D16_v2"); }
+CUresult cuMemsetD2D16_v2(unsigned long long dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D16_3020(dstDevice, dstPitch, us, Width, Height);
+    if (crane_trace_on) crane_trace("cuMemsetD2D16_v2", r, "dstDevice=%#llx dstPitch=%zu us=%u Width=%zu Height=%zu", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)us, (size_t)Width, (size_t)Height);
+    return r;
+}
 
-CUresult cuMemsetD2D16_v2_ptds(void) { return crane_unsupported("cuMemsetD2D16_v2_ptds"); }
+CUresult cuMemsetD2D16_v2_ptds(unsigned long long dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    crane_ptds_enter(); CUresult r = crane_py_cuMemsetD2D16_3020(dstDevice, dstPitch, us, Width, Height); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemsetD2D16_v2_ptds", r, "dstDevice=%#llx dstPitch=%zu us=%u Width=%zu Height=%zu", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)us, (size_t)Width, (size_t)Height);
+    return r;
+}
 
-CUresult cuMemsetD2D16Async(void) { return crane_unsupported("cuMemsetD2D16Async"); }
+CUresult cuMemsetD2D16Async(unsigned long long dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D16Async_3020(dstDevice, dstPitch, us, Width, Height, hStream);
+    if (crane_trace_on) crane_trace("cuMemsetD2D16Async", r, "dstDevice=%#llx dstPitch=%zu us=%u Width=%zu Height=%zu hStream=%p", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)us, (size_t)Width, (size_t)Height, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemsetD2D16Async_ptsz(void) { return crane_unsupported("cuMemsetD2D16Async_ptsz"); }
+CUresult cuMemsetD2D16Async_ptsz(unsigned long long dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D16Async_3020(dstDevice, dstPitch, us, Width, Height, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemsetD2D16Async_ptsz", r, "dstDevice=%#llx dstPitch=%zu us=%u Width=%zu Height=%zu hStream=%p", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)us, (size_t)Width, (size_t)Height, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemsetD2D32(void) { return crane_unsupported("cuMemsetD2D32"); }
 
-CUresult cuMemsetD2D32_v2(void) { return crane_unsupported("cuMemsetD2D32_v2"); }
+CUresult cuMemsetD2D32_v2(unsigned long long dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D32_3020(dstDevice, dstPitch, ui, Width, Height);
+    if (crane_trace_on) crane_trace("cuMemsetD2D32_v2", r, "dstDevice=%#llx dstPitch=%zu ui=%u Width=%zu Height=%zu", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)ui, (size_t)Width, (size_t)Height);
+    return r;
+}
 
-CUresult cuMemsetD2D32_v2_ptds(void) { return crane_unsupported("cuMemsetD2D32_v2_ptds"); }
+CUresult cuMemsetD2D32_v2_ptds(unsigned long long dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    crane_ptds_enter(); CUresult r = crane_py_cuMemsetD2D32_3020(dstDevice, dstPitch, ui, Width, Height); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemsetD2D32_v2_ptds", r, "dstDevice=%#llx dstPitch=%zu ui=%u Width=%zu Height=%zu", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)ui, (size_t)Width, (size_t)Height);
+    return r;
+}
 
-CUresult cuMemsetD2D32Async(void) { return crane_unsupported("cuMemsetD2D32Async"); }
+CUresult cuMemsetD2D32Async(unsigned long long dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D32Async_3020(dstDevice, dstPitch, ui, Width, Height, hStream);
+    if (crane_trace_on) crane_trace("cuMemsetD2D32Async", r, "dstDevice=%#llx dstPitch=%zu ui=%u Width=%zu Height=%zu hStream=%p", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)ui, (size_t)Width, (size_t)Height, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemsetD2D32Async_ptsz(void) { return crane_unsupported("cuMemsetD2D32Async_ptsz"); }
+CUresult cuMemsetD2D32Async_ptsz(unsigned long long dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D32Async_3020(dstDevice, dstPitch, ui, Width, Height, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemsetD2D32Async_ptsz", r, "dstDevice=%#llx dstPitch=%zu ui=%u Width=%zu Height=%zu hStream=%p", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)ui, (size_t)Width, (size_t)Height, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemsetD2D8(void) { return crane_unsupported("cuMemsetD2D8"); }
 
-CUresult cuMemsetD2D8_v2(void) { return crane_unsupported("cuMemsetD2D8_v2"); }
+CUresult cuMemsetD2D8_v2(unsigned long long dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D8_3020(dstDevice, dstPitch, uc, Width, Height);
+    if (crane_trace_on) crane_trace("cuMemsetD2D8_v2", r, "dstDevice=%#llx dstPitch=%zu uc=%u Width=%zu Height=%zu", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)uc, (size_t)Width, (size_t)Height);
+    return r;
+}
 
-CUresult cuMemsetD2D8_v2_ptds(void) { return crane_unsupported("cuMemsetD2D8_v2_ptds"); }
+CUresult cuMemsetD2D8_v2_ptds(unsigned long long dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    crane_ptds_enter(); CUresult r = crane_py_cuMemsetD2D8_3020(dstDevice, dstPitch, uc, Width, Height); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemsetD2D8_v2_ptds", r, "dstDevice=%#llx dstPitch=%zu uc=%u Width=%zu Height=%zu", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)uc, (size_t)Width, (size_t)Height);
+    return r;
+}
 
-CUresult cuMemsetD2D8Async(void) { return crane_unsupported("cuMemsetD2D8Async"); }
+CUresult cuMemsetD2D8Async(unsigned long long dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D8Async_3020(dstDevice, dstPitch, uc, Width, Height, hStream);
+    if (crane_trace_on) crane_trace("cuMemsetD2D8Async", r, "dstDevice=%#llx dstPitch=%zu uc=%u Width=%zu Height=%zu hStream=%p", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)uc, (size_t)Width, (size_t)Height, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemsetD2D8Async_ptsz(void) { return crane_unsupported("cuMemsetD2D8Async_ptsz"); }
+CUresult cuMemsetD2D8Async_ptsz(unsigned long long dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemsetD2D8Async_3020(dstDevice, dstPitch, uc, Width, Height, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemsetD2D8Async_ptsz", r, "dstDevice=%#llx dstPitch=%zu uc=%u Width=%zu Height=%zu hStream=%p", (unsigned long long)dstDevice, (size_t)dstPitch, (unsigned int)uc, (size_t)Width, (size_t)Height, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemsetD32(void) { return crane_unsupported("cuMemsetD32"); }
 

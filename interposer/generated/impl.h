@@ -104,6 +104,12 @@ int crane_py_cuMemsetD32_3020(unsigned long long dstDevice, unsigned int ui, siz
 int crane_py_cuMemsetD8Async_3020(unsigned long long dstDevice, unsigned char uc, size_t N, void * hStream);
 int crane_py_cuMemsetD16Async_3020(unsigned long long dstDevice, unsigned short us, size_t N, void * hStream);
 int crane_py_cuMemsetD32Async_3020(unsigned long long dstDevice, unsigned int ui, size_t N, void * hStream);
+int crane_py_cuMemsetD2D8_3020(unsigned long long dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height);
+int crane_py_cuMemsetD2D16_3020(unsigned long long dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height);
+int crane_py_cuMemsetD2D32_3020(unsigned long long dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height);
+int crane_py_cuMemsetD2D8Async_3020(unsigned long long dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, void * hStream);
+int crane_py_cuMemsetD2D16Async_3020(unsigned long long dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, void * hStream);
+int crane_py_cuMemsetD2D32Async_3020(unsigned long long dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, void * hStream);
 int crane_py_cuModuleLoad_2000(void ** module, const char * fname);
 int crane_py_cuModuleLoadData_2000(void ** module, const void * image);
 int crane_py_cuModuleLoadDataEx_2010(void ** module, const void * image, unsigned int numOptions, int * options, void ** optionValues);

@@ -126,6 +126,59 @@ def test_carry_chains(dev, rng):
     run_case(dev, body, ref, rng)
 
 
+def test_multiword_multiply_with_mad_carry(dev, rng):
+    """``mad.cc``/``madc``: libdevice's double-precision argument reduction (``sin``/``cos``
+    of large doubles) multiplies 64-bit words into 128 bits with this very chain; a module
+    with it once failed to load ('mad.cc unsupported'), and every kernel in it with it."""
+    body = """
+    mov.b64 %rd10, {%r2, %r3};
+    mov.b64 %rd11, {%r4, %r5};
+    mad.lo.cc.u32 %r10, %r2, %r4, %r4;
+    madc.hi.cc.u32 %r11, %r2, %r4, %r2;
+    madc.hi.u32 %r12, %r2, %r5, 0;
+    mad.lo.cc.u32 %r11, %r2, %r5, %r11;
+    madc.hi.cc.u32 %r12, %r3, %r4, %r12;
+    madc.hi.u32 %r13, %r3, %r5, 0;
+    mad.lo.cc.u32 %r11, %r3, %r4, %r11;
+    madc.lo.cc.u32 %r12, %r3, %r5, %r12;
+    addc.u32 %r13, %r13, 0;
+    mad.lo.cc.u64 %rd12, %rd10, %rd11, %rd10;
+    madc.hi.u64 %rd13, %rd10, %rd11, 0;
+    mov.b64 {%r14, %r15}, %rd12;
+    mov.b64 {%r16, %r17}, %rd13;
+    """
+
+    def ref(a, b, c, d, t):
+        x = (b << 32) | a
+        y = (d << 32) | c
+        w = x * y + ((a << 32) | c)  # the first chain's addend: lo word c, hi word a
+        v = x * y + x
+        return [(w >> (32 * k)) & M32 for k in range(4)] + [(v >> (32 * k)) & M32 for k in range(4)]
+
+    run_case(dev, body, ref, rng)
+
+
+def test_mad_carry_signed_high_half(dev, rng):
+    """``madc.hi.s32`` adds to the *signed* product's high word; the carry out is the
+    adder's, on the bits."""
+    body = """
+    add.cc.u32 %r20, %r4, %r5;
+    madc.hi.cc.s32 %r10, %r2, %r3, %r4;
+    addc.u32 %r11, 0, 0;
+    mad.hi.cc.s32 %r12, %r2, %r3, %r5;
+    addc.u32 %r13, 0, 0;
+    """
+
+    def ref(a, b, c, d, t):
+        cin = (c + d) >> 32
+        hi = ((s32(a) * s32(b)) >> 32) & M32
+        r1 = hi + c + cin
+        r2 = hi + d
+        return [r1 & M32, r1 >> 32, r2 & M32, r2 >> 32, 0, 0, 0, 0]
+
+    run_case(dev, body, ref, rng)
+
+
 def test_shifts_clamp(dev, rng):
     body = """
     shl.b32 %r10, %r2, %r3;

@@ -2,6 +2,7 @@
 // dynamic shared memory above 48 KiB, 2D copies, stream-ordered allocation, pinned host memory,
 // pointer attributes, occupancy and function attributes. Each line prints computed values.
 #include <cstdio>
+#include <cstring>
 #include <cuda_runtime.h>
 __constant__ float coef[4];
 __global__ void poly(const float *x, float *y, int n) {
@@ -58,6 +59,14 @@ int main() {
     rows<<<h, 32>>>(dm, pitch, w, h);
     CK(cudaMemcpy2D(out, w * sizeof(float), dm, pitch, w * sizeof(float), h, cudaMemcpyDeviceToHost));
     printf("2d pitch_ok=%d out[0][0]=%.0f out[1][2]=%.0f out[2][4]=%.0f\n", pitch >= w * sizeof(float), out[0][0], out[1][2], out[2][4]);
+    // 2D memsets (cuMemsetD2D8, its async form): columns 0-1 of every row, then column 4 of
+    // rows 0-1 to all ones; the rest as the kernel left it
+    CK(cudaMemset2D(dm, pitch, 0, 2 * sizeof(float), h));
+    CK(cudaMemset2DAsync((char *)dm + 4 * sizeof(float), pitch, 0xff, sizeof(float), 2, 0));
+    CK(cudaMemcpy2D(out, w * sizeof(float), dm, pitch, w * sizeof(float), h, cudaMemcpyDeviceToHost));
+    unsigned bits; memcpy(&bits, &out[1][4], sizeof bits);
+    printf("memset2d out[0][0]=%.0f out[2][1]=%.0f out[1][2]=%.0f out[1][4]=%#x out[2][4]=%.0f\n",
+           out[0][0], out[2][1], out[1][2], bits, out[2][4]);
     // stream-ordered allocation
     cudaStream_t s; CK(cudaStreamCreate(&s));
     int *da; CK(cudaMallocAsync(&da, 1024, s));

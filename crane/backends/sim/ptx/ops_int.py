@@ -67,41 +67,50 @@ def _sat_s32(x: np.ndarray) -> np.ndarray:
     return np.clip(x, -(2**31), 2**31 - 1).astype(np.int32)
 
 
+def _carry_sum(ua, ub, cin, bits: int):
+    """``(ua + ub + cin) mod 2**bits`` and its carry out, on unsigned 64-bit values: the one
+    adder behind ``add.cc``/``addc``/``sub.cc``/``subc`` and ``mad.cc``/``madc``."""
+    if bits == 32:
+        r = ua + ub + cin
+        return r & _U64(0xFFFFFFFF), r >> _U64(32)
+    s1 = ua + ub
+    c1 = (s1 < ua).astype(_U64)
+    s2 = s1 + cin
+    c2 = (s2 < s1).astype(_U64)
+    return s2, c1 | c2
+
+
+def _carry_in(st, idx):
+    return st.cc if idx is None else st.cc[idx]
+
+
+def _put_with_carry(st, ins, idx, out, cout) -> None:
+    """``d`` from the adder's unsigned result; CC.CF too where the instruction has ``.cc``."""
+    if ins.e:
+        cout = np.broadcast_to(cout, np.shape(out)) if np.ndim(out) else cout
+        if idx is None:
+            st.cc[...] = cout
+        else:
+            st.cc[idx] = cout
+    u = UINT[ins.t.bits]
+    out = out.astype(u) if np.ndim(out) else u.type(out)
+    ins.d.put(st, idx, out.view(ins.t.dtype) if np.ndim(out) else ins.t.dtype.type(out))
+
+
 def _h_add_cc(st, ins, idx) -> None:
     a = as_array(ins.a.get(st, idx))
     b = as_array(ins.b.get(st, idx))
     sub, carry_in, bits = ins.x
     ua = unsigned_view(a).astype(_U64)
     ub = unsigned_view(b).astype(_U64)
-    cin = 0
-    if carry_in:
-        cc = st.cc if idx is None else st.cc[idx]
-        cin = cc if not sub else (1 - cc.astype(np.int64)).astype(_U64)  # borrow = !carry
-    if bits == 32:
-        if sub:
-            r = ua + ((~ub) & _U64(0xFFFFFFFF)) + (_U64(1) if not carry_in else cin)
-        else:
-            r = ua + ub + cin
-        out = (r & _U64(0xFFFFFFFF)).astype(np.uint32)
-        cout = r >> _U64(32)
-    else:
-        nb = ~ub if sub else ub
-        c0 = _U64(1) if (sub and not carry_in) else (cin if carry_in else _U64(0))
-        s1 = ua + nb
-        c1 = (s1 < ua).astype(_U64)
-        s2 = s1 + c0
-        c2 = (s2 < s1).astype(_U64)
-        out = s2
-        cout = c1 | c2
+    cin = _carry_in(st, idx) if carry_in else _U64(0)
+    if sub:  # a - b = a + ~b + 1; subc: a - (b + borrow) = a + ~b + !borrow
+        ub = ~ub & _U64((1 << bits) - 1)
+        cin = (_U64(1) - cin.astype(_U64)) if carry_in else _U64(1)
+    out, cout = _carry_sum(ua, ub, cin, bits)
     if sub:  # subtraction keeps a *borrow* in CC.CF (subc computes a - (b + CF))
         cout = _U64(1) - cout
-    if ins.e:  # .cc: write the carry flag
-        cout = np.broadcast_to(cout, np.shape(out)) if np.ndim(out) else cout
-        if idx is None:
-            st.cc[...] = cout
-        else:
-            st.cc[idx] = cout
-    ins.d.put(st, idx, out.view(ins.t.dtype) if np.ndim(out) else ins.t.dtype.type(out))
+    _put_with_carry(st, ins, idx, out, cout)
 
 
 def _dec_addsub(ctx, mods, sub: bool, carry_in: bool) -> None:
@@ -241,15 +250,22 @@ def _h_mad_lo(st, ins, idx) -> None:
         d.put(st, idx, a * b + c)
 
 
-def dec_mad(ctx, mods) -> None:
+def _mad_mods(ctx, mods):
+    """``mad``'s and ``madc``'s modifiers: (half, .sat, .cc, type)."""
     m = Mods(ctx, mods)
     mode = m.take("lo", "hi", "wide", default="lo")
     sat = m.has("sat")
     cc = m.has("cc")
     ty = int_type(ctx, m)
     m.done()
+    return mode, sat, cc, ty
+
+
+def dec_mad(ctx, mods) -> None:
+    mode, sat, cc, ty = _mad_mods(ctx, mods)
     if cc:
-        raise ctx.unsupported("mad.cc")
+        _set_mad_carry(ctx, ty, mode, sat, carry_in=False, write_cc=True)
+        return
     ins = ctx.ins
     if mode == "lo":
         set_ternary(ctx, ty, None)
@@ -275,8 +291,39 @@ def dec_mad(ctx, mods) -> None:
         ins.fn = _h_mad_wide
 
 
+def _h_mad_cc(st, ins, idx) -> None:
+    half, carry_in = ins.x
+    bits = ins.t.bits
+    p = unsigned_view(as_array(half(ins.a.get(st, idx), ins.b.get(st, idx)))).astype(_U64)
+    uc = unsigned_view(as_array(ins.c.get(st, idx))).astype(_U64)
+    cin = _carry_in(st, idx) if carry_in else _U64(0)
+    out, cout = _carry_sum(p, uc, cin, bits)
+    _put_with_carry(st, ins, idx, out, cout)
+
+
+def _lo(ty):
+    mask = _U64((1 << ty.bits) - 1)
+    return lambda a, b: (unsigned_view(a).astype(_U64) * unsigned_view(b).astype(_U64)) & mask
+
+
+def _set_mad_carry(ctx, ty, mode: str, sat: bool, carry_in: bool, write_cc: bool) -> None:
+    """``mad{.lo,.hi}.cc`` and ``madc{.lo,.hi}{.cc}`` (32 and 64 bits): the product's half
+    plus ``c`` (plus CC.CF for ``madc``) through the carry adder, as multi-word arithmetic
+    (libdevice's double-precision argument reduction) chains them."""
+    if ty.bits not in (32, 64) or mode == "wide" or sat:
+        what = "madc" if carry_in else "mad.cc"
+        raise ctx.unsupported(f"{what} with .{mode if mode == 'wide' else 'sat'} or .{ty.name}")
+    set_ternary(ctx, ty, None)
+    ins = ctx.ins
+    ins.fn = _h_mad_cc
+    ins.x = (_mulhi(ty) if mode == "hi" else _lo(ty), carry_in)
+    ins.e = write_cc
+    ins.t = ty
+
+
 def dec_madc(ctx, mods) -> None:
-    raise ctx.unsupported("madc")
+    mode, sat, cc, ty = _mad_mods(ctx, mods)
+    _set_mad_carry(ctx, ty, mode, sat, carry_in=True, write_cc=cc)
 
 
 def _low24(x, signed: bool) -> np.ndarray:
