@@ -97,6 +97,8 @@ SPEC: tuple[Entry, ...] = tuple(
     # -- Python, answered locally from the session's snapshot or guest tables ------------------
     + _e(PY, True,
          "cuInit@2000", "cuDriverGetVersion@2020", "cuDeviceGet@2000", "cuDeviceGetCount@2000",
+         "cuDeviceCanAccessPeer@4000", "cuDeviceGetP2PAttribute@8000",
+         "cuCtxEnablePeerAccess@4000", "cuCtxDisablePeerAccess@4000",
          "cuDeviceGetName@2000", "cuDeviceTotalMem@3020", "cuDeviceGetAttribute@2000",
          "cuDeviceGetUuid@9020,11040", "cuDeviceGetPCIBusId@4010",
          "cuDeviceComputeCapability@2000", "cuDeviceGetByPCIBusId@4010",
@@ -141,6 +143,7 @@ SPEC: tuple[Entry, ...] = tuple(
          "cuMemcpy2DUnaligned@3020",
          "cuMemsetD8@3020", "cuMemsetD16@3020", "cuMemsetD32@3020", "cuMemsetD8Async@3020",
          "cuMemsetD16Async@3020", "cuMemsetD32Async@3020",
+         "cuMemcpyPeer@4000", "cuMemcpyPeerAsync@4000",
          "cuMemsetD2D8@3020", "cuMemsetD2D16@3020", "cuMemsetD2D32@3020",
          "cuMemsetD2D8Async@3020", "cuMemsetD2D16Async@3020", "cuMemsetD2D32Async@3020",
          "cuModuleLoad@2000", "cuModuleLoadData@2000", "cuModuleLoadDataEx@2010",

@@ -106,3 +106,44 @@ def device_compute_capability(major: Any, minor: Any, dev: int) -> None:
     _dev(dev)
     RT.out(major, s.device.cc[0])
     RT.out(minor, s.device.cc[1])
+
+
+# ---- peers: a session serves one device, which is no peer of itself -------------------------
+# The answers a single-GPU machine gives, so that multi-GPU code paths are skipped cleanly.
+
+
+@handles("cuDeviceCanAccessPeer@4000")
+def device_can_access_peer(out: Any, dev: int, peer: int) -> None:
+    _dev(dev)
+    _dev(peer)
+    RT.out(out, 0)
+
+
+@handles("cuDeviceGetP2PAttribute@8000")
+def device_get_p2p_attribute(out: Any, attrib: int, src: int, dst: int) -> None:
+    _dev(src)
+    _dev(dst)
+    raise CudaError(
+        CUresult.CUDA_ERROR_INVALID_DEVICE, f"P2P attribute {attrib} of device {src} with itself"
+    )
+
+
+@handles("cuCtxEnablePeerAccess@4000")
+def ctx_enable_peer_access(peer_ctx: Any, flags: int) -> None:
+    if flags != 0:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, "peer access flags must be 0")
+    if peer_ctx == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_CONTEXT, "NULL peer context")
+    RT.ctx(peer_ctx)
+    raise CudaError(
+        CUresult.CUDA_ERROR_INVALID_DEVICE,
+        "the peer context is on this context's own device (a session serves one device)",
+    )
+
+
+@handles("cuCtxDisablePeerAccess@4000")
+def ctx_disable_peer_access(peer_ctx: Any) -> None:
+    if peer_ctx == RT.ffi.NULL:
+        raise CudaError(CUresult.CUDA_ERROR_INVALID_CONTEXT, "NULL peer context")
+    RT.ctx(peer_ctx)
+    raise CudaError(CUresult.CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access was never enabled")

@@ -231,6 +231,28 @@ def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
         engine_copy(dst, src, n, RT.stream(stream), "cuMemcpyDtoDAsync", device=(True, True))
 
 
+def _peer_contexts(*ctxs: Any) -> None:
+    """Both contexts of a peer copy must be valid ones (NULL included: CUDA names them)."""
+    for c in ctxs:
+        if c == RT.ffi.NULL:
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_CONTEXT, "NULL context in a peer copy")
+        RT.ctx(c)
+
+
+@handles("cuMemcpyPeer@4000")
+def memcpy_peer(dst: int, dst_ctx: Any, src: int, src_ctx: Any, n: int) -> None:
+    """Between contexts of the session's one device: a device-to-device copy (unified
+    addressing makes every address unique)."""
+    _peer_contexts(dst_ctx, src_ctx)
+    memcpy_dtod(dst, src, n)
+
+
+@handles("cuMemcpyPeerAsync@4000")
+def memcpy_peer_async(dst: int, dst_ctx: Any, src: int, src_ctx: Any, n: int, stream: Any) -> None:
+    _peer_contexts(dst_ctx, src_ctx)
+    memcpy_dtod_async(dst, src, n, stream)
+
+
 # ---- 2D and 3D copies (arrays among their endpoints): crane.interposer.h_copy --------------
 
 

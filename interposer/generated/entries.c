@@ -118,9 +118,21 @@ CUresult cuCtxDestroy_v2(void * ctx) {
 
 CUresult cuCtxDetach(void) { return crane_unsupported("cuCtxDetach"); }
 
-CUresult cuCtxDisablePeerAccess(void) { return crane_unsupported("cuCtxDisablePeerAccess"); }
+CUresult cuCtxDisablePeerAccess(void * peerContext) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuCtxDisablePeerAccess_4000(peerContext);
+    if (crane_trace_on) crane_trace("cuCtxDisablePeerAccess", r, "peerContext=%p", (const void *)peerContext);
+    return r;
+}
 
-CUresult cuCtxEnablePeerAccess(void) { return crane_unsupported("cuCtxEnablePeerAccess"); }
+CUresult cuCtxEnablePeerAccess(void * peerContext, unsigned int Flags) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuCtxEnablePeerAccess_4000(peerContext, Flags);
+    if (crane_trace_on) crane_trace("cuCtxEnablePeerAccess", r, "peerContext=%p Flags=%u", (const void *)peerContext, (unsigned int)Flags);
+    return r;
+}
 
 CUresult cuCtxFromGreenCtx(void) { return crane_unsupported("cuCtxFromGreenCtx"); }
 
@@ -268,7 +280,13 @@ CUresult cuDevResourceGenerateDesc(void) { return crane_unsupported("cuDevResour
 
 CUresult cuDevSmResourceSplitByCount(void) { return crane_unsupported("cuDevSmResourceSplitByCount"); }
 
-CUresult cuDeviceCanAccessPeer(void) { return crane_unsupported("cuDeviceCanAccessPeer"); }
+CUresult cuDeviceCanAccessPeer(int * canAccessPeer, int dev, int peerDev) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuDeviceCanAccessPeer_4000(canAccessPeer, dev, peerDev);
+    if (crane_trace_on) crane_trace("cuDeviceCanAccessPeer", r, "canAccessPeer=%p dev=%d peerDev=%d", (const void *)canAccessPeer, (int)dev, (int)peerDev);
+    return r;
+}
 
 CUresult cuDeviceComputeCapability(int * major, int * minor, int dev) {
     int g = crane_py_gate(0);
@@ -354,7 +372,13 @@ CUresult cuDeviceGetNvSciSyncAttributes(void) { return crane_unsupported("cuDevi
 
 CUresult cuDeviceGetP2PAtomicCapabilities(void) { return crane_unsupported("cuDeviceGetP2PAtomicCapabilities"); }
 
-CUresult cuDeviceGetP2PAttribute(void) { return crane_unsupported("cuDeviceGetP2PAttribute"); }
+CUresult cuDeviceGetP2PAttribute(int * value, int attrib, int srcDevice, int dstDevice) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuDeviceGetP2PAttribute_8000(value, attrib, srcDevice, dstDevice);
+    if (crane_trace_on) crane_trace("cuDeviceGetP2PAttribute", r, "value=%p attrib=%d srcDevice=%d dstDevice=%d", (const void *)value, (int)attrib, (int)srcDevice, (int)dstDevice);
+    return r;
+}
 
 CUresult cuDeviceGetPCIBusId(char * pciBusId, int len, int dev) {
     int g = crane_py_gate(0);
@@ -2454,13 +2478,37 @@ CUresult cuMemcpyHtoDAsync_v2_ptsz(unsigned long long dstDevice, const void * sr
     return r;
 }
 
-CUresult cuMemcpyPeer(void) { return crane_unsupported("cuMemcpyPeer"); }
+CUresult cuMemcpyPeer(unsigned long long dstDevice, void * dstContext, unsigned long long srcDevice, void * srcContext, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemcpyPeer_4000(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+    if (crane_trace_on) crane_trace("cuMemcpyPeer", r, "dstDevice=%#llx dstContext=%p srcDevice=%#llx srcContext=%p ByteCount=%zu", (unsigned long long)dstDevice, (const void *)dstContext, (unsigned long long)srcDevice, (const void *)srcContext, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyPeer_ptds(void) { return crane_unsupported("cuMemcpyPeer_ptds"); }
+CUresult cuMemcpyPeer_ptds(unsigned long long dstDevice, void * dstContext, unsigned long long srcDevice, void * srcContext, size_t ByteCount) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyPeer_4000(dstDevice, dstContext, srcDevice, srcContext, ByteCount); crane_ptds_leave();
+    if (crane_trace_on) crane_trace("cuMemcpyPeer_ptds", r, "dstDevice=%#llx dstContext=%p srcDevice=%#llx srcContext=%p ByteCount=%zu", (unsigned long long)dstDevice, (const void *)dstContext, (unsigned long long)srcDevice, (const void *)srcContext, (size_t)ByteCount);
+    return r;
+}
 
-CUresult cuMemcpyPeerAsync(void) { return crane_unsupported("cuMemcpyPeerAsync"); }
+CUresult cuMemcpyPeerAsync(unsigned long long dstDevice, void * dstContext, unsigned long long srcDevice, void * srcContext, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemcpyPeerAsync_4000(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
+    if (crane_trace_on) crane_trace("cuMemcpyPeerAsync", r, "dstDevice=%#llx dstContext=%p srcDevice=%#llx srcContext=%p ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (const void *)dstContext, (unsigned long long)srcDevice, (const void *)srcContext, (size_t)ByteCount, (const void *)hStream);
+    return r;
+}
 
-CUresult cuMemcpyPeerAsync_ptsz(void) { return crane_unsupported("cuMemcpyPeerAsync_ptsz"); }
+CUresult cuMemcpyPeerAsync_ptsz(unsigned long long dstDevice, void * dstContext, unsigned long long srcDevice, void * srcContext, size_t ByteCount, void * hStream) {
+    int g = crane_py_gate(0);
+    if (g >= 0) return g;
+    CUresult r = crane_py_cuMemcpyPeerAsync_4000(dstDevice, dstContext, srcDevice, srcContext, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (crane_trace_on) crane_trace("cuMemcpyPeerAsync_ptsz", r, "dstDevice=%#llx dstContext=%p srcDevice=%#llx srcContext=%p ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (const void *)dstContext, (unsigned long long)srcDevice, (const void *)srcContext, (size_t)ByteCount, (const void *)hStream);
+    return r;
+}
 
 CUresult cuMemsetD16(void) { return crane_unsupported("cuMemsetD16"); }
 

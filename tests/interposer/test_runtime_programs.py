@@ -54,6 +54,7 @@ def test_runtime_features(program, run_guest) -> None:
         "smem before_attr=cudaErrorInvalidValue p[0]=255 p[255]=0",
         "2d pitch_ok=1 out[0][0]=0 out[1][2]=71 out[2][4]=142",
         "memset2d out[0][0]=0 out[2][1]=0 out[1][2]=71 out[1][4]=0xffffffff out[2][4]=142",
+        "peer can=0 enable=cudaErrorInvalidDevice copy=20,71",
         "async alloc value=0x1010101",
         "attrs dev=2 host=1 unreg=0 devptr_ok=1 pinned_copy=42",
         "occupancy blocks=8 maxthreads=1024 maxdyn=65536",

@@ -179,6 +179,25 @@ def test_mad_carry_signed_high_half(dev, rng):
     run_case(dev, body, ref, rng)
 
 
+def test_glued_register_declarations(dev, rng):
+    """``.reg.b32 f;`` (no space after ``.reg``), as cuda_fp16.h's inline assembly for
+    ``hsqrt`` writes it: ptxas takes it, and a module using it once failed to load."""
+    body = """
+    {.reg.b32         f;
+     .reg.b16         r;
+      mov.b32         f, %r2;
+      mov.b16         r, 7;
+      cvt.u32.u16     %r11, r;
+      add.u32         %r10, f, %r11;
+    }
+    """
+
+    def ref(a, b, c, d, t):
+        return [a + 7, 7, 0, 0, 0, 0, 0, 0]
+
+    run_case(dev, body, ref, rng)
+
+
 def test_shifts_clamp(dev, rng):
     body = """
     shl.b32 %r10, %r2, %r3;

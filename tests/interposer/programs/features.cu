@@ -67,6 +67,14 @@ int main() {
     unsigned bits; memcpy(&bits, &out[1][4], sizeof bits);
     printf("memset2d out[0][0]=%.0f out[2][1]=%.0f out[1][2]=%.0f out[1][4]=%#x out[2][4]=%.0f\n",
            out[0][0], out[2][1], out[1][2], bits, out[2][4]);
+    // peers: one device, no peer of itself; a peer copy between its own contexts is a copy
+    int can = -1; CK(cudaDeviceCanAccessPeer(&can, 0, 0));
+    cudaError_t enable = cudaDeviceEnablePeerAccess(0, 0);
+    float peer[h][w]; float *dpeer; CK(cudaMalloc(&dpeer, sizeof peer));
+    CK(cudaMemcpyPeer(dpeer, 0, dm, 0, w * sizeof(float)));
+    CK(cudaMemcpyPeerAsync(dpeer + w, 0, (char *)dm + pitch, 0, w * sizeof(float), 0));
+    CK(cudaMemcpy(peer, dpeer, 2 * w * sizeof(float), cudaMemcpyDeviceToHost));
+    printf("peer can=%d enable=%s copy=%.0f,%.0f\n", can, cudaGetErrorName(enable), peer[0][2], peer[1][2]);
     // stream-ordered allocation
     cudaStream_t s; CK(cudaStreamCreate(&s));
     int *da; CK(cudaMallocAsync(&da, 1024, s));

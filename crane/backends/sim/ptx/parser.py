@@ -125,6 +125,14 @@ class Module:
 _DECL_RE = re.compile(r"^([A-Za-z_$%][\w$]*)\s*(?:\[\s*([^\]]*)\s*\])?\s*(?:<\s*(\d+)\s*>)?$")
 
 
+def _directive(text: str) -> str:
+    """The directive a statement starts with: ``.reg`` of ``.reg .b32 f;`` and also of
+    ``.reg.b32 f;``, which ptxas takes and cuda_fp16.h's inline assembly writes (``hsqrt``)."""
+    word = text.split(None, 1)[0]
+    cut = word.find(".", 1) if word.startswith(".") else -1
+    return word[:cut] if cut > 0 else word
+
+
 def _parse_decl(text: str, line: int) -> tuple[dict, list[tuple[str, int | None, int | None]], str]:
     """Parse ``.space [.align n] .type name[n] <n>, name2 = init`` → (attrs, names, init text)."""
     init = ""
@@ -326,7 +334,7 @@ def parse_module(text: str) -> Module:
         st = stmts[i]
         if st.kind == "stmt":
             t = st.text
-            word = t.split(None, 1)[0]
+            word = _directive(t)
             if word == ".version":
                 mm = re.match(r"\.version\s+(\d+)\.(\d+)$", t)
                 if not mm:
@@ -410,7 +418,7 @@ def _parse_body(fn: Function, stmts: list[Stmt], i: int, mscope: Scope) -> int:
             continue
         t = st.text
         if t.startswith("."):
-            word = t.split(None, 1)[0]
+            word = _directive(t)
             if word == ".reg":
                 _declare_regs(fn, scope, t, st.line)
             elif word in (".local", ".shared", ".param", ".global", ".const"):
