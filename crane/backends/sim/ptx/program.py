@@ -29,6 +29,7 @@ from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .device_launch import MAX_PENDING, DeviceLaunches
 from .errors import KernelFault, PtxError
 from .executor import check_deadline, run_batch
+from .jit import layout as jit_layout
 from .jit.diff import differential
 from .jit.runner import run_compiled
 from .ops_cluster import uses_cluster_barrier
@@ -406,6 +407,10 @@ class PtxProgram:
         plain = not grid_workspace and launch_env["cluster"] is None and launches is None
         # a block's local memory is allocated whole per core: huge frames stay interpreted
         plain = plain and geo.threads * local_stride <= jit.MAX_BLOCK_LOCAL_BYTES
+        # the compiled code assumes bounded block dimensions and shared offsets (jit/layout.py;
+        # beyond them only without a profile's limits)
+        plain = plain and max(geo.block) <= jit_layout.MAX_BLOCK_DIM
+        plain = plain and shared_stride < jit_layout.MAX_SHARED
         if mode != "off" and plain and not k.cluster_barrier and len(k.reachable) == 1:
             n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
             if mode == "diff" or jit.worth_compiling(

@@ -27,6 +27,7 @@ from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
 from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
+from . import buffers
 from . import layout as L
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
@@ -65,17 +66,23 @@ def run_compiled(
         timer.daemon = True
         timer.start()
     try:
-        if workers == 1:
-            faults = [parts[0].run(*ranges[0], deadline)]
-        else:
-            pool = _pool()
-            futs = [
-                pool.submit(p.run, a, z, deadline) for p, (a, z) in zip(parts, ranges, strict=True)
-            ]
-            faults = [f.result() for f in futs]
+        # the calling thread runs the first range itself (ctypes releases the GIL): one
+        # thread hand-off fewer per launch
+        pool = _pool() if workers > 1 else None
+        futs = [
+            pool.submit(p.run, a, z, deadline)
+            for p, (a, z) in zip(parts[1:], ranges[1:], strict=True)
+        ]
+        faults = [None]
+        try:
+            faults[0] = parts[0].run(*ranges[0], deadline)
+        finally:  # the other ranges end before their buffers go back to the pool
+            faults += [f.result() for f in futs]
     finally:
         if timer is not None:
             timer.cancel()
+        for p in parts:
+            buffers.give(p.bufs)
     for f in faults:
         if f is not None:
             raise f
@@ -110,13 +117,14 @@ class _Part:
         shared_stride, local_stride = strides
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
         ctx = self.ctx = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
-        shared = np.zeros(max(shared_stride, 16), np.uint8)
-        # as many words as the driver clears: at least one per lane, even with no register live
-        save = np.zeros(t * max(ck.nregs, 1), np.int64)
-        resume = np.zeros(max(t, 1), np.int32)
-        # every lane's local area (zeroed by the driver when a block starts)
-        local = np.zeros(max(t * local_stride, 16), np.uint8)
-        self._keep = (starts, ends, shared, save, resume, symvals, kparams, local)  # alive
+        # shared memory, save area (as many words as the driver clears: at least one per
+        # lane, even with no register live), resume words and every lane's local area: the
+        # driver clears each before a block uses it, so a pooled set serves (jit/buffers.py)
+        bufs = self.bufs = buffers.take(
+            max(shared_stride, 16), t * max(ck.nregs, 1), max(t, 1), max(t * local_stride, 16)
+        )
+        shared, save, resume, local = bufs.shared, bufs.save, bufs.resume, bufs.local
+        self._keep = (starts, ends, symvals, kparams)  # alive while the code runs
         ctx[L.LOCAL] = local.ctypes.data
         ctx[L.LOCAL_SIZE] = local_stride
         ctx[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
