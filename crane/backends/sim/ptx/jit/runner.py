@@ -3,8 +3,9 @@
 The grid's blocks are split into one contiguous range per core, run by a thread pool (ctypes
 releases the GIL during the native call), each range in chunks of blocks, so a launch with a
 deadline is also checked between chunks; inside a chunk the compiled code polls a stop flag at
-every backward branch, which a timer thread sets when the deadline passes. Within a range the
-blocks run one after the other (a block's lanes, region by region, then the next block).
+every backward branch, which the watchdog thread (:mod:`.watchdog`) sets when the deadline
+passes. The first range runs on the calling thread. Within a range the blocks run one after
+the other (a block's lanes, region by region, then the next block).
 Blocks are independent in CUDA's model but for atomics (compiled as real atomic instructions,
 :mod:`.ops_atomic`; the compiler refuses the ``.volatile`` and acquire/release accesses through
 which blocks may wait on each other), so running them at once is a legal schedule.
@@ -27,7 +28,7 @@ from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
 from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
-from . import buffers
+from . import buffers, watchdog
 from . import layout as L
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
@@ -61,10 +62,8 @@ def run_compiled(
     strides = (shared_stride, local_stride)
     parts = [_Part(ck, geo, memory, kparams, symvals, starts, ends, strides) for _ in ranges]
     timer = None
-    if deadline is not None:
-        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _stop, (parts,))
-        timer.daemon = True
-        timer.start()
+    if deadline is not None:  # one watchdog thread for all launches (a Timer costs ~40 µs)
+        timer = watchdog.watch(deadline, lambda: _stop(parts))
     try:
         # the calling thread runs the first range itself (ctypes releases the GIL): one
         # thread hand-off fewer per launch
@@ -80,7 +79,7 @@ def run_compiled(
             faults += [f.result() for f in futs]
     finally:
         if timer is not None:
-            timer.cancel()
+            watchdog.cancel(timer)
         for p in parts:
             buffers.give(p.bufs)
     for f in faults:
