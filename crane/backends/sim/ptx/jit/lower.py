@@ -233,6 +233,8 @@ class KernelLowering:
         self.live = live_after(fn) if self.has_bar else {}
         self.remat, self.prefix = rematerializable(fn.body or []) if self.has_bar else ({}, [])
         self.x_uniform = x_uniform(fn.body or [], self.prefix)
+        self.sym_shared = self.symbol_slots()
+        self.sym_slots = sorted(self.sym_shared)
         self.safe_ptr = False  # the access being lowered has an always-valid pointer
         self.addr_uniform = False  # and its address is the same for every lane of a row
         self._dom: _Dominance | None = None
@@ -278,7 +280,9 @@ class KernelLowering:
             fast = None
         self.step = scalar_step
         if self.has_warp:
-            self.settle = build_settle(self, _INVARIANT, _INVARIANT.index(L.NTID))
+            self.settle = build_settle(
+                self, _INVARIANT + tuple(self.sym_slots), _INVARIANT.index(L.NTID)
+            )
         self.build_lookup()
         self.build_driver()
         return Lowered(
@@ -414,7 +418,8 @@ class KernelLowering:
         regs = list(fn.regs)
         fixed = [I64P, I32, I32, I32, I32, I32, I32, I32, I8P, I64P]
         extra = [I64] * (2 * self.nsites) if self.fast else []
-        sty = ir.FunctionType(I32, fixed + [I64] * len(_INVARIANT) + extra)
+        nsym = len(self.sym_slots)
+        sty = ir.FunctionType(I32, fixed + [I64] * (len(_INVARIANT) + nsym) + extra)
         step = ir.Function(self.mod, sty, name)
         step.linkage = "internal"
         # the scalar form of a kernel with vectorized regions is called from two places (the
@@ -428,13 +433,16 @@ class KernelLowering:
         ctx, resume, tx, ty_, tz, cx, cy, cz, shared, save = step.args[: len(fixed)]
         ninv = len(fixed) + len(_INVARIANT)
         self.inv = dict(zip(_INVARIANT, step.args[len(fixed) : ninv], strict=True))
-        self.site_args = step.args[ninv:]
+        syms = step.args[ninv : ninv + nsym]
+        self.sym_args = dict(zip(self.sym_slots, syms, strict=True))
+        self.site_args = step.args[ninv + nsym :]
         self.ctx, self.shared, self.save = ctx, shared, save
         self.resume_arg = resume
         self.tid = (tx, ty_, tz)
         self.ctaid = (cx, cy, cz)
         entry = self.entry = step.append_basic_block("entry")
         self._params: dict[tuple[int, int], ir.Instruction] = {}
+        self._syms: dict[int, ir.Instruction] = {}
         b = self.b = ir.IRBuilder(entry)
         self.regs: dict[int, ir.AllocaInstr] = {}
         for r in regs:
@@ -743,12 +751,54 @@ class KernelLowering:
         slot = self.slot_of(var)
         if slot is None:
             raise self.refuse(f"the address of .{var.space} variable {name}")
-        b = self.b
-        sv = self.ctx_ptr(L.SYMVALS, I64P)
+        got = self.sym_args.get(slot)  # loaded by the driver (symbol_slots)
+        if got is not None:
+            return got
+        v = self._syms.get(slot)
+        if v is not None:
+            return v
+        # loaded once in the lane's entry block (the slot is in the array)
+        eb = ir.IRBuilder(self.entry)
+        eb.position_before(self.entry.terminator)
+        sv = eb.inttoptr(self.inv[L.SYMVALS], I64P)
+        v = self._syms[slot] = self.symbol_load(eb, sv, slot, var.space == "shared")
+        return v
+
+    def symbol_slots(self) -> dict[int, bool]:
+        """The symbol slots the kernel's instructions name (module and shared variables),
+        each with whether it is a shared variable's offset."""
+        out: dict[int, bool] = {}
+
+        def names(op):
+            if (
+                isinstance(op, tuple)
+                and len(op) == 2
+                and op[0] == "name"
+                and isinstance(op[1], str)
+            ):
+                yield op[1]
+            elif isinstance(op, (tuple, list)):
+                for o in op:
+                    yield from names(o)
+
+        for s in self.fn.body or []:
+            if not isinstance(s, Instr) or not isinstance(s.operands, list) or s.scope is None:
+                continue
+            for name in names(s.operands):
+                var = s.scope.var(name)
+                if var is None or var.space == "param":
+                    continue
+                slot = self.slot_of(var)
+                if slot is not None:
+                    out[slot] = var.space == "shared"
+        return out
+
+    def symbol_load(self, b: ir.IRBuilder, sv, slot: int, shared: bool):
+        """Symbol value ``slot`` from the launch's array ``sv``: invariant while the launch
+        runs; a shared variable's offset bounded (``!range``)."""
         v = b.load(b.gep(sv, [ir.Constant(I64, slot)]))
-        # the launch's symbol values never change while it runs: hoistable out of lane loops
         v.set_metadata("invariant.load", self.mod.add_metadata([]))
-        if var.space == "shared":
+        if shared:
             # an offset in the block's shared memory, which the runner keeps below
             # MAX_SHARED: with the lane's bounded %tid, LLVM proves 32-bit shared addresses
             # (sh + 4 * tid.x) do not wrap, so the vector forms access them contiguously
@@ -1095,6 +1145,13 @@ class KernelLowering:
 
         d = _Driver(f, b, ctx, word)
         d.inv = [word(slot) for slot in _INVARIANT]
+        # the symbol values the kernel reads, loaded once per call and passed like the
+        # invariant words: loaded in the lane's code, LLVM sinks them into the branches that
+        # use them, where the lane loops cannot hoist them (addresses computed from them
+        # then vary per lane: gathers and scatters)
+        sv = b.inttoptr(word(L.SYMVALS), I64P)
+        for slot in self.sym_slots:
+            d.inv.append(self.symbol_load(b, sv, slot, self.sym_shared[slot]))
         gx, gy = word(L.GRID), word(L.GRID + 1)
         d.ntid = (word(L.NTID), word(L.NTID + 1), word(L.NTID + 2))
         d.shared = b.inttoptr(word(L.SHARED), I8P)
