@@ -416,7 +416,7 @@ class PtxProgram:
             if mode == "diff" or jit.worth_compiling(
                 self.source_hash, k.name, geo.blocks * geo.threads, n
             ):
-                ck = self._compiled(k)
+                ck = self._compiled(k, geo.block)
         if ck is None:
             interpret()
             return
@@ -439,8 +439,9 @@ class PtxProgram:
         else:
             compiled()
 
-    def _compiled(self, k: PtxKernel):
-        """Kernel ``k`` compiled to native code (cached by module hash), or None."""
+    def _compiled(self, k: PtxKernel, block=(1, 1, 1)):
+        """Kernel ``k`` compiled to native code (cached by module hash) with the driver a
+        launch of ``block`` runs, or None."""
         dec = self._dec
         fi = dec.by_fid[k.fid]
         mscope = dec.module.scope.vars
@@ -462,7 +463,7 @@ class PtxProgram:
             return dec.slot_index.get(key)
 
         return jit.compiled_kernel(
-            self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes
+            self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes, tuple(block)
         )
 
 

@@ -62,16 +62,21 @@ class Compiled:
     """A kernel's machine code and the engine that owns it; ``obj`` is the object file the
     code was loaded from (what the disk cache keeps)."""
 
-    def __init__(self, engine, fn: KernelFn, fast: KernelFn | None, obj: bytes) -> None:
+    def __init__(self, engine, fn: KernelFn | None, fast: KernelFn | None, obj: bytes) -> None:
         self._engine = engine  # keeps the code mapped
         self.fn = fn
         self.fast = fast
         self.obj = obj
 
 
-def compile_ir(ir_text: str, entry: str, fast: str | None = None) -> Compiled:
+def compile_ir(
+    ir_text: str, entry: str | None, fast: str | None = None, drop: tuple[str, ...] = ()
+) -> Compiled:
     """Verify, optimize (-O2) and compile a module to an object file, and load that; return
-    its ``entry`` function (and the ``fast`` one, if named). Callers serialize compiles.
+    its ``entry`` function (and the ``fast`` one, if named). The exported functions named in
+    ``drop`` are left out (made internal, so nothing of them is compiled that the others do
+    not use): a kernel's two drivers are compiled apart, each when a launch needs it.
+    Callers serialize compiles.
     (Verifying costs under 1% of a compile; it turns a lowering bug into a refusal where the
     optimizer could crash the process.)"""
     tm = _compiler()
@@ -79,6 +84,8 @@ def compile_ir(ir_text: str, entry: str, fast: str | None = None) -> Compiled:
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
     mod.verify()
+    for name in drop:
+        mod.get_function(name).linkage = llvm.Linkage.internal
     pto = llvm.create_pipeline_tuning_options(speed_level=2)
     pto.loop_unrolling = False
     pto.loop_interleaving = False
@@ -88,7 +95,7 @@ def compile_ir(ir_text: str, entry: str, fast: str | None = None) -> Compiled:
     return load_object(tm.emit_object(mod), entry, fast)
 
 
-def load_object(obj: bytes, entry: str, fast: str | None = None) -> Compiled:
+def load_object(obj: bytes, entry: str | None, fast: str | None = None) -> Compiled:
     """Machine code from an object file this module compiled (now or, through the disk
     cache, in an earlier process on the same CPU), linked into an engine of its own."""
     tm = _target_machine()  # the engine's own: it frees it
@@ -97,16 +104,19 @@ def load_object(obj: bytes, entry: str, fast: str | None = None) -> Compiled:
     engine = llvm.create_mcjit_compiler(empty, tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
-    addr = engine.get_function_address(entry)
-    if not addr:
-        raise LookupError(f"{entry} is not in the object file")
+    fn = None
+    if entry:
+        addr = engine.get_function_address(entry)
+        if not addr:
+            raise LookupError(f"{entry} is not in the object file")
+        fn = KernelFn(addr)
     fast_fn = None
     if fast:
         faddr = engine.get_function_address(fast)
         if not faddr:
             raise LookupError(f"{fast} is not in the object file")
         fast_fn = KernelFn(faddr)
-    return Compiled(engine, KernelFn(addr), fast_fn, obj)
+    return Compiled(engine, fn, fast_fn, obj)
 
 
 def host_signature() -> str:

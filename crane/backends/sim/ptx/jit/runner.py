@@ -144,8 +144,9 @@ class _Part:
     def run(self, begin: int, end: int, deadline) -> KernelFault | None:
         """Blocks [begin, end) in calls of about LANES_PER_CALL lanes; the fault, if any."""
         ck, ctx, geo = self.ck, self.ctx, self.geo
-        # the vectorizable form takes 1-D blocks (the lane index is %tid.x)
-        fn = ck.fast if ck.fast is not None and geo.block[1] == geo.block[2] == 1 else ck.fn
+        # the vectorizable form takes 1-D blocks (the lane index is %tid.x); the caller made
+        # sure the general driver is compiled for any other (jit.compiled_kernel)
+        fn = ck.entry_for(geo.block)
         per_call = max(1, LANES_PER_CALL // max(geo.threads, 1))
         ptr = ctx.ctypes.data
         for first in range(begin, end, per_call):
