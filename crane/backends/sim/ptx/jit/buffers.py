@@ -29,7 +29,7 @@ _PER_KEY = 4
 class Buffers:
     """One core's buffers for one launch shape."""
 
-    __slots__ = ("key", "local", "nbytes", "resume", "save", "shared")
+    __slots__ = ("addrs", "key", "local", "nbytes", "resume", "save", "shared")
 
     def __init__(self, key: tuple[int, int, int, int]) -> None:
         shared_bytes, save_words, resume_words, local_bytes = key
@@ -39,6 +39,8 @@ class Buffers:
         self.resume = np.zeros(resume_words, np.int32)
         self.local = np.zeros(local_bytes, np.uint8)
         self.nbytes = shared_bytes + 8 * save_words + 4 * resume_words + local_bytes
+        #: the buffers' addresses (shared, save, resume, local), for the context words
+        self.addrs = tuple(a.ctypes.data for a in (self.shared, self.save, self.resume, self.local))
 
 
 _lock = threading.Lock()

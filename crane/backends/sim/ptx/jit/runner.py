@@ -59,8 +59,28 @@ def run_compiled(
         workers = 1
     bounds = [geo.blocks * i // workers for i in range(workers + 1)]
     ranges = [(bounds[i], bounds[i + 1]) for i in range(workers)]
-    strides = (shared_stride, local_stride)
-    parts = [_Part(ck, geo, memory, kparams, symvals, starts, ends, strides) for _ in ranges]
+    # the context words every core's share has in common, filled once
+    head = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
+    head[L.LOCAL_SIZE] = local_stride
+    head[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
+    head[L.MEM_BUF] = memory.buf.ctypes.data
+    head[L.MEM_BASE] = memory.base
+    head[L.ALLOC_STARTS] = starts.ctypes.data
+    head[L.ALLOC_ENDS] = ends.ctypes.data
+    head[L.NALLOC] = len(starts)
+    head[L.KPARAMS] = kparams.ctypes.data
+    head[L.SHARED_SIZE] = shared_stride
+    head[L.SYMVALS] = symvals.ctypes.data
+    head[L.GRID : L.GRID + 3] = geo.grid
+    head[L.NTID : L.NTID + 3] = geo.block
+    keep = (starts, ends, symvals, kparams)  # alive while the code runs
+    sizes = (
+        max(shared_stride, 16),
+        geo.threads * max(ck.nregs, 1),  # as many words as the driver clears: one per lane
+        max(geo.threads, 1),  # at least, even with no register live
+        max(geo.threads * local_stride, 16),
+    )
+    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in ranges]
     timer = None
     if deadline is not None:  # one watchdog thread for all launches (a Timer costs ~40 µs)
         timer = watchdog.watch(deadline, lambda: _stop(parts))
@@ -111,35 +131,14 @@ def _pool() -> ThreadPoolExecutor:
 class _Part:
     """One core's share of a launch: its context words and the buffers they point at."""
 
-    def __init__(self, ck, geo, memory, kparams, symvals, starts, ends, strides) -> None:
-        t = geo.threads
-        shared_stride, local_stride = strides
+    def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep) -> None:
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
-        ctx = self.ctx = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
-        # shared memory, save area (as many words as the driver clears: at least one per
-        # lane, even with no register live), resume words and every lane's local area: the
-        # driver clears each before a block uses it, so a pooled set serves (jit/buffers.py)
-        bufs = self.bufs = buffers.take(
-            max(shared_stride, 16), t * max(ck.nregs, 1), max(t, 1), max(t * local_stride, 16)
-        )
-        shared, save, resume, local = bufs.shared, bufs.save, bufs.resume, bufs.local
-        self._keep = (starts, ends, symvals, kparams)  # alive while the code runs
-        ctx[L.LOCAL] = local.ctypes.data
-        ctx[L.LOCAL_SIZE] = local_stride
-        ctx[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
-        ctx[L.MEM_BUF] = memory.buf.ctypes.data
-        ctx[L.MEM_BASE] = memory.base
-        ctx[L.ALLOC_STARTS] = starts.ctypes.data
-        ctx[L.ALLOC_ENDS] = ends.ctypes.data
-        ctx[L.NALLOC] = len(starts)
-        ctx[L.KPARAMS] = kparams.ctypes.data
-        ctx[L.SHARED] = shared.ctypes.data
-        ctx[L.SHARED_SIZE] = shared_stride
-        ctx[L.SYMVALS] = symvals.ctypes.data
-        ctx[L.GRID : L.GRID + 3] = geo.grid
-        ctx[L.NTID : L.NTID + 3] = geo.block
-        ctx[L.SAVE] = save.ctypes.data
-        ctx[L.RESUME] = resume.ctypes.data
+        self._keep = keep
+        ctx = self.ctx = head.copy()
+        # shared memory, save area, resume words and every lane's local area: the driver
+        # clears each before a block uses it, so a pooled set serves (jit/buffers.py)
+        bufs = self.bufs = buffers.take(*sizes)
+        ctx[L.SHARED], ctx[L.SAVE], ctx[L.RESUME], ctx[L.LOCAL] = bufs.addrs
 
     def run(self, begin: int, end: int, deadline) -> KernelFault | None:
         """Blocks [begin, end) in calls of about LANES_PER_CALL lanes; the fault, if any."""
