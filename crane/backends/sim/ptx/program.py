@@ -29,6 +29,7 @@ from .device_launch import BUILTINS as DEVICE_RUNTIME
 from .device_launch import MAX_PENDING, DeviceLaunches
 from .errors import KernelFault, PtxError
 from .executor import check_deadline, run_batch
+from .jit import layout as jit_layout
 from .jit.diff import differential
 from .jit.runner import run_compiled
 from .ops_cluster import uses_cluster_barrier
@@ -406,12 +407,16 @@ class PtxProgram:
         plain = not grid_workspace and launch_env["cluster"] is None and launches is None
         # a block's local memory is allocated whole per core: huge frames stay interpreted
         plain = plain and geo.threads * local_stride <= jit.MAX_BLOCK_LOCAL_BYTES
+        # the compiled code assumes bounded block dimensions and shared offsets (jit/layout.py;
+        # beyond them only without a profile's limits)
+        plain = plain and max(geo.block) <= jit_layout.MAX_BLOCK_DIM
+        plain = plain and shared_stride < jit_layout.MAX_SHARED
         if mode != "off" and plain and not k.cluster_barrier and len(k.reachable) == 1:
             n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
             if mode == "diff" or jit.worth_compiling(
                 self.source_hash, k.name, geo.blocks * geo.threads, n
             ):
-                ck = self._compiled(k)
+                ck = self._compiled(k, geo.block)
         if ck is None:
             interpret()
             return
@@ -434,8 +439,9 @@ class PtxProgram:
         else:
             compiled()
 
-    def _compiled(self, k: PtxKernel):
-        """Kernel ``k`` compiled to native code (cached by module hash), or None."""
+    def _compiled(self, k: PtxKernel, block=(1, 1, 1)):
+        """Kernel ``k`` compiled to native code (cached by module hash) with the driver a
+        launch of ``block`` runs, or None."""
         dec = self._dec
         fi = dec.by_fid[k.fid]
         mscope = dec.module.scope.vars
@@ -457,7 +463,7 @@ class PtxProgram:
             return dec.slot_index.get(key)
 
         return jit.compiled_kernel(
-            self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes
+            self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes, tuple(block)
         )
 
 

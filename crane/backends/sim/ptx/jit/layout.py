@@ -28,6 +28,8 @@ __all__ = [
     "KPARAM_SIZE",
     "LOCAL",
     "LOCAL_SIZE",
+    "MAX_BLOCK_DIM",
+    "MAX_SHARED",
     "MEM_BASE",
     "MEM_BUF",
     "NALLOC",
@@ -70,6 +72,12 @@ LOCAL = 25  # every lane's local memory: threads x LOCAL_SIZE bytes (jit/local.p
 LOCAL_SIZE = 26  # one lane's local stride (the interpreter's)
 KPARAM_SIZE = 27  # bytes of kernel parameters (the buffer less its 8 bytes of padding)
 FIXED = 28  # first per-site cache slot
+
+#: bounds the compiled code may assume (``!range`` metadata): every block dimension at most
+#: MAX_BLOCK_DIM, every shared offset (the block's shared size) below MAX_SHARED; launches
+#: beyond them (possible only without a device profile's limits) run interpreted
+MAX_BLOCK_DIM = 1 << 20
+MAX_SHARED = 1 << 30
 
 KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT = 1, 2, 3
 SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL, SPACE_PARAM, SPACE_PARAM_STORE = 0, 1, 2, 3, 4

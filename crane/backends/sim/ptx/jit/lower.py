@@ -232,6 +232,12 @@ class KernelLowering:
         # the save area holds only registers live across some barrier
         self.live = live_after(fn) if self.has_bar else {}
         self.remat, self.prefix = rematerializable(fn.body or []) if self.has_bar else ({}, [])
+        self.x_uniform = x_uniform(fn.body or [], self.prefix)
+        self.sym_shared = self.symbol_slots()
+        self.sym_slots = sorted(self.sym_shared)
+        self.safe_ptr = False  # the access being lowered has an always-valid pointer
+        self.addr_uniform = False  # and its address is the same for every lane of a row
+        self._dom: _Dominance | None = None
         # registers other lanes' shfl read: in the save area at every stop, never recomputed
         self.keep = frozenset(shfl_sources(fn))
         self.live = keep_live(fn, self.live, self.keep, lambda s: s.opcode.split(".")[0] in _STOPS)
@@ -274,7 +280,9 @@ class KernelLowering:
             fast = None
         self.step = scalar_step
         if self.has_warp:
-            self.settle = build_settle(self, _INVARIANT, _INVARIANT.index(L.NTID))
+            self.settle = build_settle(
+                self, _INVARIANT + tuple(self.sym_slots), _INVARIANT.index(L.NTID)
+            )
         self.build_lookup()
         self.build_driver()
         return Lowered(
@@ -410,7 +418,8 @@ class KernelLowering:
         regs = list(fn.regs)
         fixed = [I64P, I32, I32, I32, I32, I32, I32, I32, I8P, I64P]
         extra = [I64] * (2 * self.nsites) if self.fast else []
-        sty = ir.FunctionType(I32, fixed + [I64] * len(_INVARIANT) + extra)
+        nsym = len(self.sym_slots)
+        sty = ir.FunctionType(I32, fixed + [I64] * (len(_INVARIANT) + nsym) + extra)
         step = ir.Function(self.mod, sty, name)
         step.linkage = "internal"
         # the scalar form of a kernel with vectorized regions is called from two places (the
@@ -424,13 +433,16 @@ class KernelLowering:
         ctx, resume, tx, ty_, tz, cx, cy, cz, shared, save = step.args[: len(fixed)]
         ninv = len(fixed) + len(_INVARIANT)
         self.inv = dict(zip(_INVARIANT, step.args[len(fixed) : ninv], strict=True))
-        self.site_args = step.args[ninv:]
+        syms = step.args[ninv : ninv + nsym]
+        self.sym_args = dict(zip(self.sym_slots, syms, strict=True))
+        self.site_args = step.args[ninv + nsym :]
         self.ctx, self.shared, self.save = ctx, shared, save
         self.resume_arg = resume
         self.tid = (tx, ty_, tz)
         self.ctaid = (cx, cy, cz)
         entry = self.entry = step.append_basic_block("entry")
         self._params: dict[tuple[int, int], ir.Instruction] = {}
+        self._syms: dict[int, ir.Instruction] = {}
         b = self.b = ir.IRBuilder(entry)
         self.regs: dict[int, ir.AllocaInstr] = {}
         for r in regs:
@@ -556,6 +568,18 @@ class KernelLowering:
             for s in body
             if isinstance(s, Instr) and s.opcode.split(".")[0] in _STOPS
         ]
+
+    def uniform_here(self, uid: int) -> bool:
+        """Whether register ``uid`` holds its x-uniform value (:func:`x_uniform`) at the
+        instruction being lowered: its one definition dominates it."""
+        at = self.x_uniform.get(uid)
+        if at is None or self.ins is None:
+            return False
+        if self._dom is None:
+            self._dom = _Dominance(self.fn.body or [])
+            self._index = {id(s): i for i, s in enumerate(self.fn.body or [])}
+        here = self._index.get(id(self.ins))
+        return here is not None and at != here and self._dom.dominates(at, here)
 
     def save_offset(self, uid: int):
         """Where register ``uid`` of this lane lies from the lane's save pointer (the area's
@@ -727,9 +751,64 @@ class KernelLowering:
         slot = self.slot_of(var)
         if slot is None:
             raise self.refuse(f"the address of .{var.space} variable {name}")
-        b = self.b
-        sv = self.ctx_ptr(L.SYMVALS, I64P)
-        return b.load(b.gep(sv, [ir.Constant(I64, slot)]))
+        got = self.sym_args.get(slot)  # loaded by the driver (symbol_slots)
+        if got is not None:
+            return got
+        v = self._syms.get(slot)
+        if v is not None:
+            return v
+        # loaded once in the lane's entry block (the slot is in the array)
+        eb = ir.IRBuilder(self.entry)
+        eb.position_before(self.entry.terminator)
+        sv = eb.inttoptr(self.inv[L.SYMVALS], I64P)
+        v = self._syms[slot] = self.symbol_load(eb, sv, slot, var.space == "shared")
+        return v
+
+    def symbol_slots(self) -> dict[int, bool]:
+        """The symbol slots the kernel's instructions name (module and shared variables),
+        each with whether it is a shared variable's offset."""
+        out: dict[int, bool] = {}
+
+        def names(op):
+            if (
+                isinstance(op, tuple)
+                and len(op) == 2
+                and op[0] == "name"
+                and isinstance(op[1], str)
+            ):
+                yield op[1]
+            elif isinstance(op, (tuple, list)):
+                for o in op:
+                    yield from names(o)
+
+        for s in self.fn.body or []:
+            if not isinstance(s, Instr) or not isinstance(s.operands, list) or s.scope is None:
+                continue
+            for name in names(s.operands):
+                var = s.scope.var(name)
+                if var is None or var.space == "param":
+                    continue
+                slot = self.slot_of(var)
+                if slot is not None:
+                    out[slot] = var.space == "shared"
+        return out
+
+    def symbol_load(self, b: ir.IRBuilder, sv, slot: int, shared: bool):
+        """Symbol value ``slot`` from the launch's array ``sv``: invariant while the launch
+        runs; a shared variable's offset bounded (``!range``)."""
+        v = b.load(b.gep(sv, [ir.Constant(I64, slot)]))
+        v.set_metadata("invariant.load", self.mod.add_metadata([]))
+        if shared:
+            # an offset in the block's shared memory, which the runner keeps below
+            # MAX_SHARED: with the lane's bounded %tid, LLVM proves 32-bit shared addresses
+            # (sh + 4 * tid.x) do not wrap, so the vector forms access them contiguously
+            # instead of gathering
+            v.set_metadata("range", self.range_md(0, L.MAX_SHARED))
+        return v
+
+    def range_md(self, lo: int, hi: int):
+        """``!range`` metadata [lo, hi) for an i64 load."""
+        return self.mod.add_metadata([ir.Constant(I64, lo), ir.Constant(I64, hi)])
 
     def put(self, op, t: PtxType, v) -> None:
         """Write value ``v`` (of PTX type ``t``) to destination register ``op``."""
@@ -750,6 +829,7 @@ class KernelLowering:
 
     # ---- dispatch -------------------------------------------------------------------------
     def lower(self, ins: Instr) -> None:
+        self.safe_ptr = self.addr_uniform = False
         if isinstance(ins.operands, Exception):
             raise self.refuse("unparsable operands")
         op, types, mods = _split(ins.opcode)
@@ -856,16 +936,18 @@ class KernelLowering:
             out.append(v)
         return out
 
-    def shared_ptr(self, off, nbytes: int, gen_base: int):
+    def shared_ptr(self, off, nbytes: int, gen_base: int, direct: bool = False):
         """Check a shared access at window offset ``off`` (i64) like the interpreter's shared
-        window: inside the block's shared size, then aligned."""
+        window: inside the block's shared size, then aligned. ``direct``: the pointer is
+        the access's own (a ``.shared`` access, not one route of a generic address)."""
         b = self.b
         size = self.ctx_word(L.SHARED_SIZE)
         if self.fast:
             # the vectorized form takes plain offsets only (an address that is an affine
             # function of the lane stays one, so LLVM makes contiguous accesses of it): any
             # other, a rank-tagged one included, fails the check and the lane runs scalar
-            if not self.commit:
+            uniform = self.addr_uniform and direct
+            if not self.commit or uniform:
                 bad = b.or_(
                     b.icmp_signed("<", off, c64(0)),
                     b.icmp_signed(">", b.add(off, c64(nbytes)), size),
@@ -873,6 +955,13 @@ class KernelLowering:
                 if nbytes > 1:
                     bad = b.or_(bad, b.icmp_unsigned("!=", b.and_(off, c64(nbytes - 1)), c64(0)))
                 self.fault_if(bad, off, L.KIND_ILLEGAL, nbytes, L.SPACE_SHARED)
+            if uniform:
+                # the same address for every lane of the vector loop (As[ty][k] in a tiled
+                # matmul): a failed check reads offset 0 instead (the buffer has at least 16
+                # bytes; the lane's result is discarded anyway), so the load needs no
+                # condition and LLVM loads it once per vector instead of gathering it
+                self.safe_ptr = True
+                off = b.select(bad, c64(0), off)
             return b.gep(self.shared, [off])
         # a .shared::cluster address tagged with rank 0 (bit 24: rank + 1) is the CTA's own
         # shared memory: outside cluster launches every CTA is rank 0 of its own cluster
@@ -897,6 +986,7 @@ class KernelLowering:
             raise self.refuse("expected an address")
         base, off = op[1], op[2]
         b = self.b
+        self.addr_uniform = base[0] in ("int", "name")
         if base[0] == "int":
             return "value", c64((base[1] + off) & (2**64 - 1))
         if base[0] == "name":
@@ -910,6 +1000,7 @@ class KernelLowering:
                 return "param", o + off
             return "value", b.add(self.symbol(base[1]), c64(off))
         r = self.regdecl(base[1])
+        self.addr_uniform = self.uniform_here(r.uid)
         v = b.load(self.regs[r.uid])
         if r.type.kind == "pred":
             raise self.refuse("predicate as an address")
@@ -923,7 +1014,7 @@ class KernelLowering:
                 raise self.refuse("st.const")
             return self.global_ptr(addr, nbytes)
         if space == "shared":
-            return self.shared_ptr(addr, nbytes, SHARED_WINDOW)
+            return self.shared_ptr(addr, nbytes, SHARED_WINDOW, direct=True)
         if space == "local":
             return local_ptr(self, addr, nbytes)
         # generic: the shared window is routed to shared memory, the local and param windows
@@ -1047,10 +1138,20 @@ class KernelLowering:
         b = ir.IRBuilder(f.append_basic_block("entry"))
 
         def word(slot):
-            return b.load(b.gep(ctx, [c64(slot)]))
+            v = b.load(b.gep(ctx, [c64(slot)]))
+            if L.NTID <= slot < L.NTID + 3:  # the runner never runs larger blocks compiled
+                v.set_metadata("range", self.range_md(1, L.MAX_BLOCK_DIM + 1))
+            return v
 
         d = _Driver(f, b, ctx, word)
         d.inv = [word(slot) for slot in _INVARIANT]
+        # the symbol values the kernel reads, loaded once per call and passed like the
+        # invariant words: loaded in the lane's code, LLVM sinks them into the branches that
+        # use them, where the lane loops cannot hoist them (addresses computed from them
+        # then vary per lane: gathers and scatters)
+        sv = b.inttoptr(word(L.SYMVALS), I64P)
+        for slot in self.sym_slots:
+            d.inv.append(self.symbol_load(b, sv, slot, self.sym_shared[slot]))
         gx, gy = word(L.GRID), word(L.GRID + 1)
         d.ntid = (word(L.NTID), word(L.NTID + 1), word(L.NTID + 2))
         d.shared = b.inttoptr(word(L.SHARED), I8P)
@@ -1452,6 +1553,37 @@ def rematerializable(body) -> tuple[dict[int, frozenset[int]], list]:
             remat[r.uid] = frozenset(deps)
             prefix.append((s, r.uid))
     return remat, prefix
+
+
+#: special registers with the same value for every lane of a vector loop over %tid.x
+_X_INVARIANT_SPECIALS = frozenset(
+    {"%tid.y", "%tid.z", "%ntid.x", "%ntid.y", "%ntid.z"}
+    | {"%ctaid.x", "%ctaid.y", "%ctaid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z"}
+)
+
+
+def x_uniform(body, prefix) -> dict[int, int]:
+    """Of the rematerializable registers (``prefix``, :func:`rematerializable`), those whose
+    value does not depend on %tid.x (nor on %laneid or the like): the same for every lane of
+    a row of the block, so for every lane of a vector loop over x. Returns ``{uid: index
+    of its one definition}`` (a use is uniform only where that definition dominates it)."""
+    index = {id(s): i for i, s in enumerate(body)}
+    out: dict[int, int] = {}
+    by_name: dict[str, int] = {}
+    for ins, uid in prefix:
+        ops = ins.operands
+        ok = True
+        for o in ops[1:]:
+            for name in _reg_names(o):
+                if name in SPECIAL_GEOM:
+                    ok = ok and name in _X_INVARIANT_SPECIALS
+                else:
+                    ok = ok and by_name.get(name) in out
+        dest = ops[0][1]
+        if ok:
+            by_name[dest] = uid
+            out[uid] = index[id(ins)]
+    return out
 
 
 class _Dominance:

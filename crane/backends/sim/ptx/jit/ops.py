@@ -483,6 +483,12 @@ def _ldst_predicated(k: KernelLowering, base, vals, t: PtxType, store: bool) -> 
         srcs = [_st_value(k, v, t) for v in vals]
         if not k.commit:  # the checking pass stores nothing
             return
+    if not store and k.safe_ptr:  # valid whatever the checks said: loaded unconditionally
+        for i, v in enumerate(vals):
+            x = b.load(b.bitcast(b.gep(base, [c64(i * size)]), it.as_pointer()))
+            if not (v[0] == "reg" and v[1] == "_"):
+                _ld_put(k, v, t, x)
+        return
     go = k.step.append_basic_block("access")
     join = k.step.append_basic_block("accessed")
     came = b.block

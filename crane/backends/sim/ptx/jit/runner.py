@@ -3,8 +3,9 @@
 The grid's blocks are split into one contiguous range per core, run by a thread pool (ctypes
 releases the GIL during the native call), each range in chunks of blocks, so a launch with a
 deadline is also checked between chunks; inside a chunk the compiled code polls a stop flag at
-every backward branch, which a timer thread sets when the deadline passes. Within a range the
-blocks run one after the other (a block's lanes, region by region, then the next block).
+every backward branch, which the watchdog thread (:mod:`.watchdog`) sets when the deadline
+passes. The first range runs on the calling thread. Within a range the blocks run one after
+the other (a block's lanes, region by region, then the next block).
 Blocks are independent in CUDA's model but for atomics (compiled as real atomic instructions,
 :mod:`.ops_atomic`; the compiler refuses the ``.volatile`` and acquire/release accesses through
 which blocks may wait on each other), so running them at once is a legal schedule.
@@ -27,6 +28,7 @@ from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
 from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
+from . import buffers, watchdog
 from . import layout as L
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
@@ -57,25 +59,49 @@ def run_compiled(
         workers = 1
     bounds = [geo.blocks * i // workers for i in range(workers + 1)]
     ranges = [(bounds[i], bounds[i + 1]) for i in range(workers)]
-    strides = (shared_stride, local_stride)
-    parts = [_Part(ck, geo, memory, kparams, symvals, starts, ends, strides) for _ in ranges]
+    # the context words every core's share has in common, filled once
+    head = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
+    head[L.LOCAL_SIZE] = local_stride
+    head[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
+    head[L.MEM_BUF] = memory.buf.ctypes.data
+    head[L.MEM_BASE] = memory.base
+    head[L.ALLOC_STARTS] = starts.ctypes.data
+    head[L.ALLOC_ENDS] = ends.ctypes.data
+    head[L.NALLOC] = len(starts)
+    head[L.KPARAMS] = kparams.ctypes.data
+    head[L.SHARED_SIZE] = shared_stride
+    head[L.SYMVALS] = symvals.ctypes.data
+    head[L.GRID : L.GRID + 3] = geo.grid
+    head[L.NTID : L.NTID + 3] = geo.block
+    keep = (starts, ends, symvals, kparams)  # alive while the code runs
+    sizes = (
+        max(shared_stride, 16),
+        geo.threads * max(ck.nregs, 1),  # as many words as the driver clears: one per lane
+        max(geo.threads, 1),  # at least, even with no register live
+        max(geo.threads * local_stride, 16),
+    )
+    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in ranges]
     timer = None
-    if deadline is not None:
-        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _stop, (parts,))
-        timer.daemon = True
-        timer.start()
+    if deadline is not None:  # one watchdog thread for all launches (a Timer costs ~40 µs)
+        timer = watchdog.watch(deadline, lambda: _stop(parts))
     try:
-        if workers == 1:
-            faults = [parts[0].run(*ranges[0], deadline)]
-        else:
-            pool = _pool()
-            futs = [
-                pool.submit(p.run, a, z, deadline) for p, (a, z) in zip(parts, ranges, strict=True)
-            ]
-            faults = [f.result() for f in futs]
+        # the calling thread runs the first range itself (ctypes releases the GIL): one
+        # thread hand-off fewer per launch
+        pool = _pool() if workers > 1 else None
+        futs = [
+            pool.submit(p.run, a, z, deadline)
+            for p, (a, z) in zip(parts[1:], ranges[1:], strict=True)
+        ]
+        faults = [None]
+        try:
+            faults[0] = parts[0].run(*ranges[0], deadline)
+        finally:  # the other ranges end before their buffers go back to the pool
+            faults += [f.result() for f in futs]
     finally:
         if timer is not None:
-            timer.cancel()
+            watchdog.cancel(timer)
+        for p in parts:
+            buffers.give(p.bufs)
     for f in faults:
         if f is not None:
             raise f
@@ -105,40 +131,21 @@ def _pool() -> ThreadPoolExecutor:
 class _Part:
     """One core's share of a launch: its context words and the buffers they point at."""
 
-    def __init__(self, ck, geo, memory, kparams, symvals, starts, ends, strides) -> None:
-        t = geo.threads
-        shared_stride, local_stride = strides
+    def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep) -> None:
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
-        ctx = self.ctx = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
-        shared = np.zeros(max(shared_stride, 16), np.uint8)
-        # as many words as the driver clears: at least one per lane, even with no register live
-        save = np.zeros(t * max(ck.nregs, 1), np.int64)
-        resume = np.zeros(max(t, 1), np.int32)
-        # every lane's local area (zeroed by the driver when a block starts)
-        local = np.zeros(max(t * local_stride, 16), np.uint8)
-        self._keep = (starts, ends, shared, save, resume, symvals, kparams, local)  # alive
-        ctx[L.LOCAL] = local.ctypes.data
-        ctx[L.LOCAL_SIZE] = local_stride
-        ctx[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
-        ctx[L.MEM_BUF] = memory.buf.ctypes.data
-        ctx[L.MEM_BASE] = memory.base
-        ctx[L.ALLOC_STARTS] = starts.ctypes.data
-        ctx[L.ALLOC_ENDS] = ends.ctypes.data
-        ctx[L.NALLOC] = len(starts)
-        ctx[L.KPARAMS] = kparams.ctypes.data
-        ctx[L.SHARED] = shared.ctypes.data
-        ctx[L.SHARED_SIZE] = shared_stride
-        ctx[L.SYMVALS] = symvals.ctypes.data
-        ctx[L.GRID : L.GRID + 3] = geo.grid
-        ctx[L.NTID : L.NTID + 3] = geo.block
-        ctx[L.SAVE] = save.ctypes.data
-        ctx[L.RESUME] = resume.ctypes.data
+        self._keep = keep
+        ctx = self.ctx = head.copy()
+        # shared memory, save area, resume words and every lane's local area: the driver
+        # clears each before a block uses it, so a pooled set serves (jit/buffers.py)
+        bufs = self.bufs = buffers.take(*sizes)
+        ctx[L.SHARED], ctx[L.SAVE], ctx[L.RESUME], ctx[L.LOCAL] = bufs.addrs
 
     def run(self, begin: int, end: int, deadline) -> KernelFault | None:
         """Blocks [begin, end) in calls of about LANES_PER_CALL lanes; the fault, if any."""
         ck, ctx, geo = self.ck, self.ctx, self.geo
-        # the vectorizable form takes 1-D blocks (the lane index is %tid.x)
-        fn = ck.fast if ck.fast is not None and geo.block[1] == geo.block[2] == 1 else ck.fn
+        # the vectorizable form takes 1-D blocks (the lane index is %tid.x); the caller made
+        # sure the general driver is compiled for any other (jit.compiled_kernel)
+        fn = ck.entry_for(geo.block)
         per_call = max(1, LANES_PER_CALL // max(geo.threads, 1))
         ptr = ctx.ctypes.data
         for first in range(begin, end, per_call):
