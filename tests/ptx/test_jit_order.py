@@ -20,6 +20,7 @@ import pytest
 from ptxdev import Ptr
 
 from crane.backends.sim.ptx import jit, load_ptx
+from crane.backends.sim.ptx.jit import lower
 
 HEAD = """
 .version 8.0
@@ -355,3 +356,39 @@ def test_bar_red_reduces_over_the_lanes_that_arrive(dev):
     got = dev.download(out, 4 * 128, np.uint32).reshape(128, 4)
     assert (got[:90, 1] == 0).all() and (got[:90, 2] == 0).all()
     assert "bar_red" in _compiled()
+
+
+def _many_collectives(n: int, name: str) -> str:
+    body = "\n".join(f"    activemask.b32 %r{2 + i % 2};" for i in range(n))
+    return (
+        HEAD
+        + f"""
+.visible .entry {name}(.param .u64 out)
+{{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+{body}
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r2;
+    ret;
+}}
+"""
+    )
+
+
+def test_kernels_with_very_many_warp_collectives_run_interpreted(dev, caplog):
+    """Each collective stops every lane compiled; CUB's onesweep (239 of them) ran slower
+    compiled than interpreted, so past MAX_WARP_SITES the kernel stays interpreted."""
+    n = lower.MAX_WARP_SITES
+    with caplog.at_level(logging.INFO, logger="crane.sim.ptx.jit"):
+        for count, name in ((n, "few_collectives"), (n + 1, "many_collectives")):
+            out = dev.zeros(64, np.uint32)
+            prog = load_ptx(_many_collectives(count, name))
+            dev.launch(prog, name, 1, 64, [Ptr(out)])
+            assert dev.download(out, 64, np.uint32).tolist() == [0xFFFFFFFF] * 64
+    assert "few_collectives" in _compiled()
+    lines = [r.getMessage() for r in caplog.records if "many_collectives" in r.getMessage()]
+    assert any(f"{n + 1} warp-level instructions" in x for x in lines), lines

@@ -36,6 +36,7 @@ saturates with NaN → 0, ``.approx`` division/reciprocal/square root are IEEE-r
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from llvmlite import ir
@@ -1427,6 +1428,14 @@ class KernelLowering:
         b.branch(rh)
 
 
+#: kernels with more warp-level instructions than this run interpreted. Each one stops every
+#: lane (:mod:`.warp`: its live registers saved, the warp settled, the registers restored), and
+#: the interpreter runs a collective for all lanes at once: CUB's onesweep radix sort kernel
+#: (239 of them, unrolled block-wide ranking with ``vote.ballot``/``match``) ran 2.5-3x slower
+#: compiled (0.30 s against 0.11 s for 16 tiles of 8064 keys) and took ~18 s to compile.
+#: ``CRANE_PTX_JIT_MAX_WARP_SITES`` overrides it (to measure such kernels compiled)
+MAX_WARP_SITES = 64
+
 #: a lane's resume word after the vectorized form could not finish it: this plus its region
 _REDO = 1 << 24
 
@@ -1613,6 +1622,14 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
     waited = spin_wait(fn)
     if waited is not None:  # lanes run one after another here: a wait on a later lane hangs
         raise Refusal(f"a spin-wait on `{waited.text}`", waited.line)
+    sites = sum(1 for s in fn.body if isinstance(s, Instr) and is_warp_stop(s))
+    most = int(os.environ.get("CRANE_PTX_JIT_MAX_WARP_SITES", MAX_WARP_SITES))
+    if sites > most:
+        raise Refusal(
+            f"{sites} warp-level instructions (more than {most}: each stops every "
+            "lane, and so many make the kernel slower compiled than interpreted)",
+            fn.line,
+        )
     fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.declare_lookup()
