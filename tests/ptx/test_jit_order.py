@@ -129,6 +129,43 @@ $MEET:
     )
 
 
+#: lane 0 waits for lane 40's flag while the rest of its warp waits at a ballot (the warp may
+#: not be settled without lane 0: the ballot would miss its bit); every lane stores the ballot
+WAIT_AT_BALLOT = (
+    HEAD
+    + """
+.visible .entry wait_ballot(.param .u64 flag, .param .u64 res)
+{
+    .reg .pred %p<5>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd4, [res];
+    mov.u32 %r1, %tid.x;
+    setp.eq.s32 %p1, %r1, 0;
+    @%p1 bra $WAIT;
+    setp.ne.s32 %p2, %r1, 40;
+    @%p2 bra $MEET;
+    mov.u32 %r3, 1;
+    st.volatile.global.u32 [%rd1], %r3;
+    bra.uni $MEET;
+$WAIT:
+    ld.volatile.global.u32 %r4, [%rd1];
+    setp.eq.s32 %p3, %r4, 0;
+    @%p3 bra $WAIT;
+$MEET:
+    and.b32 %r5, %r1, 5;
+    setp.ne.s32 %p4, %r5, 0;
+    vote.sync.ballot.b32 %r6, %p4, -1;
+    @%p1 or.b32 %r6, %r6, %r4;
+    mul.wide.u32 %rd5, %r1, 4;
+    add.s64 %rd6, %rd4, %rd5;
+    st.global.u32 [%rd6], %r6;
+    ret;
+}
+"""
+)
+
 #: each block takes a ticket (its place in the chain) with an atomic, waits until the block
 #: before it in the chain published, and publishes its own total: flags[i] = 1 + ... + (i+1),
 #: with bit 31 set as "published" (CUB's look-back marks its partials so)
@@ -305,6 +342,16 @@ def test_a_wait_on_a_later_lane_of_the_block_compiles_and_finishes(dev, load, st
         # no lane passed the barrier before lane 0 had written out[0]
         assert dev.download(res, 64, np.uint32).tolist() == [42] * 64
     assert name in _compiled()
+
+
+def test_a_waiting_lane_holds_its_warps_collective(dev):
+    prog = load_ptx(WAIT_AT_BALLOT)
+    flag, res = dev.zeros(1, np.uint32), dev.zeros(64, np.uint32)
+    dev.launch(prog, "wait_ballot", 1, 64, [Ptr(flag), Ptr(res)], deadline=time.monotonic() + 60)
+    ballot = sum(1 << i for i in range(32) if i & 5)
+    want = [ballot | 1] + [ballot] * 63  # lane 0 ors in the flag it saw
+    assert dev.download(res, 64, np.uint32).tolist() == want
+    assert "wait_ballot" in _compiled()
 
 
 def _chain_expected(n: int) -> list[int]:
