@@ -439,3 +439,35 @@ def test_kernels_with_very_many_warp_collectives_run_interpreted(dev, caplog):
     assert "few_collectives" in _compiled()
     lines = [r.getMessage() for r in caplog.records if "many_collectives" in r.getMessage()]
     assert any(f"{n + 1} warp-level instructions" in x for x in lines), lines
+
+
+@pytest.mark.parametrize("tiles", [1, 37])
+def test_nvcc_decoupled_lookback_scan_runs_compiled(dev, program, arch, tiles, monkeypatch):
+    """kernels/lookback.cu: nvcc's own volatile look-back (ld/st.volatile.global.u64,
+    membar.gl), blocks ordered by an atomic ticket; checked against NumPy and, for one tile,
+    in diff mode byte for byte against the interpreter. More tiles run compiled only: the
+    interpreter does not finish them (a block spinning at a lower program point than the
+    publishing block's store starves it; CUDA_ERROR_LAUNCH_TIMEOUT at 120 s with 3 tiles)."""
+    if tiles > 1:
+        monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = program("lookback", arch)
+    n = 512 * tiles - (100 if tiles > 1 else 0)
+    vals = np.random.default_rng(tiles).integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    src, out = dev.upload(vals), dev.zeros(n, np.uint32)
+    ticket, status = dev.zeros(1, np.uint32), dev.zeros(tiles, np.uint64)
+    args = [Ptr(src), Ptr(out), np.int32(n), Ptr(ticket), Ptr(status)]
+    dev.launch(prog, "lookback_scan", tiles, 128, args, deadline=time.monotonic() + 120)
+    want = np.cumsum(vals.astype(np.uint64)).astype(np.uint32)
+    assert np.array_equal(dev.download(out, n, np.uint32), want)
+    assert "lookback_scan" in _compiled()
+
+
+def test_nvcc_warp_synchronous_sum_runs_interpreted(dev, program, arch, caplog):
+    prog = program("lookback", arch)
+    vals = np.random.default_rng(3).integers(0, 1000, 64 * 5, dtype=np.uint32)
+    src, out = dev.upload(vals), dev.zeros(5, np.uint32)
+    with caplog.at_level(logging.INFO, logger="crane.sim.ptx.jit"):
+        dev.launch(prog, "warp_sync_sum", 5, 64, [Ptr(src), Ptr(out)])
+    assert dev.download(out, 5, np.uint32).tolist() == vals.reshape(5, 64).sum(1).tolist()
+    refused = dict(jit.stats()["refused"])
+    assert ".volatile shared access" in refused["warp_sync_sum"]
