@@ -1,4 +1,4 @@
-"""Spin-waits on atomics, which the compiled schedule cannot run: found before lowering.
+"""Spin-waits, found before lowering: on atomics refused, on ordered loads given yield points.
 
 Why: compiled, the lanes of a block run one after another up to their next barrier (see
 :mod:`.lower`), so a lane that loops until an atomic returns what a *later* lane of its own
@@ -28,8 +28,9 @@ warp with a yielded lane is not settled, :mod:`.warp`), and the lane goes on fro
 head in the next round. A producer in the same block therefore runs; one in another block is
 waited for round after round, the branch back checking the launch's stop flag (a launch with
 a time limit ends with CUDA_ERROR_LAUNCH_TIMEOUT, as interpreted, if nothing ever comes).
-Atomics keep the refusal above: a yield per retry of a compare-and-swap loop would cost more
-than it earns.
+Atomics keep the refusal above (their loops could take yield points the same way; not done:
+the suite's compare-and-swap retry loops are checked against the interpreter's lane order,
+which the yields' rounds would change).
 """
 
 from __future__ import annotations
