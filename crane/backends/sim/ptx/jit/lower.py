@@ -11,12 +11,14 @@ gets a vectorizable form, run when every lane of the block waits at its start: a
 lanes (x innermost) in the checking/committing two-pass scheme of the barrier-free fast form
 (one pass if the region stores nothing), the registers saved across barriers register-major so
 the lanes' saves are contiguous; a lane that failed a check runs the region again, scalar.
-Lanes of a warp do *not* run in lockstep here, so kernels that rely on it
-(``.volatile`` shared-memory accesses, the warp-synchronous idiom) are refused, as is
-everything outside the covered instruction set: the caller then runs the kernel interpreted
+Lanes of a warp do *not* run in lockstep here, so kernels that rely on it (``.volatile``
+shared-memory accesses, the warp-synchronous idiom; :mod:`.ops_order`) are refused, as is everything
+outside the covered instruction set: the caller then runs the kernel interpreted
 (:class:`Refusal` names the instruction and PTX line). Warp-level instructions (shuffle, vote,
 redux, match, activemask, ``bar.warp.sync``) end regions too, as barriers scoped to the warp
-(:mod:`.warp`); a kernel with them runs its rounds scalar.
+(:mod:`.warp`); a kernel with them runs its rounds scalar. Loops that wait on an ordered load
+get a yield point on their branch back (:mod:`.spin`), a stop after which the block loop's
+rounds run only the yielded lanes; ``bar.red`` is a barrier that reduces (:mod:`.ops_barred`).
 
 Every memory access is checked the interpreter's way in the generated code: global addresses
 against the session's allocation table (a per-site cache of the last allocation hit, then a
@@ -34,6 +36,7 @@ saturates with NaN → 0, ``.approx`` division/reciprocal/square root are IEEE-r
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from llvmlite import ir
@@ -74,11 +77,14 @@ from .local import local_ptr, uses_local, zero_block_locals
 from .named_regs import resolve_named_regs
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
+from .ops_barred import NRED, is_bar_red
+from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
-from .spin import spin_wait
+from .spin import YIELD_OP, spin_wait, with_yields
 from .warp import (
     NSCRATCH,
     WARP_OPS,
+    YIELD,
     build_settle,
     call_settle,
     is_warp_stop,
@@ -90,7 +96,7 @@ from .warp import (
 __all__ = ["KernelLowering", "Lowered", "lower_kernel"]
 
 #: instructions that end a lane's region: block barriers and warp-level ones (:mod:`.warp`)
-_STOPS = frozenset({"bar", "barrier"}) | WARP_OPS
+_STOPS = frozenset({"bar", "barrier", YIELD_OP}) | WARP_OPS
 
 #: context words that stay the same for a whole call: the driver loads them once and passes
 #: them to the lane's code as arguments (so no store in the kernel can make them reload)
@@ -112,7 +118,8 @@ _INVARIANT = (
 
 #: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
 #: relaxed accesses): the interpreter's list without the ones through which threads or blocks
-#: wait on each other (``.volatile``, acquire/release ordering), which are refused
+#: wait on each other (``.volatile``, acquire/release ordering), which only ld/st take
+#: (:mod:`.ops_order`); ``.relaxed`` stays here for atomics (ld/st make it an atomic access)
 _IGNORED = IGNORED_MODS - {"volatile", "acquire", "release", "acq_rel", "sc", "mmio", "unified"}
 
 
@@ -195,6 +202,9 @@ class KernelLowering:
         self.has_bar = any(isinstance(s, Instr) and s.opcode.split(".")[0] in _STOPS for s in body)
         #: warp-level instructions stop lanes for their warp (:mod:`.warp`)
         self.has_warp = any(isinstance(s, Instr) and is_warp_stop(s) for s in body)
+        self.has_red = any(is_bar_red(s) for s in body)
+        #: yield points (:mod:`.spin`): the block loop's rounds after one run yielded lanes only
+        self.has_yield = any(isinstance(s, Instr) and s.opcode == YIELD_OP for s in body)
         self.warp_sites: list = []
         self._intrinsics: dict[str, ir.Function] = {}
         self._pcs: dict[int, int] = {}
@@ -246,7 +256,9 @@ class KernelLowering:
         saved = sorted(set().union(*self.live_at_barriers()))
         self.reg_index = {uid: i for i, uid in enumerate(saved)}
         self.nsave_regs = len(saved)
-        self.nsave = len(saved) + (NSCRATCH if self.has_warp else 0)
+        #: bar.red's scratch words (:mod:`.ops_barred`) follow the warp-level ones
+        self.red_base = len(saved) + (NSCRATCH if self.has_warp else 0)
+        self.nsave = self.red_base + (NRED if self.has_red else 0)
         self.by_uid = {r.uid: r for r in regs}
         self.fast = False
         self.par_loops: list[tuple[str, str]] = []
@@ -306,7 +318,8 @@ class KernelLowering:
                 seen.add(s.name)
                 continue
             op = s.opcode.split(".")[0]
-            if op in _STOPS or is_atomic(s):  # an atomic loads what it stores
+            if op in _STOPS or is_atomic(s) or is_ordered(s):  # an atomic loads what it
+                # stores; ordered accesses must not be deferred or predicated (:mod:`.ops_order`)
                 return False
             ops = s.operands if isinstance(s.operands, list) else []
             if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):
@@ -335,6 +348,8 @@ class KernelLowering:
         storing: list[int] = []
         for k, start in enumerate([0] + [i + 1 for i in bars]):
             ok, stores = self._region_loop_free(body, labels, start)
+            if ok and k and is_bar_red(body[start - 1]):  # a reduction over the save area
+                ok = False  # at the resume point: the scalar form
             if ok:
                 out.append(k)
                 if stores:
@@ -365,10 +380,10 @@ class KernelLowering:
                     if target is None:
                         return False, False
                     nxt = [target] if s.guard is None else [target, i + 1]
+                elif is_atomic(s) or is_ordered(s):  # the scalar form only
+                    return False, False
                 elif op in ("ld", "st") and ".param" not in s.opcode:
                     kinds[i] = (op, _spaces_of(s.opcode))
-                elif is_atomic(s):  # a load after its own store: the scalar form only
-                    return False, False
             succ[i] = [n for n in nxt if n < len(body)]
             stack.extend(succ[i])
         # a cycle: depth-first search with colours
@@ -1292,6 +1307,8 @@ class KernelLowering:
             self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault)
             b.position_at_end(scalar_round)
             rhead = scalar_round
+        yround = self.yield_round(d, nthreads) if self.has_yield else None
+        rhead = b.block
         # lanes x fastest, then y, then z (the linear thread id order of the interpreter)
         zhead, zbody = f.append_basic_block("z"), f.append_basic_block("zb")
         yhead, ybody = f.append_basic_block("y"), f.append_basic_block("yb")
@@ -1326,7 +1343,13 @@ class KernelLowering:
         if bar:
             rp = b.gep(resume, [t])
             r = b.load(rp)
-            b.cbranch(b.icmp_signed(">=", r, ir.Constant(I32, 0)), lrun, lnext)
+            go = b.icmp_signed(">=", r, ir.Constant(I32, 0))
+            skip_live = live
+            if yround is not None:  # after a yield, only the yielded lanes run
+                go = b.and_(go, b.or_(b.not_(yround), _tagged(b, r, YIELD)))
+                skip_live = b.or_(live, b.icmp_signed(">=", r, ir.Constant(I32, 0)))
+                r = b.and_(r, ir.Constant(I32, ~YIELD))
+            b.cbranch(go, lrun, lnext)
         else:
             r = ir.Constant(I32, 0)
             b.branch(lrun)
@@ -1345,7 +1368,7 @@ class KernelLowering:
         live2 = b.phi(I1)
         live2.add_incoming(now_live, cont)
         if bar:
-            live2.add_incoming(live, xbody)
+            live2.add_incoming(skip_live, xbody)
         if self.has_warp:  # the warp's last lane ran: its warp-level instructions now
             call_settle(self, d, t, nthreads, fault)
         x.add_incoming(b.add(x, c64(1)), b.block)
@@ -1369,6 +1392,28 @@ class KernelLowering:
         b.ret(ir.Constant(I32, 1))
         b.position_at_end(nextblk)
         self.close_driver(d)
+
+    def yield_round(self, d: _Driver, nthreads):
+        """At a scalar round's start: whether some lane of the block is stopped at a yield
+        point (:mod:`.spin`). Such a round runs only those lanes: the others wait at a
+        barrier or a warp collective the yielded ones have not reached yet."""
+        b, f = d.b, d.f
+        start = b.block
+        head, body, done = (f.append_basic_block(x) for x in ("yscan", "yscan_lane", "yscanned"))
+        b.branch(head)
+        b.position_at_end(head)
+        i, anyy = b.phi(I64), b.phi(I1)
+        i.add_incoming(c64(0), start)
+        anyy.add_incoming(ir.Constant(I1, 0), start)
+        b.cbranch(b.icmp_unsigned("<", i, nthreads), body, done)
+        b.position_at_end(body)
+        r = b.load(b.gep(d.resume, [i]))
+        y = b.and_(b.icmp_signed(">=", r, ir.Constant(I32, 0)), _tagged(b, r, YIELD))
+        anyy.add_incoming(b.or_(anyy, y), body)
+        i.add_incoming(b.add(i, c64(1)), body)
+        b.branch(head)
+        b.position_at_end(done)
+        return anyy
 
     def build_vector_rounds(self, d: _Driver, nthreads, rhead, scalar_round, nextblk, fault):
         """At the start of a round (``rhead``): when every lane of the block waits at the
@@ -1484,8 +1529,20 @@ class KernelLowering:
         b.branch(rh)
 
 
+#: kernels with more warp-level instructions than this run interpreted. Each one stops every
+#: lane (:mod:`.warp`: its live registers saved, the warp settled, the registers restored), and
+#: the interpreter runs a collective for all lanes at once: CUB's onesweep radix sort kernel
+#: (239 of them, unrolled block-wide ranking with ``vote.ballot``/``match``) ran 2.5-3x slower
+#: compiled (0.30 s against 0.11 s for 16 tiles of 8064 keys) and took ~18 s to compile.
+#: ``CRANE_PTX_JIT_MAX_WARP_SITES`` overrides it (to measure such kernels compiled)
+MAX_WARP_SITES = 64
+
 #: a lane's resume word after the vectorized form could not finish it: this plus its region
 _REDO = 1 << 24
+
+
+def _tagged(b: ir.IRBuilder, r, tag: int):
+    return b.icmp_unsigned("!=", b.and_(r, ir.Constant(I32, tag)), ir.Constant(I32, 0))
 
 
 class _Driver:
@@ -1697,6 +1754,15 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
     waited = spin_wait(fn)
     if waited is not None:  # lanes run one after another here: a wait on a later lane hangs
         raise Refusal(f"a spin-wait on `{waited.text}`", waited.line)
+    sites = sum(1 for s in fn.body if isinstance(s, Instr) and is_warp_stop(s))
+    most = int(os.environ.get("CRANE_PTX_JIT_MAX_WARP_SITES", MAX_WARP_SITES))
+    if sites > most:
+        raise Refusal(
+            f"{sites} warp-level instructions (more than {most}: each stops every "
+            "lane, and so many make the kernel slower compiled than interpreted)",
+            fn.line,
+        )
+    fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.declare_lookup()
     return k.build()

@@ -18,10 +18,14 @@ from ..ptxtypes import TYPES, PtxType
 from . import layout as L
 from .irtypes import F32, F64, FAULTED, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
 from .ops_atomic import ATOMIC_HANDLERS
+from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_cvt import DIRECTED, int_to_float_directed, narrow_directed
+from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
 from .param import param_ptr
+from .spin import YIELD_OP
+from .warp import YIELD
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -414,10 +418,6 @@ def _space_of(k: KernelLowering, mods) -> str:
     spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
     if len(spaces) > 1:
         raise k.refuse("two state spaces")
-    if mods_has(mods, ("volatile",)):
-        # shared: the warp-synchronous idiom needs lockstep lanes; global: a block may spin on
-        # another block's store, and blocks here run one after the other
-        raise k.refuse(".volatile access")
     return spaces[0] if spaces else "generic"
 
 
@@ -428,8 +428,9 @@ def _ldst(store: bool):
         if t.kind == "pred":
             raise k.refuse("ld/st of .pred")
         space = _space_of(k, mods)
+        order = access_ordering(k, mods, space, store)  # None: a plain access
         vec = [m for m in mods if m in ("v2", "v4")]
-        k.only(mods, ("global", "shared", "param", "const", "local", *vec))
+        k.only(mods, ("global", "shared", "param", "const", "local", *vec, *ORDER_MODS))
         n = int(vec[0][1]) if vec else 1
         if len(ops) != 2:
             raise k.refuse("operand count")
@@ -458,13 +459,21 @@ def _ldst(store: bool):
                 b.store(ir.Constant(ir.IntType(1), 1), k.access_ok)
             base = k.mem_ptr(space, addr, total, store)
         it = ity(t.bits)
+        # the fast form: ordered accesses (:mod:`.ops_order`) are never run in it (the kernel
+        # or region that has one is not vectorized) but are lowered as the plain form
         if k.fast and kind != "param":
             _ldst_predicated(k, base, vals, t, store)
             return
         for i, v in enumerate(vals):
             p = None if base is None else b.bitcast(b.gep(base, [c64(i * size)]), it.as_pointer())
-            if store:
+            if store and order is not None:
+                b.store_atomic(_st_value(k, v, t), p, order, size)
+            elif store:
                 b.store(_st_value(k, v, t), p)
+            elif order is not None and kind != "param":
+                x = b.load_atomic(p, order, size)  # also into `_`: it orders later accesses
+                if not (v[0] == "reg" and v[1] == "_"):
+                    _ld_put(k, v, t, x)
             elif not (v[0] == "reg" and v[1] == "_"):
                 x = k.param_load(addr + i * size, it) if kind == "param" else b.load(p)
                 _ld_put(k, v, t, x)
@@ -582,12 +591,28 @@ def _h_exit(k: KernelLowering, types, mods, ops) -> None:
 
 
 def _h_bar(k: KernelLowering, types, mods, ops) -> None:
+    if "red" in mods:
+        lower_bar_red(k, types, mods, ops, _stop)
+        return
     k.only(mods, ("sync",))
     if "sync" not in mods or len(ops) != 1 or ops[0] != ("int", 0):
         raise k.refuse("barrier form (only bar.sync 0 / barrier.sync 0)")
+    _stop(k, 0)
+
+
+def _h_yield(k: KernelLowering, types, mods, ops) -> None:
+    """The yield point :mod:`.spin` adds at a waiting loop's branch back: a stop like a
+    barrier's, its resume word tagged YIELD so the block loop knows the lane waits on nobody."""
+    _stop(k, YIELD)
+
+
+def _stop(k: KernelLowering, tag: int, arrive=None) -> None:
+    """The lane saves its live registers and returns its resume point (| ``tag``); the code
+    after is the resume point's, which restores them. ``arrive()`` emits what the lane does
+    as it leaves (on the path that returns, once)."""
     b = k.b
     live = k.live[id(k.ins)]
-    nxt = ir.Constant(I32, len(k.resumes) + 1)
+    nxt = ir.Constant(I32, (len(k.resumes) + 1) | tag)
     if k.fast and not k.commit:  # checked up to the barrier: now the committing pass
         k.to_commit()
     if k.fast and not b.block.is_terminated:
@@ -599,9 +624,13 @@ def _h_bar(k: KernelLowering, types, mods, ops) -> None:
         b.position_at_end(no)
         b.ret(ir.Constant(I32, FAULTED))
         b.position_at_end(go)
+        if arrive is not None:
+            arrive()
         k.save_regs(live)
         b.ret(nxt)
     elif not k.fast:
+        if arrive is not None:
+            arrive()
         k.save_regs(live)
         b.ret(nxt)
     blk = k.step.append_basic_block(f"resume{len(k.resumes) + 1}")
@@ -672,9 +701,11 @@ HANDLERS = {
     "exit": _h_exit,
     "bar": _h_bar,
     "barrier": _h_bar,
+    YIELD_OP: _h_yield,
     "rcp": _h_rcp,
     "sqrt": _h_sqrt,
     "rsqrt": _h_rsqrt,
 }
 HANDLERS.update(ATOMIC_HANDLERS)
 HANDLERS.update(BIT_HANDLERS)
+HANDLERS.update(ORDER_HANDLERS)

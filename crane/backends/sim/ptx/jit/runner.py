@@ -6,9 +6,15 @@ deadline is also checked between chunks; inside a chunk the compiled code polls 
 every backward branch, which the watchdog thread (:mod:`.watchdog`) sets when the deadline
 passes. The first range runs on the calling thread. Within a range the blocks run one after
 the other (a block's lanes, region by region, then the next block).
-Blocks are independent in CUDA's model but for atomics (compiled as real atomic instructions,
-:mod:`.ops_atomic`; the compiler refuses the ``.volatile`` and acquire/release accesses through
-which blocks may wait on each other), so running them at once is a legal schedule.
+Blocks are independent in CUDA's model but for atomics and ordered accesses (compiled as real
+atomic instructions, :mod:`.ops_atomic`, :mod:`.ops_order`), so running them at once is a legal
+schedule. A block may wait on another through them (CUB's decoupled look-back spins on counts
+that earlier blocks publish with ``st.volatile``): a block waits only on blocks that started
+before it (an earlier block of its range, which has finished, or a block another core runs) in
+the kernels this is written for, and a loop waiting so yields to its block's other lanes at
+every turn (:mod:`.spin`), so the wait ends when the producer runs. A kernel that waits on a
+block that never starts (a later range, with fewer cores than ranges) would wait for ever on
+a GPU too unless all blocks are resident; the stop flag ends it at the launch's deadline.
 
 A fault recorded by the compiled code becomes the interpreter's :class:`KernelFault`: the same
 CUresult, the same address message (global addresses are re-checked through

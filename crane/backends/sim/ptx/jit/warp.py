@@ -42,6 +42,7 @@ __all__ = [
     "WARP_BAR",
     "WARP_OPS",
     "WARP_STOP",
+    "YIELD",
     "WarpSite",
     "build_settle",
     "call_settle",
@@ -57,6 +58,9 @@ WARP_OPS = frozenset({"shfl", "vote", "redux", "match", "activemask"})
 #: redo tag, above every resume point)
 WARP_STOP = 1 << 20
 WARP_BAR = 1 << 21
+#: resume tag of a lane stopped at a yield point (:mod:`.spin`): a warp with such a lane is
+#: not settled until it has run on (it may be on its way to the warp's collective)
+YIELD = 1 << 22
 #: scratch words per lane after its saved registers: the operand, shfl's b and c, the member
 #: mask, the result and the result predicate
 A, B, C, M, RES, RES2 = range(6)
@@ -287,12 +291,14 @@ def build_settle(k, invariant: tuple, ntid_at: int) -> ir.Function:
     nthreads = b.mul(b.mul(bx, by), bz)
     kmin = b.alloca(I32, name="kmin")
     anybar = b.alloca(I1, name="anybar")
+    anyyield = b.alloca(I1, name="anyyield")
     acc = [b.alloca(I64, name=f"acc{i}") for i in range(3)]
     top = f.append_basic_block("settle")
     b.branch(top)
     b.position_at_end(top)
     b.store(ir.Constant(I32, WARP_STOP), kmin)
     b.store(ir.Constant(I1, 0), anybar)
+    b.store(ir.Constant(I1, 0), anyyield)
 
     def res_of(j):
         return b.gep(resume, [b.add(w0, j)])
@@ -305,10 +311,16 @@ def build_settle(k, invariant: tuple, ntid_at: int) -> ir.Function:
         b.store(b.select(b.and_(at, b.icmp_unsigned("<", pt, cur)), pt, cur), kmin)
         wb = b.and_(b.icmp_signed(">=", r, ir.Constant(I32, 0)), _has(b, r, WARP_BAR))
         b.store(b.or_(b.load(anybar), wb), anybar)
+        wy = b.and_(b.icmp_signed(">=", r, ir.Constant(I32, 0)), _has(b, r, YIELD))
+        b.store(b.or_(b.load(anyyield), wy), anyyield)
 
     s.loop(wn, scan)
     km = b.load(kmin)
     coll, nocoll = f.append_basic_block("collective"), f.append_basic_block("no_collective")
+    fin = f.append_basic_block("settled")
+    decide = f.append_basic_block("decide")
+    b.cbranch(b.load(anyyield), fin, decide)  # a lane yielded: the warp waits for it
+    b.position_at_end(decide)
     b.cbranch(b.icmp_unsigned("<", km, ir.Constant(I32, WARP_STOP)), coll, nocoll)
 
     def word(slot: int, lane):
@@ -375,7 +387,7 @@ def build_settle(k, invariant: tuple, ntid_at: int) -> ir.Function:
     b.branch(top)
     # no collective: release the lanes at bar.warp.sync, or the warp is settled
     b.position_at_end(nocoll)
-    rel, fin = f.append_basic_block("release"), f.append_basic_block("settled")
+    rel = f.append_basic_block("release")
     b.cbranch(b.load(anybar), rel, fin)
     b.position_at_end(rel)
     run_lanes(
