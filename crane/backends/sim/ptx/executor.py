@@ -413,7 +413,11 @@ def _yield_blocks(
     ):
         return False
     n = st.n
-    for k in list(held):  # other blocks set aside earlier: their turn
+    # blocks set aside earlier get their turn only when no block outside them and this one can
+    # run: released at once, two blocks spinning at the same low PC took turns for ever while
+    # the block they waited on sat at a higher PC (a look-back scan's tile 0)
+    fresh = _any_outside(blk, groups.values(), mine | held_blk)
+    for k in [] if fresh else list(held):  # other blocks set aside earlier: their turn
         g = held[k]
         lanes = np.arange(n) if g is None else g
         sel = ~mine[blk[lanes]]
@@ -426,7 +430,8 @@ def _yield_blocks(
             held[k] = rest
         else:
             del held[k]
-    held_blk &= mine
+    if not fresh:
+        held_blk &= mine
     held[key] = merge(held[key], idx, n) if key in held else idx
     held_blk |= mine
     for k in list(groups):
