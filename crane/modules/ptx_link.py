@@ -42,6 +42,12 @@ DRIVER_FUNCTIONS = frozenset(
         "__cudaCDP2LaunchDeviceV2",
         "__cudaCDP2GetLastError",
         "__cudaCDP2PeekAtLastError",
+        "__cudaCDP2StreamCreateWithFlags",
+        "__cudaCDP2StreamDestroy",
+        "__cudaCDP2EventCreateWithFlags",
+        "__cudaCDP2EventRecord",
+        "__cudaCDP2EventDestroy",
+        "__cudaCDP2StreamWaitEvent",
         "cudaGraphSetConditional",
     }
 )

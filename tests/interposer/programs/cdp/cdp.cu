@@ -46,6 +46,28 @@ __global__ void many(int* out, int* codes) {
     }
 }
 
+// each thread launches into a stream it created (cdpSimpleQuicksort's pattern), with an event
+// between; a second destroy, a stream without cudaStreamNonBlocking and an event with timing
+// are refused
+__global__ void own_streams(int* out, int* codes) {
+    int t = threadIdx.x;
+    cudaStream_t s, bad;
+    cudaEvent_t e, timed;
+    int c[8];
+    c[0] = (int)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    child<<<1, 8, 0, s>>>(out, 8 * t, 8);
+    c[1] = (int)cudaGetLastError();
+    c[2] = (int)cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    c[3] = (int)cudaEventRecord(e, s);
+    c[4] = (int)cudaStreamWaitEvent(s, e, 0);
+    c[5] = (int)cudaStreamDestroy(s) + (int)cudaEventDestroy(e);
+    c[6] = (int)cudaStreamDestroy(s);
+    c[7] = (int)cudaStreamCreateWithFlags(&bad, cudaStreamDefault) * 1000 +
+           (int)cudaEventCreateWithFlags(&timed, cudaEventDefault);
+    if (t == 3)
+        for (int k = 0; k < 8; ++k) codes[k] = c[k];
+}
+
 int main() {
     const int n = 256;
     int *out, *result, *errs, *reached, *refused, *bad;
@@ -86,11 +108,22 @@ int main() {
     cudaMemset(out, 0xff, n * sizeof(int));
     many<<<1, 1>>>(out, codes);
     e = cudaDeviceSynchronize();
-    int c[6];
+    int c[6], c8[8];
     cudaMemcpy(c, codes, sizeof c, cudaMemcpyDeviceToHost);
     cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
     printf("pending limit=%s sync=%s codes=%d,%d,%d,%d,%d,%d ran=%d%d%d%d%d%d\n",
            cudaGetErrorString(lim), cudaGetErrorString(e), c[0], c[1], c[2], c[3], c[4], c[5],
            h[0] == 0, h[1] == 1, h[2] == 2, h[3] == 3, h[4] == 4, h[5] == 5);
+    int* sc;
+    cudaMalloc(&sc, 8 * sizeof(int));
+    cudaMemset(out, 0xff, n * sizeof(int));
+    own_streams<<<1, 4>>>(out, sc);
+    e = cudaDeviceSynchronize();
+    cudaMemcpy(c8, sc, sizeof c8, cudaMemcpyDeviceToHost);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    ok = true;
+    for (int i = 0; i < 32; ++i) ok &= h[i] == (i / 8) * 8 + 2 * (i % 8);
+    printf("own streams sync=%s ok=%d codes=%d,%d,%d,%d,%d,%d,%d,%d\n", cudaGetErrorString(e), ok,
+           c8[0], c8[1], c8[2], c8[3], c8[4], c8[5], c8[6], c8[7]);
     return 0;
 }
