@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -181,9 +182,37 @@ def serve(ch: Channel) -> int:
                 server.stop(grace=0.5)
         if ring is not None:
             ring.stop()
-        backend.close()
+        _close_after_the_batch(ws, backend)
         ws.stats.close()
     return 0
+
+
+#: how long a worker whose session ended waits for a batch still running (a long kernel)
+BATCH_WAIT_S = 2.0
+
+
+def _close_after_the_batch(ws: WorkerSession, backend) -> None:
+    """Release the device once no batch runs. Why: closing it unmaps the session's memory, and
+    a kernel still running on a batch thread (its guest killed mid-kernel) then touched unmapped
+    pages: the worker died of SIGSEGV. If the batch does not end within :data:`BATCH_WAIT_S`,
+    the process ends at once instead (the kernel computes for nobody; the exit frees
+    everything it held), without unmapping under the kernel or finalizing what it uses."""
+    if ws.lock.acquire(timeout=BATCH_WAIT_S):
+        try:
+            backend.close()
+        finally:
+            ws.lock.release()
+        return
+    since = ws.busy_since
+    ran = f" for {time.monotonic() - since:.1f} s" if since else ""
+    log.warning(
+        "session %s ended while a call batch was running%s (a long kernel): the worker exits "
+        "without waiting for it",
+        ws.session_id,
+        ran,
+    )
+    logging.shutdown()
+    os._exit(0)
 
 
 def _relay(ch: Channel, ws: WorkerSession, raw: bytes) -> bool:
