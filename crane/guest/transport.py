@@ -32,6 +32,7 @@ import grpc
 from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import Op
+from crane.guest.device_stdout import write_device_output
 from crane.guest.ring_bulk import GuestBulk, unstage
 from crane.guest.ring_calls import RESUMABLE, RingCalls, connect_ring
 from crane.v1 import guest_pb2, guest_pb2_grpc
@@ -583,7 +584,7 @@ class Transport:
     def _absorb(self, batch: guest_pb2.ReplyBatch) -> None:
         stdout = batch.stdout
         if stdout:
-            os.write(1, stdout)
+            write_device_output(stdout)
         before = self.done_seq
         done = batch.done_seq  # (each field read builds an object: read once)
         if done > before:

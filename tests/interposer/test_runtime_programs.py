@@ -50,6 +50,9 @@ def test_runtime_features(program, run_guest) -> None:
     r = run_guest(program("features.cu"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == [
+        "order host",
+        "order device 7",
+        "order after",
         "const y[0]=1.5 y[3]=34.5 back[3]=0.5",
         "smem before_attr=cudaErrorInvalidValue p[0]=255 p[255]=0",
         "2d pitch_ok=1 out[0][0]=0 out[1][2]=71 out[2][4]=142",

@@ -24,7 +24,13 @@ __global__ void rows(float *m, size_t pitch, int w, int h) {
     }
 }
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("FAIL %s: %s\n", #x, cudaGetErrorName(e_)); return 1; } } while (0)
+__global__ void say(int tag) { printf("order device %d\n", tag); }
 int main() {
+    // device printf comes out in order with the host's (stdout is a pipe here: block-buffered)
+    printf("order host\n");
+    say<<<1, 1>>>(7);
+    CK(cudaDeviceSynchronize());
+    printf("order after\n");
     // constant memory
     float c[4] = {1, 2, 3, 0.5f}, hx[8], hy[8];
     for (int i = 0; i < 8; i++) hx[i] = i;
