@@ -11,6 +11,7 @@ import pytest
 from ptxdev import Ptr
 
 from crane.backends.sim.ptx import load_ptx
+from crane.backends.sim.ptx.narrowfp import NARROW, encode
 
 G = np.arange(32) >> 2  # groupID per lane
 T = np.arange(32) & 3  # threadID_in_group per lane
@@ -95,7 +96,7 @@ FORMS = {
         8,
         8,
         16,
-        "s8u8",
+        ("s8", "u8"),
         "s32",
         lambda i: (G, 4 * T + i),
         4,
@@ -108,7 +109,7 @@ FORMS = {
         16,
         8,
         16,
-        "u8s8",
+        ("u8", "s8"),
         "s32",
         lambda i: (G + 8 * (i >= 4), 4 * T + (i % 4)),
         8,
@@ -127,6 +128,32 @@ FORMS = {
         16,
         lambda i: (4 * T + (i % 4) + 16 * (i >= 4), G),
         8,
+        c16,
+        4,
+    ),
+    "m16n8k32.row.col.f32.e4m3.e5m2.f32": (
+        16,
+        8,
+        32,
+        ("e4m3", "e5m2"),
+        "f32",
+        lambda i: (G + 8 * ((i // 4) % 2), 4 * T + (i % 4) + 16 * (i >= 8)),
+        16,
+        lambda i: (4 * T + (i % 4) + 16 * (i >= 4), G),
+        8,
+        c16,
+        4,
+    ),
+    "m16n8k16.row.col.f32.e5m2.e5m2.f32": (
+        16,
+        8,
+        16,
+        "e5m2",
+        "f32",
+        lambda i: (G + 8 * (i >= 4), 4 * T + (i % 4)),
+        8,
+        lambda i: (4 * T + i, G),
+        4,
         c16,
         4,
     ),
@@ -184,12 +211,14 @@ def _bits(x: np.ndarray, ty: str) -> np.ndarray:
         return x.astype(np.float64).view(np.uint64)
     if ty in ("s8", "u8"):
         return (x.astype(np.int64) & 0xFF).astype(np.uint64)
+    if ty in NARROW:
+        return encode(x, NARROW[ty]).astype(np.uint64)
     return (x.astype(np.int64) & 0xFFFFFFFF).astype(np.uint64)
 
 
 def _pack(mat, ty, pos, n):
     """Lane registers (32, regs) holding ``mat`` at the fragment positions ``pos(i)``."""
-    per = {"f16": 2, "bf16": 2, "s8": 4, "u8": 4}.get(ty, 1)
+    per = {"f16": 2, "bf16": 2, "s8": 4, "u8": 4, "e4m3": 4, "e5m2": 4}.get(ty, 1)
     width = 32 // per
     regs = np.zeros((32, n // per), np.uint64)
     for i in range(n):
@@ -246,9 +275,7 @@ def _kernel(form: str, na: int, nb: int, nc: int, nd: int, wide: bool) -> str:
 def test_mma_form(dev, rng, form: str) -> None:
     m, n, k, aty, cty, fa, na, fb, nb, fc, nc = FORMS[form]
     dty = form.split(".")[3]
-    bty = aty
-    if aty in ("s8u8", "u8s8"):
-        aty, bty = aty[:2], aty[2:]
+    aty, bty = aty if isinstance(aty, tuple) else (aty, aty)
     ints = aty in ("s8", "u8")
 
     def draw(shape, ty):
@@ -258,7 +285,7 @@ def test_mma_form(dev, rng, form: str) -> None:
             return rng.integers(0, 256, shape)
         if ty == "s32":
             return rng.integers(-(2**31), 2**31, shape)
-        return rng.integers(-8, 9, shape).astype(np.float64) / 4  # exact in every type
+        return rng.integers(-8, 9, shape).astype(np.float64) / 4  # exact in every type (FP8 too)
 
     a, b, c = draw((m, k), aty), draw((k, n), bty), draw((m, n), cty)
     per_d = 2 if dty == "f16" else 1

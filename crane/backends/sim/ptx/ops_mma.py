@@ -14,10 +14,12 @@ Served (``.row.col`` only, as the ISA requires for these shapes):
 * ``.m16n8k4`` and ``.m16n8k8`` with ``.tf32`` A and B, ``.f32`` C/D;
 * ``.m8n8k16``, ``.m16n8k16``, ``.m16n8k32`` with ``.s8``/``.u8`` A and B (mixed signedness
   allowed), ``.s32`` C/D, with or without ``.satfinite``;
+* ``.m16n8k16`` and ``.m16n8k32`` with ``.e4m3``/``.e5m2`` A and B (FP8, sm_89; mixed
+  allowed), ``.f32`` C/D — the int8 forms' layouts;
 * ``.m8n8k4``, ``.m16n8k4``, ``.m16n8k8``, ``.m16n8k16`` with ``.f64`` throughout.
 
 Numerics (the order is this module's choice; hardware's intermediate rounding is unspecified):
-a product of two f16, bf16 or tf32 values is exact in f32, so each D element starts from C
+a product of two f16, bf16, tf32 or FP8 values is exact in f32, so each D element starts from C
 (in f32) and adds the K products one at a time in k order, each addition rounded to nearest
 f32; an ``.f16`` D is that f32 result rounded once to f16. ``.tf32`` operands drop the low 13
 mantissa bits of their ``.b32`` register. ``.f64``: C plus the K products in k order, each
@@ -76,6 +78,15 @@ _AB = {
         _fn(16, lambda g, t, i: (g + 8 * ((i >> 2) & 1), 4 * t + (i & 3) + 16 * (i >> 3))),
         _fn(8, lambda g, t, i: (4 * t + (i & 3) + 16 * (i >> 2), g + 0 * i)),
     ),
+    # FP8 (sm_89): the int8 forms' layouts
+    ("m16n8k16", "f8"): (
+        _fn(8, lambda g, t, i: (g + 8 * (i >> 2), 4 * t + (i & 3))),
+        _fn(4, lambda g, t, i: (4 * t + i, g + 0 * i)),
+    ),
+    ("m16n8k32", "f8"): (
+        _fn(16, lambda g, t, i: (g + 8 * ((i >> 2) & 1), 4 * t + (i & 3) + 16 * (i >> 3))),
+        _fn(8, lambda g, t, i: (4 * t + (i & 3) + 16 * (i >> 2), g + 0 * i)),
+    ),
     ("m8n8k4", "f64"): (
         _fn(1, lambda g, t, i: (g + 0 * i, t + 0 * i)),
         _fn(1, lambda g, t, i: (t + 0 * i, g + 0 * i)),
@@ -95,11 +106,21 @@ _AB = {
 }
 
 #: input element type -> class in :data:`_AB`
-_CLASS = {"f16": "h", "bf16": "h", "tf32": "tf32", "s8": "i8", "u8": "i8", "f64": "f64"}
+_CLASS = {
+    "f16": "h",
+    "bf16": "h",
+    "tf32": "tf32",
+    "s8": "i8",
+    "u8": "i8",
+    "e4m3": "f8",
+    "e5m2": "f8",
+    "f64": "f64",
+}
 #: input class -> accepted (D type, C type) pairs
 _ACC = {
     "h": {("f32", "f32"), ("f16", "f16"), ("f32", "f16"), ("f16", "f32")},
     "tf32": {("f32", "f32")},
+    "f8": {("f32", "f32")},
     "i8": {("s32", "s32")},
     "f64": {("f64", "f64")},
 }
@@ -165,7 +186,7 @@ def dec_mma(ctx, mods) -> None:
         key in _AB
         and (al, bl) == ("row", "col")
         and _CLASS.get(bty) == cls
-        and (aty == bty or cls == "i8")
+        and (aty == bty or cls in ("i8", "f8"))
         and (dty, cty) in _ACC[cls]
         and (not sat or cls == "i8")
         and (not rn or cls == "f64")
@@ -174,7 +195,8 @@ def dec_mma(ctx, mods) -> None:
     if not ok:
         raise ctx.unsupported(
             f"{form} (served: .row.col m16n8k8/m16n8k16 f16/bf16, m16n8k4/m16n8k8 tf32, "
-            "m8n8k16/m16n8k16/m16n8k32 s8/u8, m8n8k4/m16n8k4/m16n8k8/m16n8k16 f64)"
+            "m8n8k16/m16n8k16/m16n8k32 s8/u8, m16n8k16/m16n8k32 e4m3/e5m2, "
+            "m8n8k4/m16n8k4/m16n8k8/m16n8k16 f64)"
         )
     m, n, k = _dims(shape)
     fa, fb = _AB[key]
@@ -187,6 +209,6 @@ def dec_mma(ctx, mods) -> None:
     ins.a = _regs(ctx, ctx.ops[1], la.nregs, aty, False)
     ins.b = _regs(ctx, ctx.ops[2], lb.nregs, bty, False)
     ins.c = _regs(ctx, ctx.ops[3], lc.nregs, cty, False)
-    kind = {"h": "f", "tf32": "f", "i8": "i", "f64": "f64"}[cls]
+    kind = {"h": "f", "tf32": "f", "f8": "f", "i8": "i", "f64": "f64"}[cls]
     ins.x = (la, lb, lc, ld, kind, sat)
     ins.fn = _h_mma

@@ -2,13 +2,13 @@
 ``ldmatrix``/``stmatrix``/``movmatrix``.
 
 A fragment is a list of registers in every lane; each register packs one or more elements
-(two ``.f16``/``.bf16`` in a ``.b32``, four ``.s8``/``.u8``, one ``.f32``/``.tf32``/``.s32``,
-one ``.f64``). A *layout* says, for each lane (0-31) and each element *slot* of the lane
-(register-major, then the element's position inside the register from the low bits up), the
-(row, column) of the matrix element held there; two slots may hold the same element (the WMMA
-``.f16`` A/B fragments hold each element twice). :func:`gather` assembles each warp's whole
-matrix from its lanes' registers; :func:`scatter` writes a per-warp matrix back to the lanes
-being executed, each taking its own slots.
+(two ``.f16``/``.bf16`` in a ``.b32``, four ``.s8``/``.u8``/``.e4m3``/``.e5m2``, one
+``.f32``/``.tf32``/``.s32``, one ``.f64``). A *layout* says, for each lane (0-31) and each
+element *slot* of the lane (register-major, then the element's position inside the register
+from the low bits up), the (row, column) of the matrix element held there; several slots may
+hold the same element (the WMMA ``.f16`` A/B fragments hold each element two or four times).
+:func:`gather` assembles each warp's whole matrix from its lanes' registers; :func:`scatter`
+writes a per-warp matrix back to the lanes being executed, each taking its own slots.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import KernelFault
+from .narrowfp import NARROW, decode_to_f16
 from .ptxtypes import TYPES
 
 __all__ = [
@@ -40,6 +41,8 @@ ELEMENTS = {
     "bf16": (2, 32),
     "s8": (4, 32),
     "u8": (4, 32),
+    "e4m3": (4, 32),
+    "e5m2": (4, 32),
     "tf32": (1, 32),
     "f32": (1, 32),
     "s32": (1, 32),
@@ -82,6 +85,8 @@ STORAGE = {
     "b16": np.uint16,
     "s8": np.uint8,
     "u8": np.uint8,
+    "e4m3": np.uint8,
+    "e5m2": np.uint8,
     "tf32": np.uint32,
     "f32": np.uint32,
     "s32": np.uint32,
@@ -133,6 +138,8 @@ def decode(ety: str, raw: np.ndarray) -> np.ndarray:
     if per == 4:
         b = np.stack([(raw >> (8 * k)) & 0xFF for k in range(4)], axis=-1)
         b = b.reshape(*raw.shape[:-1], -1).astype(np.uint8)
+        if ety in NARROW:  # FP8: exact in f16, so in f32
+            return decode_to_f16(b, NARROW[ety]).view(np.float16).astype(np.float32)
         return (b.view(np.int8) if ety == "s8" else b).astype(np.int64)
     if ety == "tf32":  # the low 13 mantissa bits are not part of a .tf32 operand
         return (raw & np.uint32(0xFFFFE000)).view(np.float32)
