@@ -147,3 +147,13 @@ def test_pinned_host_memory_is_copy_engine_addressable(program, run_guest, link_
     r = run_guest(program("uva_pinned.cu", *link_flags))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED" in r.stdout
+
+
+@pytest.mark.parametrize("arch", ["compute_75", "compute_80"])
+def test_wmma_tensor_core_gemm(run_guest, program, arch):
+    """A cudaTensorCoreGemm-style WMMA GEMM (shared-memory staging, wmma.load/mma/store,
+    an epilogue on the fragment) run through the daemon: the module used to fail to load with
+    CUDA_ERROR_INVALID_PTX; the result is checked exactly by the program itself."""
+    r = run_guest(program("wmma_gemm.cu", "-gencode", f"arch={arch},code={arch}"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 failures" in r.stdout and "gemm 64x96x128 checked" in r.stdout, r.stdout

@@ -80,7 +80,10 @@ def test_mma_m8n8k4_f64(dev, rng) -> None:
 @pytest.mark.parametrize(
     "form",
     [
-        "m16n8k16.row.col.f32.f16.f16.f32",
+        "m16n8k16.row.row.f32.f16.f16.f32",
+        "m8n8k4.row.col.f32.f16.f16.f32",
+        "m16n8k16.row.col.f32.f16.bf16.f32",
+        "m16n8k16.row.col.satfinite.f32.f16.f16.f32",
         "m8n8k4.row.row.f64.f64.f64.f64",
         "m8n8k4.rz.row.col.f64.f64.f64.f64",
     ],

@@ -139,11 +139,11 @@ def test_unsupported_instruction_refused_at_load():
     ("body", "what"),
     [
         (
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%f1,%f2,%f3,%f4}, {%r1,%r1,%r1,%r1}, {%r1,%r1}, {%f1,%f2,%f3,%f4};",
+            "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 "
+            "{%f1,%f2,%f3,%f4}, {%r1,%r1}, {%r1,%r1}, {%f1,%f2,%f3,%f4};",
             "mma",
         ),
-        ("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%rd1];", "ldmatrix"),
+        ("ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8 {%r1, %r2}, [%rd1];", "ldmatrix"),
         ("cvt.rs.satfinite.e4m3x4.f32 %r1, {%f1, %f2, %f3, %f4}, %r2;", "e4m3x4"),
         ("ld.global.foo.f32 %f1, [%rd1];", ".foo"),
         ("add.f32 %f1, %f2, %zz;", "zz"),

@@ -6,7 +6,8 @@ class — ``ops_int`` (integer ALU), ``ops_bits`` (bit manipulation), ``ops_floa
 ``ops_move`` (mov/cvt/compare/select), ``ops_sfu`` (special functions), ``ops_mem`` (memory,
 atomics), ``ops_mbarrier`` and ``ops_bulk`` (mbarrier, bulk asynchronous copies),
 ``ops_control`` (branches, calls, barriers), ``ops_cluster`` (cluster barriers, distributed
-shared memory addressing), ``ops_warp`` (warp-level), ``ops_tex`` (texture
+shared memory addressing), ``ops_warp`` (warp-level), ``ops_mma``, ``ops_wmma``,
+``ops_ldmatrix`` (tensor-core matrix instructions), ``ops_tex`` (texture
 instructions), ``ops_surf`` (surface instructions). Mnemonics
 shared by integer and float forms (``add``, ``mul``, ``min`` ...) dispatch on the type.
 """
@@ -22,6 +23,7 @@ from . import ops_cluster as cluster
 from . import ops_control as ctl
 from . import ops_float as flt
 from . import ops_int as alu
+from . import ops_ldmatrix as ldm
 from . import ops_mbarrier as mbar
 from . import ops_mem as mem
 from . import ops_mma as mma
@@ -30,6 +32,7 @@ from . import ops_sfu as sfu
 from . import ops_surf as surf
 from . import ops_tex as tex
 from . import ops_warp as warp
+from . import ops_wmma as wmma
 from .ops_common import Mods
 from .ptxtypes import TYPES
 
@@ -186,6 +189,10 @@ _TABLE: list[tuple[str, str, Callable]] = [
     ("match", "warp", warp.dec_match),
     ("elect", "warp", warp.dec_elect),
     ("mma", "warp", mma.dec_mma),
+    ("wmma", "warp", wmma.dec_wmma),
+    ("ldmatrix", "warp", ldm.dec_ldmatrix),
+    ("stmatrix", "warp", ldm.dec_stmatrix),
+    ("movmatrix", "warp", ldm.dec_movmatrix),
     # ---- texture / surface (texture objects; descriptors in device memory) ----
     ("tex", "texture", tex.dec_tex),
     ("tld4", "texture", tex.dec_tld4),
