@@ -416,7 +416,11 @@ def _yield_blocks(
     # blocks set aside earlier get their turn only when no block outside them and this one can
     # run: released at once, two blocks spinning at the same low PC took turns for ever while
     # the block they waited on sat at a higher PC (a look-back scan's tile 0)
-    fresh = _any_outside(blk, groups.values(), mine | held_blk)
+    # Only in a launch that became cooperative by spinning (st.cooperative is the caller's
+    # request): a launch made cooperative, whose blocks also loop through block barriers
+    # (test_cooperative's staggered rounds), no longer finished with this rule, and keeps
+    # the turn-taking it was written with.
+    fresh = not st.cooperative and _any_outside(blk, groups.values(), mine | held_blk)
     for k in [] if fresh else list(held):  # other blocks set aside earlier: their turn
         g = held[k]
         lanes = np.arange(n) if g is None else g
