@@ -51,7 +51,7 @@ from crane.modules.store import ImageStore
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
 from crane.wire.ring import ring_socket_path
 from crane.worker import control
-from crane.worker.attach import SessionParked, WorkerSession
+from crane.worker.attach import SessionParked, TooLate, WorkerSession
 from crane.worker.direct import start_direct_server
 from crane.worker.ring import start_ring_server
 
@@ -197,20 +197,16 @@ def _close_after_the_batch(ws: WorkerSession, backend) -> None:
     pages: the worker died of SIGSEGV. If the batch does not end within :data:`BATCH_WAIT_S`,
     the process ends at once instead (the kernel computes for nobody; the exit frees
     everything it held), without unmapping under the kernel or finalizing what it uses."""
-    if ws.lock.acquire(timeout=BATCH_WAIT_S):
+    try:
+        ws.acquire_by(time.monotonic() + BATCH_WAIT_S, "closing the device")
+    except TooLate as e:
+        log.warning("session %s ended, but %s: the worker exits without waiting", ws.session_id, e)
+    else:
         try:
             backend.close()
         finally:
             ws.lock.release()
         return
-    since = ws.busy_since
-    ran = f" for {time.monotonic() - since:.1f} s" if since else ""
-    log.warning(
-        "session %s ended while a call batch was running%s (a long kernel): the worker exits "
-        "without waiting for it",
-        ws.session_id,
-        ran,
-    )
     logging.shutdown()
     os._exit(0)
 

@@ -104,9 +104,14 @@ def captured_copy(dst: int, src: int, n: int, stream: int) -> bool:
 
 def captured_memset(dst: int, value: int, elem: int, n: int, stream: int) -> bool:
     """Record a memset if ``stream`` is capturing (True); the node only while one captures."""
-    return bool(graphs.STREAMS) and graphs.record(
-        stream, graphs.MEMSET, graphs.MemsetParams(dst, elem * n, value, elem, n, 1)
+    return bool(graphs.STREAMS) and captured_fill(
+        graphs.MemsetParams(dst, elem * n, value, elem, n, 1), stream
     )
+
+
+def captured_fill(node: graphs.MemsetParams, stream: int) -> bool:
+    """Record a (1D or 2D) memset node if ``stream`` is capturing (True)."""
+    return bool(graphs.STREAMS) and graphs.record(stream, graphs.MEMSET, node)
 
 
 @handles("cuMemAlloc@3020")
@@ -317,7 +322,7 @@ def memset_2d(
             f"{what}: pitch {pitch} is smaller than a row of {width * elem} bytes",
         )
     node = graphs.MemsetParams(dst, pitch, value, elem, width, height)
-    if graphs.STREAMS and graphs.record(stream, graphs.MEMSET, node):
+    if captured_fill(node, stream):
         return
     for start, n in memset_rows(node):
         memset(start, value, elem, n, stream, what)

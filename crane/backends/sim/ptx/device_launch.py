@@ -103,6 +103,14 @@ def _pm(st, ins):
     return st.pm[ins.fid]
 
 
+def _u64(st, ins, lanes, off) -> np.ndarray:
+    return _pm(st, ins)[lanes, off : off + 8].copy().view(np.uint64).reshape(-1)
+
+
+def _u32(st, ins, lanes, off) -> np.ndarray:
+    return _pm(st, ins)[lanes, off : off + 4].copy().view(np.uint32).reshape(-1)
+
+
 def _set_error(st, dl: DeviceLaunches | None, lane: int, code: int) -> None:
     if dl is not None and code != _SUCCESS:
         dl.errors[(st.first_block, lane)] = code
@@ -119,10 +127,10 @@ def h_get_parameter_buffer(st, ins, idx) -> None:
     func_off, grid_off, block_off, shmem_off, ret_off = ins.x
     lanes = np.arange(st.n) if idx is None else idx
     pm = _pm(st, ins)
-    funcs = pm[lanes, func_off : func_off + 8].copy().view(np.uint64).reshape(-1)
+    funcs = _u64(st, ins, lanes, func_off)
     grids = pm[lanes, grid_off : grid_off + 12].copy().view(np.uint32).reshape(-1, 3)
     blocks = pm[lanes, block_off : block_off + 12].copy().view(np.uint32).reshape(-1, 3)
-    shmem = pm[lanes, shmem_off : shmem_off + 4].copy().view(np.uint32).reshape(-1)
+    shmem = _u32(st, ins, lanes, shmem_off)
     dl = _launches(st)
     out = np.zeros(lanes.size, np.uint64)
     for j, lane in enumerate(lanes.tolist()):
@@ -151,9 +159,8 @@ def h_get_parameter_buffer(st, ins, idx) -> None:
 def h_launch_device(st, ins, idx) -> None:
     buf_off, stream_off, ret_off = ins.x
     lanes = np.arange(st.n) if idx is None else idx
-    pm = _pm(st, ins)
-    bufs = pm[lanes, buf_off : buf_off + 8].copy().view(np.uint64).reshape(-1)
-    streams = pm[lanes, stream_off : stream_off + 8].copy().view(np.uint64).reshape(-1)
+    bufs = _u64(st, ins, lanes, buf_off)
+    streams = _u64(st, ins, lanes, stream_off)
     dl = _launches(st)
     codes = np.zeros(lanes.size, np.int32)
     for j, lane in enumerate(lanes.tolist()):
@@ -203,14 +210,6 @@ def _last_error(st, ins, idx, clear: bool) -> None:
 
 
 # ---- device-created streams and events ------------------------------------------------------
-
-
-def _u64(st, ins, lanes, off) -> np.ndarray:
-    return _pm(st, ins)[lanes, off : off + 8].copy().view(np.uint64).reshape(-1)
-
-
-def _u32(st, ins, lanes, off) -> np.ndarray:
-    return _pm(st, ins)[lanes, off : off + 4].copy().view(np.uint32).reshape(-1)
 
 
 def _store_handles(st, addrs: np.ndarray, handles: np.ndarray, lanes: np.ndarray) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fp import fma_f64
-from .warpfrag import gather, layout, reg_type, require_full, scatter, warps
+from .warpfrag import frag_regs, gather, layout, require_full, scatter, warps
 
 __all__ = ["dec_mma", "matmul_acc"]
 
@@ -163,14 +163,6 @@ def _h_mma(st, ins, idx) -> None:
     scatter(st, ins.d, ld, d, lanes, which, idx)  # after every read: D may be C, A or B
 
 
-def _regs(ctx, op, n: int, ety: str, dst: bool) -> list:
-    items = op[1] if op[0] == "vec" else [op]
-    if len(items) != n:
-        raise ctx.error(f"expected a vector of {n} registers")
-    ty = reg_type(ety)
-    return [ctx.dst(x, ty) if dst else ctx.src(x, ty) for x in items]
-
-
 def dec_mma(ctx, mods) -> None:
     rest = [m for m in mods if m not in ("sync", "aligned")]
     sat = "satfinite" in rest
@@ -205,10 +197,10 @@ def dec_mma(ctx, mods) -> None:
     la, lb = layout(aty, m, k, fa), layout(bty, k, n, fb)
     ctx.nops(4)
     ins = ctx.ins
-    ins.d = _regs(ctx, ctx.ops[0], ld.nregs, dty, True)
-    ins.a = _regs(ctx, ctx.ops[1], la.nregs, aty, False)
-    ins.b = _regs(ctx, ctx.ops[2], lb.nregs, bty, False)
-    ins.c = _regs(ctx, ctx.ops[3], lc.nregs, cty, False)
+    ins.d = frag_regs(ctx, ctx.ops[0], ld.nregs, dty, True)
+    ins.a = frag_regs(ctx, ctx.ops[1], la.nregs, aty, False)
+    ins.b = frag_regs(ctx, ctx.ops[2], lb.nregs, bty, False)
+    ins.c = frag_regs(ctx, ctx.ops[3], lc.nregs, cty, False)
     kind = {"h": "f", "tf32": "f", "f8": "f", "i8": "i", "f64": "f64"}[cls]
     ins.x = (la, lb, lc, ld, kind, sat)
     ins.fn = _h_mma

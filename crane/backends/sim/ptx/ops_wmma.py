@@ -44,9 +44,9 @@ from .ptxtypes import TYPES
 from .warpfrag import (
     STORAGE,
     Layout,
+    frag_regs,
     gather,
     pack_bits,
-    reg_type,
     require_full,
     scatter,
     unpack_bits,
@@ -170,14 +170,6 @@ def _h_store(st, ins, idx) -> None:
         st.view(buf, dt)[eoff] = v
 
 
-def _regs(ctx, op, n: int, ety: str, dst: bool) -> list:
-    items = op[1] if op[0] == "vec" else [op]
-    if len(items) != n:
-        raise ctx.error(f"expected a vector of {n} registers")
-    ty = reg_type(ety)
-    return [ctx.dst(x, ty) if dst else ctx.src(x, ty) for x in items]
-
-
 def _dec_access(ctx, m: Mods, frag: str, mods) -> None:
     store = frag == "d"
     for q in ("sync", "aligned"):
@@ -199,9 +191,9 @@ def _dec_access(ctx, m: Mods, frag: str, mods) -> None:
     ins = ctx.ins
     regs_op, addr_op = (ctx.ops[1], ctx.ops[0]) if store else (ctx.ops[0], ctx.ops[1])
     if store:
-        ins.b = _regs(ctx, regs_op, lay.nregs, ety, False)
+        ins.b = frag_regs(ctx, regs_op, lay.nregs, ety, False)
     else:
-        ins.d = _regs(ctx, regs_op, lay.nregs, ety, True)
+        ins.d = frag_regs(ctx, regs_op, lay.nregs, ety, True)
     ins.a = ctx.address(addr_op)
     if ins.a[0] == "param":
         raise ctx.error("a .param address")
@@ -258,10 +250,10 @@ def _dec_mma(ctx, mods) -> None:
     lc, ld = wmma_layout(shape, "c", cty), wmma_layout(shape, "d", dty)
     ctx.nops(4)
     ins = ctx.ins
-    ins.d = _regs(ctx, ctx.ops[0], ld.nregs, dty, True)
-    ins.a = _regs(ctx, ctx.ops[1], la.nregs, aty, False)
-    ins.b = _regs(ctx, ctx.ops[2], lb.nregs, bty, False)
-    ins.c = _regs(ctx, ctx.ops[3], lc.nregs, cty, False)
+    ins.d = frag_regs(ctx, ctx.ops[0], ld.nregs, dty, True)
+    ins.a = frag_regs(ctx, ctx.ops[1], la.nregs, aty, False)
+    ins.b = frag_regs(ctx, ctx.ops[2], lb.nregs, bty, False)
+    ins.c = frag_regs(ctx, ctx.ops[3], lc.nregs, cty, False)
     kind = "i" if aty in ("s8", "u8") else ("f64" if aty == "f64" else "f")
     ins.x = (la, lb, lc, ld, kind, sat)
     ins.fn = _h_mma

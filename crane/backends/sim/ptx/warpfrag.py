@@ -25,6 +25,7 @@ __all__ = [
     "Layout",
     "decode",
     "encode",
+    "frag_regs",
     "gather",
     "layout",
     "pack_bits",
@@ -92,6 +93,16 @@ STORAGE = {
     "s32": np.uint32,
     "f64": np.uint64,
 }
+
+
+def frag_regs(ctx, op, n: int, ety: str, dst: bool) -> list:
+    """A fragment operand's ``n`` registers (a ``{...}`` vector, or one register when
+    ``n`` is 1) decoded for element type ``ety``, as destinations or as sources."""
+    items = op[1] if op[0] == "vec" else [op]
+    if len(items) != n:
+        raise ctx.error(f"expected a vector of {n} registers")
+    ty = reg_type(ety)
+    return [ctx.dst(x, ty) if dst else ctx.src(x, ty) for x in items]
 
 
 def pack_bits(ety: str, bits: np.ndarray) -> np.ndarray:
