@@ -19,7 +19,7 @@ import threading
 
 import llvmlite.binding as llvm
 
-__all__ = ["Compiled", "KernelFn", "compile_ir", "host_signature", "load_object"]
+__all__ = ["Compiled", "KernelFn", "compile_ir", "host_signature", "load_object", "optimize"]
 
 #: the compiled entry point: ``int32 kern(int64 *ctx)``; ctypes releases the GIL during the
 #: call, so the launch's watchdog thread can set the stop flag
@@ -79,6 +79,13 @@ def compile_ir(
     Callers serialize compiles.
     (Verifying costs under 1% of a compile; it turns a lowering bug into a refusal where the
     optimizer could crash the process.)"""
+    mod = optimize(ir_text, drop)
+    return load_object(_compiler().emit_object(mod), entry, fast)
+
+
+def optimize(ir_text: str, drop: tuple[str, ...] = ()):
+    """The module parsed, verified and optimized as :func:`compile_ir` compiles it (tests
+    look at what LLVM made of a lowering: which loads it vectorized)."""
     tm = _compiler()
     mod = llvm.parse_assembly(ir_text)
     mod.triple = tm.triple
@@ -92,7 +99,7 @@ def compile_ir(
     pto.slp_vectorization = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
-    return load_object(tm.emit_object(mod), entry, fast)
+    return mod
 
 
 def load_object(obj: bytes, entry: str | None, fast: str | None = None) -> Compiled:

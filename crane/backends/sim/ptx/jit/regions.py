@@ -1,0 +1,120 @@
+"""Which stop-delimited regions of a kernel can run as vector loops over a block's lanes.
+
+A *stop* is an instruction at which a lane returns to the block loop and later resumes after
+it: ``bar.sync`` and ``bar.red``, warp-level collectives (:mod:`.warp`) and yield points
+(:mod:`.spin` for waiting loops, :mod:`.loops` for the iteration stops of loops inside a
+region). The code a lane runs from a resume point (the kernel's start, or just after a stop)
+to its next stop or exit is a *region*. A region can run in the two-pass vectorizable form
+(:mod:`.lower`) when what a lane may run there has no cycle and no load follows a store to the
+same memory on any path: then deferring its stores to a committing pass changes nothing, and a
+lane that failed a check has had no effect and can run the region again, scalar.
+
+Why a module of its own: both the lowering (which regions get the vector form) and the
+iteration stops (which loops are worth cutting, :mod:`.loops`) ask the same question about the
+same code.
+"""
+
+from __future__ import annotations
+
+from ..parser import Instr
+from .ops_atomic import is_atomic
+from .ops_order import is_ordered
+from .spin import YIELD_OP
+from .warp import WARP_OPS
+
+__all__ = ["STOPS", "region_loop_free", "spaces_of", "stop_indices"]
+
+#: instructions (opcode's first part) that end a lane's region
+STOPS = frozenset({"bar", "barrier", YIELD_OP}) | WARP_OPS
+
+
+def stop_indices(body) -> list[int]:
+    """Indices in ``body`` of its stops, in order: stop number k (1-based) is resume point k."""
+    return [
+        i for i, s in enumerate(body) if isinstance(s, Instr) and s.opcode.split(".")[0] in STOPS
+    ]
+
+
+def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
+    """Whether the instructions reachable from ``start`` before a stop or an exit form no
+    cycle (a loop around a stop leaves its region: the branch back is fine), hold no atomic
+    or ordered access, and no load is reachable from a store to the same memory; and
+    whether the region stores at all."""
+    succ: dict[int, list[int]] = {}
+    kinds: dict[int, tuple[str, frozenset[str]]] = {}
+    stack = [start]
+    while stack:
+        i = stack.pop()
+        if i in succ or i >= len(body):
+            continue
+        s = body[i]
+        nxt = [i + 1]
+        if isinstance(s, Instr):
+            op = s.opcode.split(".")[0]
+            if op in STOPS or (op in ("exit", "ret") and s.guard is None):
+                nxt = []
+            elif op == "bra":
+                ops = s.operands if isinstance(s.operands, list) else []
+                target = labels.get(ops[0][1]) if ops and ops[0][0] == "name" else None
+                if target is None:
+                    return False, False
+                nxt = [target] if s.guard is None else [target, i + 1]
+            elif is_atomic(s) or is_ordered(s):  # the scalar form only
+                return False, False
+            elif op in ("ld", "st") and ".param" not in s.opcode:
+                kinds[i] = (op, spaces_of(s.opcode))
+        succ[i] = [n for n in nxt if n < len(body)]
+        stack.extend(succ[i])
+    if _has_cycle(succ):
+        return False, False
+    # a load after a store to the same memory (global or shared) on some path
+    for i, (op, spaces) in kinds.items():
+        if op != "st":
+            continue
+        after: set[int] = set()
+        todo = list(succ[i])
+        while todo:
+            n = todo.pop()
+            if n in after:
+                continue
+            k = kinds.get(n)
+            if k is not None and k[0] == "ld" and k[1] & spaces:
+                return False, False
+            after.add(n)
+            todo.extend(succ.get(n, ()))
+    return True, any(k[0] == "st" for k in kinds.values())
+
+
+def _has_cycle(succ: dict[int, list[int]]) -> bool:
+    """Depth-first search with colours over the region's successor map."""
+    state: dict[int, int] = {}
+    for root in succ:
+        if root in state:
+            continue
+        state[root] = 1
+        path = [(root, iter(succ[root]))]
+        while path:
+            node, it = path[-1]
+            n = next(it, None)
+            if n is None:
+                state[node] = 2
+                path.pop()
+            elif state.get(n) == 1:
+                return True
+            elif n not in state:
+                state[n] = 1
+                path.append((n, iter(succ[n])))
+    return False
+
+
+def spaces_of(opcode: str) -> frozenset[str]:
+    """The memories an ld/st may touch: global (also .const, which lies in device memory),
+    shared, or either for a generic address."""
+    parts = opcode.split(".")
+    if "shared" in parts:
+        return frozenset({"shared"})
+    if "local" in parts:
+        return frozenset({"local"})
+    if "global" in parts or "const" in parts:
+        return frozenset({"global"})
+    return frozenset({"global", "shared", "local"})
