@@ -11,10 +11,8 @@ gets a vectorizable form, run when every lane of the block waits at its start: a
 lanes (x innermost) in the checking/committing two-pass scheme of the barrier-free fast form
 (one pass if the region stores nothing), the registers saved across barriers register-major so
 the lanes' saves are contiguous; a lane that failed a check runs the region again, scalar.
-A loop inside a region gets an iteration stop on its branch back (:mod:`.loops`), so each of
-its iterations is such a vector round, and registers predicted affine in %tid.x
-(:mod:`.affine`) come back from the save area as ``base + stride * x`` in the vector form, so
-that loads through them are consecutive.
+Registers predicted affine in %tid.x (:mod:`.affine`) come back from the save area as
+``base + stride * x`` in the vector form, so that loads through them are consecutive.
 Lanes of a warp do *not* run in lockstep here, so kernels that rely on it (``.volatile``
 shared-memory accesses, the warp-synchronous idiom; :mod:`.ops_order`) are refused, as is everything
 outside the covered instruction set: the caller then runs the kernel interpreted
@@ -79,7 +77,6 @@ from .irtypes import (
 )
 from .liveness import dest_src, live_after
 from .local import local_ptr, uses_local, zero_block_locals
-from .loops import with_iteration_stops
 from .named_regs import resolve_named_regs
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
@@ -370,7 +367,7 @@ class KernelLowering:
 
     def region_word(self, k: int) -> int:
         """The resume word of the lanes waiting to run region ``k``: ``k``, tagged YIELD
-        after a yield point (:mod:`.spin`, :mod:`.loops`)."""
+        after a yield point (:mod:`.spin`)."""
         body = self.fn.body or []
         if k and body[stop_indices(body)[k - 1]].opcode == YIELD_OP:
             return k | YIELD
@@ -1805,7 +1802,6 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
             fn.line,
         )
     fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
-    fn = with_iteration_stops(fn)  # loops inside a region: one vectorized iteration a round
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.declare_lookup()
     return k.build()

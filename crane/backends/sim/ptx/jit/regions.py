@@ -2,16 +2,15 @@
 
 A *stop* is an instruction at which a lane returns to the block loop and later resumes after
 it: ``bar.sync`` and ``bar.red``, warp-level collectives (:mod:`.warp`) and yield points
-(:mod:`.spin` for waiting loops, :mod:`.loops` for the iteration stops of loops inside a
-region). The code a lane runs from a resume point (the kernel's start, or just after a stop)
-to its next stop or exit is a *region*. A region can run in the two-pass vectorizable form
-(:mod:`.lower`) when what a lane may run there has no cycle and no load follows a store to the
-same memory on any path: then deferring its stores to a committing pass changes nothing, and a
-lane that failed a check has had no effect and can run the region again, scalar.
+(:mod:`.spin`). The code a lane runs from a resume point (the kernel's start, or just after a
+stop) to its next stop or exit is a *region*. A region can run in the two-pass vectorizable
+form (:mod:`.lower`) when what a lane may run there has no cycle and no load follows a store to
+the same memory on any path: then deferring its stores to a committing pass changes nothing,
+and a lane that failed a check has had no effect and can run the region again, scalar.
 
-Why a module of its own: both the lowering (which regions get the vector form) and the
-iteration stops (which loops are worth cutting, :mod:`.loops`) ask the same question about the
-same code.
+Why a module of its own: the question is about the kernel's code alone (no IR), and the
+lowering asks it for every resume point; a change that adds stops (an iteration stop per loop
+was tried in issue 18's fifth step) asks it too.
 """
 
 from __future__ import annotations
