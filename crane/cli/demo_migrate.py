@@ -7,6 +7,12 @@ the pre-flight first refuses that downward move, listing what the program was to
 and the A100 offers less of, and the operator accepts it (``--accept-lower-limits``: the
 program uses none of it). The program never notices; its final checksum is compared with the
 same computation done by NumPy.
+
+Run with ``--gate`` the program stops half-way and waits for a line on its standard input
+before its second half: the demo sends it once both moves are done, so the moves happen while
+the program still has work to do on a machine of any speed (the CLI's three calls take
+seconds on a loaded 2-core machine, and the program once finished before the last move).
+Without the argument (the tests' runs) it runs straight through.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ N, STEPS = 4096, 600
 
 ITERATIVE_PROGRAM = r"""
 #include <cstdio>
+#include <cstring>
 #include <unistd.h>
 __global__ void step(const unsigned *a, unsigned *b, int n, unsigned k) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -35,8 +42,9 @@ __global__ void step(const unsigned *a, unsigned *b, int n, unsigned k) {
         b[i] = l + 3u * a[i] + r + k;
     }
 }
-int main() {
+int main(int argc, char **argv) {
     const int n = NN, steps = SS;
+    bool gate = argc > 1 && strcmp(argv[1], "--gate") == 0;
     unsigned *h = new unsigned[n], *a, *b;
     for (int i = 0; i < n; ++i) h[i] = i * 2654435761u;
     cudaMalloc(&a, n * sizeof(unsigned));
@@ -47,7 +55,10 @@ int main() {
         unsigned *t = a; a = b; b = t;
         cudaDeviceSynchronize();
         if (s % 50 == 0) { printf("step %d\n", s); fflush(stdout); }
-        usleep(10000);  // ~6 s in all: still running through both moves
+        if (gate && s == steps / 2) {  // the demo's moves are done when a line comes
+            for (int c = getchar(); c != EOF && c != '\n'; c = getchar()) {}
+        }
+        usleep(10000);  // ~6 s in all
     }
     cudaMemcpy(h, a, n * sizeof(unsigned), cudaMemcpyDeviceToHost);
     unsigned long long sum = 0;
@@ -87,8 +98,10 @@ def demo_migration(address: str, tmpdir: Path, nvcc: str, say) -> int:  # type: 
     ):
         say(f"live migration: a second craned (sim:h200) at {dest.address}")
         say(f"               a third craned (sim:a100-80gb) at {down.address}")
+        run = [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--"]
         prog = subprocess.Popen(
-            [sys.executable, "-m", "crane.cli.main", "run", "--daemon", address, "--", str(exe)],
+            [*run, str(exe), "--gate"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -108,7 +121,7 @@ def demo_migration(address: str, tmpdir: Path, nvcc: str, say) -> int:  # type: 
         say(f"  crane migrate (H200 -> A100): {_said(refused)}")
         accepted = _crane(*argv, "--accept-lower-limits")
         say(f"  crane migrate (H200 -> A100) --accept-lower-limits: {_said(accepted)}")
-        out, err = prog.communicate(timeout=300)
+        out, err = prog.communicate("\n", timeout=300)  # the second half, on the A100
         for line in out.splitlines():
             say(f"  [guest] {line}")
         want = reference_checksum()
