@@ -12,6 +12,7 @@ that embeds PTX.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,6 +161,23 @@ class SimBackend(Backend):
             self.memory.fill(dst, value, elem_size, count)
         except MemoryFault as e:
             raise _fault(e) from None
+
+    # ---- handing the memory over (a same-host migration) ---------------------------------------
+    def memory_handle(self) -> int | None:
+        return self.memory.handle()
+
+    def adopt_memory(self, fd: int) -> None:
+        try:
+            self.memory.adopt(fd)
+        except (ValueError, OSError) as e:
+            os.close(fd)  # refused: the descriptor is ours to drop all the same
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, str(e)) from None
+
+    def claim_memory(self) -> None:
+        self.memory.claim()
+
+    def disown_memory(self) -> None:
+        self.memory.disown()
 
     # ---- streams and events -----------------------------------------------------------------
     def stream_create(self, flags: int, priority: int) -> SimStream:
