@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from crane.cli.control_client import ControlClient
+from crane.cli.main import main as crane_main
 from crane.cli.migrate import migrate
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
@@ -132,18 +133,20 @@ def test_memory_is_handed_over_not_copied(
 
 
 def test_stop_and_copy_hands_over_in_its_one_round(
-    pair: tuple[DaemonProcess, DaemonProcess],
+    pair: tuple[DaemonProcess, DaemonProcess], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--no-precopy``: the one (stopped, fresh) round builds the destination's worker and
-    hands the memory over; nothing is copied while the guest runs or after."""
+    """``crane migrate --no-precopy``: the one (stopped, fresh) round builds the destination's
+    worker and hands the memory over, and the command says so."""
     a, b = pair
     with GuestSession(a.address, client="handover-stop-and-copy") as s:
         data = os.urandom(SIZE)
         buf = _fill(s, data)
-        progress = migrate(a.address, s.session_id, b.address, max_rounds=1)
-        assert progress[-1].phase == "done" and progress[-1].round == 0, progress[-1]
-        _handed_over(progress[-1], SIZE)
+        argv = ["--daemon", a.address, "migrate", "--session", s.session_id]
+        assert crane_main([*argv, "--to", b.address, "--no-precopy"]) == 0
+        out = capsys.readouterr().out
+        assert "1 round(s)" in out and "MiB of memory handed over (not copied)" in out, out
         assert s.memcpy_dtoh(buf, SIZE) == data
+        assert s._t.address == b.address
 
 
 def test_an_abort_after_the_hand_over_leaves_the_source_intact(
