@@ -15,6 +15,9 @@ between workers without a byte of its memory copied. The file's size is sealed
 with ``SIGBUS``. Only the worker serving the session releases pages (:attr:`SimMemory.owns_pages`):
 a source that handed its memory over, or a destination that has not been committed to yet,
 only unmaps. Closing never punches holes: the pages go when the last mapping and descriptor do.
+One cost of sharing: a read fault on a hole of a shared mapping commits a page (an anonymous
+private mapping maps the zero page instead), so readers of large ranges ask
+:meth:`SimMemory.untouched` first and read nothing where nothing was ever written.
 
 Two layers of validity, as on a real GPU with the VMM API:
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import errno
 import fcntl
 import logging
 import mmap
@@ -233,6 +237,16 @@ class SimMemory:
         """The memory was handed over and the receiver took the session: never release a page
         of it from here (the receiver's pages); unmapping at exit is all that is left."""
         self.owns_pages = False
+
+    def untouched(self, addr: int, size: int) -> bool:
+        """No page of ``[addr, addr+size)`` was ever written (a hole in the memfd, found with
+        ``SEEK_DATA``): it reads as zero, and reading it through the mapping would commit
+        its pages for nothing."""
+        off = addr - self.base
+        try:
+            return os.lseek(self._fd, off, os.SEEK_DATA) >= off + size
+        except OSError as e:  # ENXIO: no data at or after ``off``
+            return e.errno == errno.ENXIO
 
     # ---- chunks (committed memory) -------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:

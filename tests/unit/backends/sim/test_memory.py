@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,3 +201,34 @@ def test_adopt_refuses_what_is_not_a_sealed_window_of_its_size() -> None:
         os.close(loose)
         m.close()
         other.close()
+
+
+def test_reading_what_was_never_written_commits_nothing(tmp_path: Path) -> None:
+    """A read fault on a hole of a shared mapping commits a page: the backend answers a large
+    read of a never-written range with zeros without touching it, so a checkpoint or migration
+    of a sparse session (or a data plane's zero check) does not fill its memory."""
+    from crane.backends.catalog import builtin_model
+    from crane.backends.sim.backend import UNTOUCHED_CHECK, SimBackend
+    from crane.device.ledger import Ledger
+
+    model = builtin_model("h100-80gb")
+    be = SimBackend(
+        model,
+        model.snapshot(b"\x01" * 16),
+        (BASE, 1 << 40),
+        Ledger(tmp_path / "l", model.total_mem),
+        0,
+    )
+    try:
+        be.map_chunk(BASE, 8 * MiB)
+        be.mem_alloc(BASE, 8 * MiB)
+        assert be.memory.untouched(BASE, 8 * MiB)
+        assert not any(be.memcpy_dtoh(BASE, 8 * MiB, None))
+        assert _held(be.memory) == 0
+        be.memcpy_htod(BASE + 6 * MiB, b"\x01", None)
+        assert be.memory.untouched(BASE, 4 * MiB) and not be.memory.untouched(BASE, 8 * MiB)
+        got = be.memcpy_dtoh(BASE + 4 * MiB, 4 * MiB, None)
+        assert got[2 * MiB] == 1  # a range written in part is read where it lies
+        assert be.memcpy_dtoh(BASE, UNTOUCHED_CHECK - 1, None).nbytes == UNTOUCHED_CHECK - 1
+    finally:
+        be.close()
