@@ -1,12 +1,16 @@
-"""Migration data plane: total time and downtime against a raw single-stream gRPC copy, one run.
+"""Migration data plane and same-host hand-over: total time and downtime against a raw
+single-stream gRPC copy, one run.
 
     python benchmarks/bench_dataplane.py [--json benchmarks/results/dataplane.json]
                                          [--sizes-mib 256,1024,2048] [--rounds 3]
                                          [--contents noise,zeros] [--no-stream]
+                                         [--modes handover,dataplane,stream]
 
-Three daemons on this host (sim:h100-80gb): ``a`` migrates with the data plane (its workers'
-default, :data:`crane.migrate.dataplane.STREAMS` sockets), ``s`` with memory inside the one
-Transfer stream (``CRANE_MIGRATE_STREAMS=0``: what every migration did before), both to ``b``.
+Daemons on this host (sim:h100-80gb), all migrating to ``b``: ``h`` hands the memory over
+(the default between daemons of one host: the source's memfd passed to the destination
+worker, :mod:`crane.migrate.handover`), ``a`` copies it on the data plane
+(``CRANE_MIGRATE_HANDOVER=0``: :data:`crane.migrate.dataplane.STREAMS` sockets), ``s`` inside
+the one Transfer stream (``CRANE_MIGRATE_STREAMS=0``: what every migration did before).
 For each session size and content (float32 noise, which zstd cannot shrink; zeros, written by
 ``cuMemsetD8`` so the source holds them as ordinary memory) a guest keeps stepping (a 1 MiB
 device-to-device copy of noise per step, synchronize, 5 ms pause) while its session moves with
@@ -39,6 +43,8 @@ from bench_migrate import Stepper, leftovers, migrate, raw_drain
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 from crane.migrate.dataplane import CHUNK, STREAMS
+from crane.migrate.handover import ENV as HANDOVER_ENV
+from crane.migrate.source import STREAMS_ENV
 
 MiB = 1 << 20
 WRITE = 1 * MiB  # the guest's write set per step
@@ -80,6 +86,7 @@ def one(
         "downtime_ms": last.downtime * 1e3,
         "rounds": last.round + 1,
         "bytes_sent": last.bytes_sent,
+        "handed_over": last.handed_over_bytes,
     }
 
 
@@ -90,11 +97,12 @@ def main() -> int:
     p.add_argument("--contents", default="noise,zeros")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-stream", action="store_true", help="skip the in-stream (old) path")
+    p.add_argument("--modes", default="handover,dataplane,stream", help="paths to compare")
     p.add_argument("--logs", help="keep the daemons' logs in this directory")
     args = p.parse_args()
     sizes = [int(x) * MiB for x in args.sizes_mib.split(",")]
     contents = args.contents.split(",")
-    modes = ["dataplane"] + ([] if args.no_stream else ["stream"])
+    modes = [m for m in args.modes.split(",") if not (args.no_stream and m == "stream")]
     block = np.random.default_rng(1).standard_normal(4 * MiB // 4).astype(np.float32).tobytes()
     samples: dict[tuple[int, str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="crane-bench-dp-", dir=os.environ.get("TMPDIR")) as d:
@@ -102,14 +110,19 @@ def main() -> int:
         logs = Path(args.logs) if args.logs else work
         logs.mkdir(parents=True, exist_ok=True)
         sim = ["sim:h100-80gb"]
-        a = DaemonProcess(work / "a", sim, log_path=logs / "craned-a.log")
+        envs = {
+            "handover": None,
+            "dataplane": {**os.environ, HANDOVER_ENV: "0"},
+            "stream": {**os.environ, STREAMS_ENV: "0"},
+        }
+        names = {"handover": "h", "dataplane": "a", "stream": "s"}
+        sources = {
+            m: DaemonProcess(
+                work / names[m], sim, env=envs[m], log_path=logs / f"craned-{names[m]}.log"
+            )
+            for m in modes
+        }
         b = DaemonProcess(work / "b", sim, log_path=logs / "craned-b.log")
-        env = {**os.environ, "CRANE_MIGRATE_STREAMS": "0"}
-        s = (
-            None
-            if args.no_stream
-            else DaemonProcess(work / "s", sim, env=env, log_path=logs / "craned-s.log")
-        )
         try:
             for r in range(args.rounds):
                 for size in sizes:
@@ -118,9 +131,9 @@ def main() -> int:
                             if mode == "raw":
                                 m = {"total_s": raw_drain(b.address, block, size)}
                             else:
-                                src = a if mode == "dataplane" else s
-                                assert src is not None
-                                m = one(src, b, size, content, block)
+                                m = one(sources[mode], b, size, content, block)
+                                # the path under test is the one taken (a fallback is logged)
+                                assert bool(m["handed_over"]) == (mode == "handover"), m
                             samples.setdefault((size, content, mode), []).append(m)
                             print(
                                 json.dumps(
@@ -135,9 +148,8 @@ def main() -> int:
                                 flush=True,
                             )
         finally:
-            for dmn in (a, b, s):
-                if dmn is not None:
-                    dmn.stop()
+            for dmn in (*sources.values(), b):
+                dmn.stop()
     results: list[dict[str, Any]] = []
     for size in sizes:
         for content in contents:
@@ -158,19 +170,23 @@ def main() -> int:
                         "totals_s": [round(m["total_s"], 3) for m in ms],
                         "rounds": [int(m["rounds"]) for m in ms],
                         "bytes_sent_mib": round(
-                            statistics.median(m["bytes_sent"] for m in ms) / MiB
+                            statistics.median(m["bytes_sent"] for m in ms) / MiB, 1
+                        ),
+                        "handed_over_mib": round(
+                            statistics.median(m["handed_over"] for m in ms) / MiB
                         ),
                     }
                 )
     rows = [
-        "| session | content | path | total | raw gRPC copy | total/raw | downtime | sent |",
-        "|---|---|---|---|---|---|---|---|",
+        "| session | content | path | total | raw gRPC copy | total/raw | downtime | sent "
+        "| handed over |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for x in results:
         rows.append(
             f"| {x['size_mib']} MiB | {x['content']} | {x['mode']} | {x['total_s']} s "
             f"| {x['raw_copy_s']} s | {x['total_vs_raw']}x | {x['downtime_ms']} ms "
-            f"| {x['bytes_sent_mib']} MiB |"
+            f"| {x['bytes_sent_mib']} MiB | {x['handed_over_mib']} MiB |"
         )
     print("\n".join(rows))
     out = {

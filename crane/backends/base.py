@@ -223,6 +223,32 @@ class Backend(ABC):
             f"module variable at {told:#x} was placed at {real:#x}; this backend cannot alias it",
         )
 
+    # ---- handing the session's memory to another worker on this host ------------------------
+    def memory_handle(self) -> int | None:
+        """A descriptor of all of the session's device memory that another worker on this
+        host can map (a same-host migration passes it with ``SCM_RIGHTS`` instead of copying
+        the memory; the descriptor stays the backend's), or None where the backend has none:
+        the migration then copies. The cuda backend has none: a same-GPU hand-over would need
+        every allocation exported (``cuMemExportToShareableHandle``, POSIX fds) and imported
+        and mapped by the destination (docs/design.md, the migration data plane)."""
+        return None
+
+    def adopt_memory(self, fd: int) -> None:
+        """Map the memory of another worker's :meth:`memory_handle` over this session's, at
+        the same addresses (taking ``fd`` over, closed here if refused); until
+        :meth:`claim_memory` nothing of it is released from here (the source still owns it:
+        an abort hands it back untouched)."""
+        raise CudaError(
+            CUresult.CUDA_ERROR_NOT_SUPPORTED, "this backend cannot map another worker's memory"
+        )
+
+    def claim_memory(self) -> None:  # noqa: B027 - only backends that adopt memory need it
+        """The session is served here now: memory it frees is released again."""
+
+    def disown_memory(self) -> None:  # noqa: B027 - only backends that hand memory over
+        """The memory was handed over and the receiver took the session: release none of it
+        from here (unmapping at exit only)."""
+
     def take_stdout(self) -> bytes:
         """Device printf output produced since the last call (delivered to the guest)."""
         return b""

@@ -51,6 +51,8 @@ def _table(p: control_pb2.MigrateProgress, session: str, to: str) -> Table:
     t.add_row("phase", p.phase)
     t.add_row("round", str(p.round))
     t.add_row("sent", f"{format_bytes(p.bytes_sent)} ({format_bytes(p.memory_bytes)} memory)")
+    if p.handed_over_bytes:  # a destination on this host: mapped there, not copied
+        t.add_row("handed over", format_bytes(p.handed_over_bytes))
     t.add_row("session memory", format_bytes(p.session_bytes))
     t.add_row("dirty", format_bytes(p.dirty_bytes))
     t.add_row("rate", f"{format_bytes(int(p.rate))}/s")
@@ -86,9 +88,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if last.phase != "done":
         print(f"crane: migration of session {args.session} failed: {last.error}", file=sys.stderr)
         return 1
+    handed = (
+        f", {format_bytes(last.handed_over_bytes)} of memory handed over (not copied)"
+        if last.handed_over_bytes
+        else ""
+    )
     print(
         f"session {args.session} migrated to {args.to}: {last.round + 1} round(s), "
-        f"{format_bytes(last.bytes_sent)} sent; downtime {last.downtime * 1e3:.1f} ms, "
+        f"{format_bytes(last.bytes_sent)} sent{handed}; downtime {last.downtime * 1e3:.1f} ms, "
         f"total {last.total:.2f} s"
     )
     return 0

@@ -259,7 +259,7 @@ def _control_frame(
     elif isinstance(msg, DataPlaneOpen):
         ch.send(*encode(migration.open_plane(msg)))
     else:  # RoundEnd: the round's bytes are all here
-        answer = migration.end(msg.chunks)
+        answer = migration.end(msg.chunks, msg.handed_over)
         ch.send(*encode(answer))
         if isinstance(answer, RoundApplied) and answer.final:
             abandon.arm()  # switched over: the guest reconnects now

@@ -67,6 +67,9 @@ class SessionHost(Protocol):
 
     def admit(self, session: DaemonSession) -> None: ...
 
+    def replenish_workers(self) -> None:
+        """Top the pre-spawned workers up (after a :meth:`start` with ``replenish=False``)."""
+
     def release(
         self, session: DaemonSession, marked: threading.Event | None = None
     ) -> int | None: ...

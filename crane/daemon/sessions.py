@@ -513,6 +513,9 @@ class SessionManager:
         if port and self.worker_tcp is not None:
             self.worker_tcp.free(port)
 
+    def replenish_workers(self) -> None:
+        self.pool.replenish()
+
     def wait_released(self, sid: str, timeout: float = 30.0) -> None:
         """Wait until a release of ``sid``'s previous worker here is over: it unlinks the
         session's stats file and direct socket by path, which a new worker for the same session

@@ -183,6 +183,25 @@ class SessionDevice:
     def synchronize(self) -> None:
         self.backend.synchronize()
 
+    def memory_handle(self) -> int | None:
+        """What a same-host migration can hand over instead of copying (``Backend``'s)."""
+        return self.backend.memory_handle()
+
+    def adopt_memory(self, fd: int) -> None:
+        """Take over another worker's memory (``Backend.adopt_memory``), then learn the pointer
+        tables in it: no byte passed through here, so the dirty tracker rescans the small
+        allocations and module variables as a round's writes would have taught it."""
+        self.backend.adopt_memory(fd)
+        for addr, size in self.memory_regions():
+            if size <= SCAN_LIMIT:
+                self.dirty.contents(addr, self.read(addr, size))
+
+    def claim_memory(self) -> None:
+        self.backend.claim_memory()
+
+    def disown_memory(self) -> None:
+        self.backend.disown_memory()
+
     def image(self, digest: bytes) -> bytes | None:
         """A module image this session loaded (or may load), from the daemon's store."""
         return self.images.get(digest)

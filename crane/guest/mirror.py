@@ -37,25 +37,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from crane.wire.libc import (
+    MAP_ANONYMOUS,
+    MAP_FAILED,
+    MAP_FIXED,
+    MAP_FIXED_NOREPLACE,
+    MAP_NORESERVE,
+    MAP_PRIVATE,
+    PROT_NONE,
+    PROT_RW,
+    libc,
+)
+
 __all__ = ["PAGE", "HostMirrors", "Mirror", "MirrorError", "map_fixed", "unmap_fixed"]
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-)
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_PROT_NONE, _PROT_RW = 0, 3
-_MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
-_MAP_NORESERVE, _MAP_FIXED_NOREPLACE = 0x4000, 0x100000
-_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class MirrorError(Exception):
@@ -66,12 +62,12 @@ def map_fixed(addr: int, size: int, *, replace: bool) -> None:
     """Map ``size`` bytes of zeroed read-write memory at exactly ``addr``. ``replace``: the
     range is this process's own reservation of the device window (PROT_NONE), which MAP_FIXED
     may replace; otherwise the range must be unmapped."""
-    flags = _MAP_PRIVATE | _MAP_ANONYMOUS | (_MAP_FIXED if replace else _MAP_FIXED_NOREPLACE)
-    got = _libc.mmap(addr, size, _PROT_RW, flags, -1, 0)
-    if got in (None, _MAP_FAILED) or got != addr:
+    flags = MAP_PRIVATE | MAP_ANONYMOUS | (MAP_FIXED if replace else MAP_FIXED_NOREPLACE)
+    got = libc.mmap(addr, size, PROT_RW, flags, -1, 0)
+    if got in (None, MAP_FAILED) or got != addr:
         err = ctypes.get_errno()
-        if got not in (None, _MAP_FAILED):
-            _libc.munmap(got, size)
+        if got not in (None, MAP_FAILED):
+            libc.munmap(got, size)
         raise MirrorError(
             f"cannot map host memory at {addr:#x}+{size:#x}: {os.strerror(err or errno.EEXIST)}"
         )
@@ -80,10 +76,10 @@ def map_fixed(addr: int, size: int, *, replace: bool) -> None:
 def unmap_fixed(addr: int, size: int, *, reserved: bool) -> None:
     """Undo :func:`map_fixed`: back to the window's PROT_NONE reservation, or unmapped."""
     if reserved:
-        flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
-        _libc.mmap(addr, size, _PROT_NONE, flags, -1, 0)
+        flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE
+        libc.mmap(addr, size, PROT_NONE, flags, -1, 0)
     else:
-        _libc.munmap(addr, size)
+        libc.munmap(addr, size)
 
 
 @dataclass

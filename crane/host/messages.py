@@ -185,17 +185,22 @@ class RoundBegin:
 @dataclass(frozen=True)
 class RoundEnd:
     """The round's bytes are all sent: apply it and answer. ``chunks``: memory chunks of the
-    round that came over the data plane (the worker waits for them all before answering)."""
+    round that came over the data plane (the worker waits for them all before answering);
+    ``handed_over``: the round's memory came as a descriptor on the hand-over socket (the
+    worker maps it over its window before answering)."""
 
     TAG: ClassVar[Tag] = Tag.MIGRATE_IN_END
     chunks: int = 0
+    handed_over: bool = False
 
 
 @dataclass(frozen=True)
 class DataPlaneOpen:
     """An incoming migration's worker opens its data plane (crane.migrate.dataplane): listen
     on ``bind`` (any port), accept only connections that present ``token`` (hex), over TLS with
-    these PEM files when ``tls_cert`` is set. Answered with :class:`DataPlaneReady`."""
+    these PEM files when ``tls_cert`` is set; with ``handover`` (a path), also listen there for
+    a same-host source's memory descriptor (crane.migrate.handover), same token. Answered with
+    :class:`DataPlaneReady`."""
 
     TAG: ClassVar[Tag] = Tag.MIGRATE_IN
     bind: str
@@ -203,15 +208,19 @@ class DataPlaneOpen:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    handover: str = ""
 
 
 @dataclass(frozen=True)
 class DataPlaneReady:
-    """The port an incoming migration's data plane listens on (0: none, ``error`` says why)."""
+    """The port an incoming migration's data plane listens on (0: none, ``error`` says why),
+    and the hand-over socket it listens on ("": none, ``handover_error`` says why)."""
 
     TAG: ClassVar[Tag] = Tag.CONTROL_REPLY
     port: int
     error: str = ""
+    handover: str = ""
+    handover_error: str = ""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from crane.host.messages import (
     Tag,
     encode,
 )
+from crane.migrate.handover import boot_id
 from crane.migrate.phases import Phase
 from crane.state.checkpoint import FORMAT_VERSION
 from crane.state.preflight import Use, assess, check_code
@@ -448,6 +449,8 @@ def transfer(
     in_round = False
     device = 0
     streams = 0
+    handover = False
+    replenish = False  # the pool is topped up when the transfer ends (see below)
     try:
         for chunk in requests:
             if chunk.commit:
@@ -462,6 +465,7 @@ def transfer(
             if record is None:
                 hold, hold_timeout_s = chunk.hold, chunk.hold_timeout_s or HOLD_TIMEOUT_S
                 streams = chunk.data_streams
+                handover = chunk.handover
                 try:
                     ident = {"session": json.loads(chunk.identity_json)}
                     record, _ = SessionRecord.from_meta(ident, FORMAT_VERSION, "the record")
@@ -496,15 +500,23 @@ def transfer(
                     # the session may be coming back: its last stay's files (same paths) must
                     # be gone before this one's are made
                     host.wait_released(record.id)
-                    session = host.start(record, host.device(device), SessionState.INCOMING)
+                    # a source that may hand its memory over stops right after round 0: the
+                    # pool's next worker is then spawned once the transfer is over, not while
+                    # its imports (hundreds of ms of CPU) would compete with the stopped round
+                    # (2 cores: downtimes of 12-67 ms against 6-16 ms). A data-plane source's
+                    # rounds take long enough for the spawn to finish before its stop.
+                    session = host.start(
+                        record, host.device(device), SessionState.INCOMING, replenish=not handover
+                    )
+                    replenish = replenish or handover
                     session.adopt(record)  # it answers with what its guest was told
                 if session is None:
                     raise ProtocolError("FAILED_PRECONDITION", "the first round must be fresh")
                 begin = RoundBegin(chunk.round, chunk.fresh, chunk.final)
                 session.worker.channel.send(*encode(begin))
                 in_round = True
-                if chunk.fresh and streams:
-                    yield _offer(host, session, chunk.round, local)
+                if chunk.fresh and (streams or handover):
+                    yield _offer(host, session, chunk.round, local, handover)
             assert session is not None
             if chunk.data:
                 session.worker.channel.send(Tag.MIGRATE_DATA, chunk.data)
@@ -513,7 +525,7 @@ def transfer(
             if not chunk.end_of_round:
                 continue
             in_round = False
-            answer = request(session, RoundEnd(chunk.data_chunks))
+            answer = request(session, RoundEnd(chunk.data_chunks, chunk.handed_over))
             if not isinstance(answer, RoundApplied):
                 why = reason(answer)
                 raise ProtocolError("FAILED_PRECONDITION", f"round {chunk.round} refused: {why}")
@@ -543,7 +555,10 @@ def transfer(
                 with host.table.lock:
                     host.table.remove(session)
             host.release(session)
+            Path(_handover_path(session)).unlink(missing_ok=True)  # a worker that was killed
             log.info("incoming migration of %s ended before switchover; released", session.id)
+        if replenish:
+            host.replenish_workers()
         if claimed is not None:
             with host.table.lock:
                 host.table.unclaim_slot(claimed)
@@ -552,35 +567,65 @@ def transfer(
 
 
 def _offer(
-    host: SessionHost, session: DaemonSession, round_: int, local: bool
+    host: SessionHost, session: DaemonSession, round_: int, local: bool, handover: bool = False
 ) -> peer_pb2.TransferAck:
     """Open the incoming worker's data plane and say where (:mod:`crane.migrate.dataplane`):
     the token goes to the source over this authenticated stream only; TLS with this daemon's
     own certificate whenever the source reached it over tcp. No data plane (the worker could
     not listen, or TLS files are missing on a tcp transfer): an offer with the reason, and the
-    source sends memory in the stream as before."""
+    source sends memory in the stream as before. ``handover``: the source could hand its
+    memory over (:mod:`crane.migrate.handover`), so the worker also listens on a unix socket
+    beside the session's files (same token), and the offer names it and this kernel's boot
+    id; the source decides whether it is on this host."""
     token = secrets.token_bytes(32)
     tls = host.peer_tls
     if not local and not tls.cert:
         refusal = "this daemon has no certificate of its own for the data plane's TLS"
         log.warning("incoming migration: no data plane: %s", refusal)
-        return peer_pb2.TransferAck(round=round_, offer=True, data_refusal=refusal)
+        return peer_pb2.TransferAck(
+            round=round_, offer=True, data_refusal=refusal, handover_refusal=refusal
+        )
     use_tls = not local
+    path = _handover_path(session) if handover else ""
+    too_long = len(path) > HANDOVER_PATH_MAX
     msg = DataPlaneOpen(
         bind="127.0.0.1" if local else "*",
         token=token.hex(),
         tls_cert=tls.cert if use_tls else "",
         tls_key=tls.key if use_tls else "",
         tls_ca=tls.ca if use_tls else "",
+        handover="" if too_long else path,
     )
     answer = request(session, msg)
-    if not isinstance(answer, DataPlaneReady) or not answer.port:
-        refusal = answer.error if isinstance(answer, DataPlaneReady) else reason(answer)
-        log.warning("incoming migration: no data plane: %s", refusal)
-        return peer_pb2.TransferAck(round=round_, offer=True, data_refusal=refusal)
-    return peer_pb2.TransferAck(
-        round=round_, offer=True, data_port=answer.port, data_token=token, data_tls=use_tls
-    )
+    ack = peer_pb2.TransferAck(round=round_, offer=True)
+    if not isinstance(answer, DataPlaneReady):
+        ack.data_refusal = ack.handover_refusal = reason(answer)
+        log.warning("incoming migration: no data plane: %s", ack.data_refusal)
+        return ack
+    if answer.port:
+        ack.data_port, ack.data_token, ack.data_tls = answer.port, token, use_tls
+    else:
+        ack.data_refusal = answer.error
+        log.warning("incoming migration: no data plane: %s", answer.error)
+    if handover and answer.handover:
+        ack.handover_path, ack.boot_id, ack.data_token = answer.handover, boot_id(), token
+    elif handover:
+        ack.handover_refusal = (
+            f"the run directory is too deep for a unix socket ({path})"
+            if too_long
+            else answer.handover_error
+        )
+        log.warning("incoming migration: no hand-over socket: %s", ack.handover_refusal)
+    return ack
+
+
+#: AF_UNIX paths are limited to 108 bytes (the direct socket's rule, crane.daemon.sessions).
+HANDOVER_PATH_MAX = 100
+
+
+def _handover_path(session: DaemonSession) -> str:
+    """Where an incoming session's worker listens for a same-host source's memory."""
+    return str(session.stats_path.with_suffix(".handover"))
 
 
 def _hold(

@@ -63,6 +63,7 @@ __all__ = [
     "TEST_FAULT_ENV",
     "ZERO",
     "ZSTD",
+    "Acceptor",
     "DataPlaneError",
     "Frame",
     "Incoming",
@@ -330,6 +331,51 @@ class Timing:
         return ", ".join(shown) + " ms" if shown else "each under 1 ms"
 
 
+class Acceptor:
+    """A listener's accept loop: each connection is served on a thread of its own, with at
+    most ``limit`` of them still handshaking at once, so that a flood of connections that
+    present nothing is refused rather than given a thread each. ``serve`` must call
+    :meth:`handshaken` once its connection's handshake is over, whatever its outcome. The
+    loop ends when the listener is closed."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        serve: Callable[[socket.socket], None],
+        limit: int,
+        name: str,
+    ) -> None:
+        self.listener = listener
+        self.serve = serve
+        self.limit = limit
+        self.name = name
+        self.lock = threading.Lock()
+        self.busy = 0  # handshakes in progress
+        threading.Thread(target=self._run, name=f"{name}-accept", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                busy = self.busy
+                if busy < self.limit:
+                    self.busy += 1
+            if busy >= self.limit:
+                log.warning("%s connection refused: %d handshakes in progress", self.name, busy)
+                sock.close()
+                continue
+            threading.Thread(
+                target=self.serve, args=(sock,), name=f"{self.name}-in", daemon=True
+            ).start()
+
+    def handshaken(self) -> None:
+        with self.lock:
+            self.busy -= 1
+
+
 class Receiver:
     """The destination worker's listener and its connections' threads.
 
@@ -369,26 +415,7 @@ class Receiver:
         self.error = ""
         self.closed = False
         self.conns: list[socket.socket] = []
-        self.accepted = 0  # connections handed to a thread (handshaking or serving)
-        threading.Thread(target=self._accept, name="dataplane-accept", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.cond:
-                busy = self.accepted - len(self.conns)  # handshakes in progress
-                if busy < _MAX_HANDSHAKES:
-                    self.accepted += 1
-            if busy >= _MAX_HANDSHAKES:  # a flood of connections that present nothing
-                log.warning("data-plane connection refused: %d handshakes in progress", busy)
-                sock.close()
-                continue
-            threading.Thread(
-                target=self._serve, args=(sock,), name="dataplane-in", daemon=True
-            ).start()
+        self.acceptor = Acceptor(self.listener, self._serve, _MAX_HANDSHAKES, "dataplane")
 
     def _handshake(self, sock: socket.socket) -> socket.socket | None:
         sock.settimeout(HANDSHAKE_S)
@@ -410,10 +437,11 @@ class Receiver:
         return sock
 
     def _serve(self, raw: socket.socket) -> None:
-        sock = self._handshake(raw)
+        try:
+            sock = self._handshake(raw)
+        finally:
+            self.acceptor.handshaken()
         if sock is None:
-            with self.cond:
-                self.accepted -= 1
             return
         with self.cond:
             self.conns.append(sock)

@@ -38,6 +38,7 @@ _FIELDS = [
     "done_seq",
     "switchover",
     "awaiting",
+    "handed_over_bytes",
 ]
 
 

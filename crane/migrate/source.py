@@ -21,7 +21,11 @@ the destination worker, opened with a token the destination hands over this stre
 the destination offers one; otherwise, or with ``$CRANE_MIGRATE_STREAMS`` = 0, inside the stream
 as checkpoint sections. A round then is its stream part (graph, replies: everything but memory,
 ended by the checkpoint's END section), its memory chunks on the sockets, and a last stream
-message counting them.
+message counting them. To a destination on this host (:mod:`crane.migrate.handover`: same
+kernel boot id, and its hand-over socket answers with the token) memory is not copied at all:
+pre-copy carries the graph only, and the stopped round passes the backend's memory descriptor
+(``Backend.memory_handle``) for the destination to map; ``$CRANE_MIGRATE_HANDOVER`` = 0 forces
+the data plane. Once the destination acknowledged, this worker releases none of that memory.
 
 Rounds: ``max_rounds`` counts them all, the stopped one included, so 1 is a true stop-and-copy
 (nothing moves while the guest runs; the stopped round carries the whole session). Otherwise
@@ -46,7 +50,9 @@ from typing import Any
 
 import grpc
 
+from crane.engine.model import SessionDevice
 from crane.host.messages import MigrateRequest
+from crane.migrate import handover as ho
 from crane.migrate.dataplane import CHUNK, STREAMS, DataPlaneError, Sender, TlsPaths
 from crane.migrate.deadline import Stall
 from crane.migrate.phases import Phase, advance
@@ -177,6 +183,17 @@ def _streams() -> int:
         return STREAMS
 
 
+def handover_refusal(dev: SessionDevice, streams: int) -> str:
+    """Why this migration will not even try to hand the memory over ("" when it will)."""
+    if not streams:
+        return f"memory goes in the stream ({STREAMS_ENV}=0)"
+    if os.environ.get(ho.ENV, "1") == "0":
+        return f"{ho.ENV}=0 forces the data plane"
+    if dev.memory_handle() is None:
+        return "this backend's memory cannot be handed over"
+    return ""
+
+
 def data_host(to: str) -> str:
     """Where the destination's data plane listens: the host of a tcp:// address, loopback for
     a unix one (a daemon on this host)."""
@@ -223,6 +240,10 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     held = False
     streams = _streams()
     plane: Sender | None = None
+    link: ho.Link | None = None  # the destination worker's hand-over socket, authenticated
+    no_handover = handover_refusal(dev, streams)
+    if no_handover and streams:
+        log.info("memory will not be handed over to %s: %s", req.to, no_handover)
     try:
         with ws.boundary(req.boundary_wait_s, "migration"):
             if ws.parked:
@@ -255,6 +276,7 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             "hold": req.hold,
             "hold_timeout_s": req.hold_timeout_s,
             "data_streams": streams,
+            "handover": not no_handover,
         }
         sink = WireSink(outbox, first)
         transfer = channel.stream_stream(
@@ -272,19 +294,50 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
 
         stall.cancel = cancel
 
+        def connect_handover(offer: peer_pb2.TransferAck) -> ho.Link | None:
+            """The destination worker's hand-over socket, if it is on this host and answers
+            with the token; None (the reason logged) otherwise: memory is copied."""
+            why = offer.handover_refusal or ho.refusal(
+                offer.handover_path, offer.boot_id, ho.boot_id()
+            )
+            if not why:
+                try:
+                    got = ho.Link(
+                        offer.handover_path, offer.data_token, min(stall.limit_s, ho.HANDSHAKE_S)
+                    )
+                except (OSError, ho.HandoverError) as e:
+                    why = f"its hand-over socket {offer.handover_path} cannot be used: {e}"
+                else:
+                    log.info(
+                        "memory will be handed over to %s (same host, %s): pre-copy carries "
+                        "none of it",
+                        req.to,
+                        offer.handover_path,
+                    )
+                    return got
+            log.warning("memory cannot be handed over to %s: %s; it is copied", req.to, why)
+            return None
+
         def take_offer(round_: int) -> None:
-            """A fresh round started a new worker there: connect to its data plane (or go on
-            without one, said in the log)."""
-            nonlocal plane
+            """A fresh round started a new worker there: connect to its hand-over socket or,
+            failing that, its data plane (or go on without either, said in the log)."""
+            nonlocal plane, link
             if not streams:
                 return
             if plane is not None:
                 plane.close()
                 plane = None
+            if link is not None:
+                link.close()
+                link = None
             stall.step = f"waiting for the data-plane offer of round {round_}"
             offer = ack(round_)
             if not offer.offer:
                 raise MigrationFailed(f"destination answered round {round_} without its offer")
+            if not no_handover:
+                link = connect_handover(offer)
+                if link is not None:
+                    return
             if not offer.data_port:
                 log.warning(
                     "no data plane to %s: %s; memory goes in the stream",
@@ -311,6 +364,28 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 offer.data_port,
                 streams,
                 ", TLS" if tls_paths else "",
+            )
+
+        def hand_over(w: CheckpointWriter) -> None:
+            """End the stopped round with the memory handed over: its descriptor on the
+            hand-over socket (received there before the round ends on the stream)."""
+            assert link is not None
+            fd = dev.memory_handle()
+            if fd is None:
+                raise MigrationFailed("the backend no longer has a memory descriptor")
+            in_use = sum(n for _, n in dev.memory_regions())
+            stall.step = f"handing the memory over in the final round {sink.round}"
+            w.finish()
+            sink.push()  # the graph goes first: the destination applies it meanwhile
+            with stall.waiting():
+                link.send(sink.round, fd, in_use, stall.limit_s)
+            sink.end(handed_over=True)
+            st["handed_over_bytes"] = in_use
+            log.info(
+                "round %d: memory handed over to %s (%d bytes in use, none on the wire)",
+                sink.round,
+                req.to,
+                in_use,
             )
 
         def end_round(
@@ -468,7 +543,11 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             base(w, graph0, replies0)
             sink.push()
             take_offer(0)
-            end_round(w, functools.partial(send_running, w, regions, resend, 0))
+            if link is not None:  # the stopped round hands the memory over: none moves now
+                end_round(w, lambda: None, via_plane=False)
+                log.info("round 0 to %s: the object graph only (%d bytes)", req.to, sink.sent)
+            else:
+                end_round(w, functools.partial(send_running, w, regions, resend, 0))
             ack(0)
             packed = _packed(w, packed)
             account(w, time.monotonic() - r0)
@@ -476,7 +555,9 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             # rounds 1..: what changed since the last mark, while the guest runs
             round_ = 1
             last_dirty: int | None = None
-            while True:
+            if link is not None and decisions.poll(0) == ABORT:
+                raise MigrationFailed("aborted by the operator during pre-copy")
+            while link is None:  # delta rounds copy what changed; a hand-over needs none
                 with ws.boundary(req.boundary_wait_s, "migration"):
                     dirty, _ = dev.dirty.mark()
                     allocs_now = {a: n for a, (_, n) in dev.allocations.items()}
@@ -546,6 +627,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             final |= {a for a, n in sizes.items() if base_allocs.get(a) != n}
             regions = [(a, sizes[a]) for a in sorted(final)]
             regions += [r for r in dev.memory_regions() if r[0] not in sizes]  # module variables
+        if link is not None:
+            regions = []  # the memory itself changes hands, not a byte of it is copied
         st["dirty_bytes"] = sum(n for _, n in regions)
         # a small final round goes in the stream: the data plane's hand-off (the stream's part
         # applied, then the chunks, then the count) costs more than it saves on a few MiB
@@ -561,7 +644,10 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
                 for a, n in _chunks(addr, size):
                     w.memory(a, dev.read(a, n))  # stopped: no snapshot
 
-        end_round(w, send_stopped, via_plane)
+        if link is not None:
+            hand_over(w)
+        else:
+            end_round(w, send_stopped, via_plane)
         sent = time.monotonic()
         a = ack(round_)
         acked = time.monotonic()
@@ -575,7 +661,10 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
             outbox.put(peer_pb2.TransferChunk(round=round_, commit=True).SerializeToString())
             a = ack(round_)
             acked = time.monotonic()
-        # the destination holds the session now: this worker must never run a call again
+        # the destination holds the session now: this worker must never run a call again,
+        # nor release a page of memory it handed over (the destination's now)
+        if link is not None:
+            dev.disown_memory()
         ws.move(WorkerState.PARKED)
         st.update(
             phase=advance(phase, Phase.DONE).value,
@@ -589,12 +678,15 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
         )
         progress(st)
         log.info(
-            "migrated to %s: %d rounds, %d bytes; stopped %.1f ms (final round: %d bytes "
+            "migrated to %s: %d rounds, %d bytes%s; stopped %.1f ms (final round: %d bytes "
             "captured in %.1f ms, %.1f ms of it waiting for the stream; applied and acknowledged "
             "%.1f ms later), total %.2f s",
             req.to,
             round_ + 1,
             st["bytes_sent"],
+            f", memory handed over ({st['handed_over_bytes']} bytes, none copied)"
+            if link is not None
+            else "",
             switchover * 1e3,
             w.bytes_written,
             (sent - stop) * 1e3,
@@ -608,6 +700,11 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     except TooLate as e:  # the guest's call in progress never returned: it carries on here
         _abort(req.to, tls, ident, responses, stall.limit_s)
         raise MigrationFailed(f"{e}; the session stays here as it was") from None
+    except ho.HandoverError as e:  # the descriptor did not reach the destination
+        _abort(req.to, tls, ident, responses, stall.limit_s)
+        if stall.reason:
+            raise MigrationFailed(stall.reason) from None
+        raise MigrationFailed(f"hand-over to {req.to} failed in round {st['round']}: {e}") from None
     except DataPlaneError as e:  # a socket failed: the destination dropped it, or refused
         _abort(req.to, tls, ident, responses, stall.limit_s)
         if stall.reason:
@@ -628,6 +725,8 @@ def migrate_out(ws: WorkerSession, req: MigrateRequest, progress: Progress) -> N
     finally:
         if plane is not None:
             plane.close()
+        if link is not None:
+            link.close()
         stall.close()
         decisions.close()
         outbox.end()

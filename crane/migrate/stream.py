@@ -228,9 +228,10 @@ class WireSink:
     def flush(self) -> None:
         pass
 
-    def end(self, data_chunks: int = 0) -> None:
-        """End the round (``data_chunks``: its memory chunks sent over the data plane)."""
-        self._push(True, data_chunks)
+    def end(self, data_chunks: int = 0, handed_over: bool = False) -> None:
+        """End the round (``data_chunks``: its memory chunks sent over the data plane;
+        ``handed_over``: its memory went as a descriptor on the hand-over socket)."""
+        self._push(True, data_chunks, handed_over=handed_over)
 
     def push(self, data_follows: bool = False) -> None:
         """Send what is queued now (the round goes on); ``data_follows``: this ends the
@@ -238,7 +239,9 @@ class WireSink:
         if self.size or self.first or data_follows:
             self._push(False, data_follows=data_follows)
 
-    def _push(self, end: bool, data_chunks: int = 0, data_follows: bool = False) -> None:
+    def _push(
+        self, end: bool, data_chunks: int = 0, data_follows: bool = False, handed_over: bool = False
+    ) -> None:
         head = peer_pb2.TransferChunk(
             round=self.round,
             fresh=self.fresh,
@@ -246,6 +249,7 @@ class WireSink:
             end_of_round=end,
             data_chunks=data_chunks,
             data_follows=data_follows,
+            handed_over=handed_over,
             **self.first,
         ).SerializeToString()
         msg = b"".join([head, _DATA_KEY, _varint(self.size), *self.pieces]) if self.size else head

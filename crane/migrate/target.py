@@ -11,23 +11,34 @@ switchover proportional to what changed, not to the session's size.
 With a data plane (:mod:`crane.migrate.dataplane`) a round's memory arrives on its sockets
 instead of in the stream: its chunks are applied once the stream's part of the round (its
 object graph) is, and the round is answered only when all the chunks the source counted are.
+
+From a source on this host (:mod:`crane.migrate.handover`) no memory arrives at all: pre-copy
+rounds carry the graph only (built on this worker's own window), and the stopped round's
+memory is a descriptor of the source's, mapped over the window once that round's graph is
+applied, so nothing here writes a byte of the source's memory before the switchover.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
 from typing import Any
 
+from crane.api.results import CudaError
 from crane.engine.codec import CallLog
 from crane.engine.model import SessionDevice
 from crane.migrate.dataplane import DataPlaneError, Incoming, Receiver, TlsPaths, is_zero
+from crane.migrate.handover import HandoverError, Listener
 from crane.migrate.stream import FrameReader
 from crane.state.checkpoint import CheckpointError, CheckpointReader, Kind
 from crane.state.park import restore_checkpoint, unpack_replies
 from crane.state.record import restore_progress, restore_sticky, save_graph
 
 __all__ = ["RoundApplier", "patch_graph"]
+
+log = logging.getLogger("crane.worker")
 
 #: Reads of at least this many bytes that lie in one wire message are applied from it in place.
 _VIEW_MIN = 64 << 10
@@ -63,6 +74,7 @@ class RoundApplier:
         self._result: dict[str, Any] = {}
         self._round = 0
         self.plane: Receiver | None = None
+        self.handover: Listener | None = None
         self._write_lock = threading.Lock()  # data-plane chunks arrive on several threads
 
     def open_plane(self, token: bytes, bind: str, tls: TlsPaths | None) -> int:
@@ -70,6 +82,13 @@ class RoundApplier:
         if self.plane is None:
             self.plane = Receiver(self._write, token, bind, tls, into=self._write_from)
         return self.plane.port
+
+    def open_handover(self, token: bytes, path: str) -> str:
+        """Listen at ``path`` for a same-host source's memory descriptor (a fresh worker:
+        once); the path."""
+        if self.handover is None:
+            self.handover = Listener(path, token)
+        return self.handover.path
 
     def _write_from(self, addr: int, src: Incoming) -> None:
         """A raw data-plane chunk from its socket straight into device memory (the backend
@@ -95,6 +114,9 @@ class RoundApplier:
         if self.plane is not None:
             self.plane.close()
             self.plane = None
+        if self.handover is not None:
+            self.handover.close()
+            self.handover = None
 
     def begin(self, fresh: bool, round_: int) -> None:
         # a fresh round is replayed by the checkpoint restore, which keeps what it reads
@@ -112,9 +134,10 @@ class RoundApplier:
         if self.reader is not None:
             self.reader.q.put(data if data else None)
 
-    def end(self, chunks: int = 0) -> dict[str, Any]:
-        """Wait for the round to be applied (and its ``chunks`` data-plane chunks); its answer
-        for the daemon (or an error)."""
+    def end(self, chunks: int = 0, handed_over: bool = False) -> dict[str, Any]:
+        """Wait for the round to be applied (and its ``chunks`` data-plane chunks, or, when
+        its memory was ``handed_over``, map that memory); its answer for the daemon (or an
+        error)."""
         if self.reader is None or self._thread is None:
             return {"error": "no round in progress"}
         self.reader.q.put(None)
@@ -129,7 +152,32 @@ class RoundApplier:
                 return {"error": f"round {self._round}: {e}"}
             self.dev.synchronize()
             self.dev.dirty.mark()  # as after a round from the stream
+        if handed_over and "error" not in self._result:
+            try:
+                self._adopt()
+            except HandoverError as e:
+                return {"error": f"round {self._round}: {e}"}
+            except CudaError as e:  # not a window of ours (size, seals), or not mappable
+                return {"error": f"round {self._round}: memory handed over refused: {e.message}"}
         return self._result
+
+    def _adopt(self) -> None:
+        """Map the source's memory over the window, now that the round's graph is applied
+        on this worker's own (its allocations, module variables' initial values)."""
+        if self.handover is None:
+            raise HandoverError("the memory was handed over but no hand-over socket is open")
+        fd, in_use = self.handover.take(self._round)
+        t = time.perf_counter()
+        self.dev.adopt_memory(fd)  # the descriptor is the backend's now, refused or not
+        self.dev.synchronize()
+        self.dev.dirty.mark()
+        log.info(
+            "round %d: mapped the memory the source handed over (%d bytes in use, none "
+            "copied) in %.1f ms",
+            self._round,
+            in_use,
+            (time.perf_counter() - t) * 1e3,
+        )
 
     def _run(self, fresh: bool, round_: int) -> None:
         name = f"migration round {round_}"

@@ -81,24 +81,33 @@ class MigrationFrames:
         return True
 
     def open_plane(self, req: DataPlaneOpen) -> DataPlaneReady:
-        """Listen for the source's data-plane connections (crane.migrate.dataplane)."""
+        """Listen for the source's data-plane connections (crane.migrate.dataplane) and, when
+        asked, on the hand-over socket for a same-host source (crane.migrate.handover)."""
         if self.ws.state is not WorkerState.INCOMING:
-            return DataPlaneReady(0, f"session {self.ws.session_id} is {self.ws.state.value}")
+            why = f"session {self.ws.session_id} is {self.ws.state.value}"
+            return DataPlaneReady(0, why, handover_error=why)
+        token = bytes.fromhex(req.token)
         tls = TlsPaths(req.tls_cert, req.tls_key, req.tls_ca) if req.tls_cert else None
+        port, error, handover, handover_error = 0, "", "", ""
         try:
-            port = self.applier.open_plane(bytes.fromhex(req.token), req.bind, tls)
+            port = self.applier.open_plane(token, req.bind, tls)
         except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-            return DataPlaneReady(0, f"cannot listen on {req.bind}: {e}")
-        return DataPlaneReady(port)
+            error = f"cannot listen on {req.bind}: {e}"
+        if req.handover:
+            try:
+                handover = self.applier.open_handover(token, req.handover)
+            except OSError as e:
+                handover_error = f"cannot listen on {req.handover}: {e}"
+        return DataPlaneReady(port, error, handover, handover_error)
 
     def feed(self, data: bytes) -> None:
         self.applier.feed(data)
 
-    def end(self, chunks: int = 0) -> ControlAnswer:
+    def end(self, chunks: int = 0, handed_over: bool = False) -> ControlAnswer:
         """Wait for the round to be applied; the answer for the daemon."""
         if self.ws.state is not WorkerState.INCOMING:
             return Refused(f"session {self.ws.session_id} is {self.ws.state.value}: no round")
-        answer = self.applier.end(chunks)
+        answer = self.applier.end(chunks, handed_over)
         if "error" in answer:
             return Refused(answer["error"])
         self.ws.publish_stats()

@@ -165,6 +165,9 @@ class WorkerSession:
             if self.state not in ALLOWED["attach"]:
                 return False
             self.move(S.RELAY if mode == MODE_RELAY else S.DIRECT)  # direct: gRPC or ring
+            # memory a migration handed over is this worker's alone once its guest is here
+            # (the source let go: the guest was redirected, and an abort no longer lands)
+            self.engine.device.claim_memory()
             self.stats.set_attached(mode, peer)
             self.attached.set()
             return True

@@ -98,6 +98,14 @@ def in_stream(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def copy_on_one_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daemons started after this fixture copy a migration's memory on the data plane even
+    between daemons of one host, which otherwise hand it over (``CRANE_MIGRATE_HANDOVER=0``,
+    inherited by their workers): for tests about the copy itself."""
+    monkeypatch.setenv("CRANE_MIGRATE_HANDOVER", "0")
+
+
+@pytest.fixture
 def image(cuda_build) -> bytes:  # type: ignore[no-untyped-def]
     # PTX for compute_80: runs on the A100 (sm_80) and, JIT-compiled, on the H100 (sm_90)
     return cuda_build(

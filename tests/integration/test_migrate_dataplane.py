@@ -40,6 +40,11 @@ MiB = 1 << 20
 SIZE = 24 * MiB  # six data-plane chunks
 
 
+#: Daemons on one host hand the memory over (crane/migrate/handover.py): these tests are
+#: about the copy, so their daemons (and workers) use the data plane.
+pytestmark = pytest.mark.usefixtures("copy_on_one_host")
+
+
 def _pair(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[DaemonProcess, ...]:
     a = DaemonProcess(tmp_path / "a", ["sim:h100-80gb"], env=env)
     try:

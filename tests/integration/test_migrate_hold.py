@@ -24,7 +24,7 @@ from crane.guest.session import GuestSession
 from crane.v1 import control_pb2, control_pb2_grpc, guest_pb2, guest_pb2_grpc
 from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
-from tests.integration.test_migrate import STEPS, Guest, _live, _no_sessions
+from tests.integration.test_migrate import STEPS, Guest, _live, _no_sessions, _wait_no_sessions
 from tests.integration.workload import reference
 
 
@@ -181,7 +181,7 @@ def test_gated_hold_then_commit_resumes_on_the_destination(pair: tuple, image: b
         got = g.finish()
         assert s._t.address == dst.address and s._t.resumes == 1
     assert got == want
-    _no_sessions(src)
+    _wait_no_sessions(src)  # its worker is released after the switchover, on its own time
     _settled(dst)  # the guest just closed its session there
 
 

@@ -22,6 +22,9 @@ from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
 
 MiB = 1 << 20
+#: How the copy spends its rounds: daemons of one host would hand the memory over instead
+#: (tests/integration/test_migrate_handover.py), so these use the data plane.
+pytestmark = pytest.mark.usefixtures("copy_on_one_host")
 
 
 @pytest.fixture

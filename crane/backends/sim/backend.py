@@ -12,6 +12,7 @@ that embeds PTX.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,10 +145,16 @@ class SimBackend(Backend):
         src.read_into(view)
 
     def memcpy_dtoh(self, src: int, size: int, stream: Any) -> memoryview:
+        """A view of the device's bytes; zeros for a large range never written, without
+        touching it (reading a hole of the shared mapping would commit its pages: a
+        checkpoint, a migration or a zero check would fill a sparse session's memory)."""
         try:
-            return memoryview(self.memory.view(src, size))
+            view = memoryview(self.memory.view(src, size))
         except MemoryFault as e:
             raise _fault(e) from None
+        if size >= UNTOUCHED_CHECK and self.memory.untouched(src, size):
+            return memoryview(_ZEROS)[:size] if size <= len(_ZEROS) else memoryview(bytes(size))
+        return view
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: Any) -> None:
         try:
@@ -160,6 +167,23 @@ class SimBackend(Backend):
             self.memory.fill(dst, value, elem_size, count)
         except MemoryFault as e:
             raise _fault(e) from None
+
+    # ---- handing the memory over (a same-host migration) ---------------------------------------
+    def memory_handle(self) -> int | None:
+        return self.memory.handle()
+
+    def adopt_memory(self, fd: int) -> None:
+        try:
+            self.memory.adopt(fd)
+        except (ValueError, OSError) as e:
+            os.close(fd)  # refused: the descriptor is ours to drop all the same
+            raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, str(e)) from None
+
+    def claim_memory(self) -> None:
+        self.memory.claim()
+
+    def disown_memory(self) -> None:
+        self.memory.disown()
 
     # ---- streams and events -----------------------------------------------------------------
     def stream_create(self, flags: int, priority: int) -> SimStream:
@@ -385,6 +409,11 @@ class SimBackend(Backend):
         self.account.close()
         self.memory.close()
 
+
+#: Reads from this size on check first whether the range was ever written (one ``lseek``:
+#: small reads, the guest's usual ones, skip it and may commit a few pages).
+UNTOUCHED_CHECK = 64 << 10
+_ZEROS = bytes(8 << 20)  # what an untouched range reads as (never written: stable views)
 
 #: CUDA's defaults of CU_LIMIT_MALLOC_HEAP_SIZE and CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT.
 DEVICE_HEAP_BYTES = 8 << 20

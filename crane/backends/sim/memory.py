@@ -2,8 +2,22 @@
 
 Why a flat buffer: the guest chooses every device address inside the window the daemon granted
 (architecture invariant 2), so a device address maps to a buffer offset by one subtraction. The
-buffer is an anonymous ``MAP_NORESERVE`` mapping, so a terabyte-sized window costs nothing until
-pages are written, and freeing an allocation hands its pages back with ``MADV_DONTNEED``.
+buffer is a ``MAP_SHARED | MAP_NORESERVE`` mapping of a memfd as large as the window, so a
+terabyte-sized window costs nothing until pages are written, and unmapping a chunk hands its
+pages back with ``MADV_REMOVE`` (a hole punched in the file: ``MADV_DONTNEED`` would only drop
+this process's view of shared pages, neither freeing nor zeroing them).
+
+Why a memfd rather than anonymous memory: a worker on the same host can be handed the
+descriptor (:meth:`SimMemory.handle`, passed with ``SCM_RIGHTS`` by a same-host migration) and
+map the very same pages over its own window (:meth:`SimMemory.adopt`), so a session moves
+between workers without a byte of its memory copied. The file's size is sealed
+(``F_SEAL_SHRINK | F_SEAL_GROW``), so no holder of the descriptor can make a mapping of it fault
+with ``SIGBUS``. Only the worker serving the session releases pages (:attr:`SimMemory.owns_pages`):
+a source that handed its memory over, or a destination that has not been committed to yet,
+only unmaps. Closing never punches holes: the pages go when the last mapping and descriptor do.
+One cost of sharing: a read fault on a hole of a shared mapping commits a page (an anonymous
+private mapping maps the zero page instead), so readers of large ranges ask
+:meth:`SimMemory.untouched` first and read nothing where nothing was ever written.
 
 Two layers of validity, as on a real GPU with the VMM API:
 
@@ -20,20 +34,32 @@ addresses into validated buffer offsets, then indexes :attr:`SimMemory.buf` dire
 from __future__ import annotations
 
 import bisect
+import ctypes
+import errno
+import fcntl
 import logging
 import mmap
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from crane.device.layout import CHUNK_GRANULARITY
+from crane.wire.libc import (
+    FALLOC_PUNCH_HOLE,
+    MAP_FIXED,
+    MAP_NORESERVE,
+    MAP_SHARED,
+    PROT_RW,
+    libc,
+)
 
 __all__ = ["Allocation", "MemoryFault", "SimMemory"]
 
 log = logging.getLogger("crane.sim")
 
-#: Linux's MAP_NORESERVE; CPython 3.11 does not export the constant on every build.
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+#: The seals every window's memfd carries: its size can never change.
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 _MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
 
@@ -122,10 +148,20 @@ class SimMemory:
             raise ValueError("window base and size must be positive multiples of 2 MiB")
         self.base = base
         self.size = size
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-        self._map = mmap.mmap(-1, size, flags=flags)
+        self._fd = os.memfd_create(f"crane-sim-{base:#x}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self._fd, size)
+            fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, _SEALS)
+            flags = MAP_SHARED | MAP_NORESERVE
+            self._map = mmap.mmap(self._fd, size, flags=flags)
+        except BaseException:
+            os.close(self._fd)
+            raise
         #: The whole window as bytes; device address ``a`` is ``buf[a - base]``.
         self.buf = np.frombuffer(self._map, dtype=np.uint8)
+        #: This worker serves the session, so a chunk it unmaps is released (False: the
+        #: memory was handed over, or adopted and not yet committed to, see the module's doc).
+        self.owns_pages = True
         self._chunks = _RangeTable()
         self._allocs = _RangeTable()
         self.mapped_bytes = 0
@@ -138,6 +174,9 @@ class SimMemory:
         device memory rather than copies) may hold a view for a moment: the mapping is then
         unmapped when the last view goes, not refused with an error at the worker's exit."""
         self.buf = np.empty(0, np.uint8)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._map is None:
             return
         try:
@@ -145,6 +184,69 @@ class SimMemory:
         except BufferError:
             log.debug("device memory still viewed at close: unmapped when the last view goes")
         self._map = None  # type: ignore[assignment]
+
+    # ---- handing the memory to another worker on this host ---------------------------------
+    def handle(self) -> int:
+        """The descriptor of the window's memfd (still this object's: the caller passes it
+        on, e.g. with ``SCM_RIGHTS``, and never closes it)."""
+        if self._fd < 0:
+            raise ValueError("device memory is closed")
+        return self._fd
+
+    def adopt(self, fd: int) -> None:
+        """Map another window's memfd (its :meth:`handle`, received from its worker) over this
+        one, at the same address, so every view of :attr:`buf` (kernels', the PTX compiler's
+        cached base address) now sees that memory; this window's own pages are released.
+        Takes ``fd`` over (closed with this object). Refuses, with ``ValueError`` and ``fd``
+        left to the caller, a descriptor that is not a window of this size with its size
+        sealed. Afterwards :attr:`owns_pages` is False until :meth:`claim`."""
+        st = os.fstat(fd)
+        if st.st_size != self.size:
+            raise ValueError(f"the memory handed over holds {st.st_size} bytes, not {self.size}")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError as e:
+            raise ValueError(f"the memory handed over is not a sealed memfd: {e}") from None
+        if seals & (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW) != (
+            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+        ):
+            raise ValueError("the memory handed over may change size (its memfd is not sealed)")
+        if self._map is None or self._fd < 0:
+            raise ValueError("device memory is closed")
+        addr = self.buf.ctypes.data
+        flags = MAP_SHARED | MAP_FIXED | MAP_NORESERVE
+        got = libc.mmap(addr, self.size, PROT_RW, flags, fd, 0)
+        if got != addr:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot map the memory handed over: {os.strerror(err)}")
+        # our own pages are mapped nowhere now; the mmap object keeps a duplicate of our
+        # descriptor until it closes, so free them here rather than at the session's end
+        if libc.fallocate(self._fd, FALLOC_PUNCH_HOLE, 0, self.size) != 0:
+            log.warning(
+                "could not release the window's own pages: %s", os.strerror(ctypes.get_errno())
+            )
+        os.close(self._fd)
+        self._fd = fd
+        self.owns_pages = False
+
+    def claim(self) -> None:
+        """This worker serves the session now: chunks it unmaps are released again."""
+        self.owns_pages = True
+
+    def disown(self) -> None:
+        """The memory was handed over and the receiver took the session: never release a page
+        of it from here (the receiver's pages); unmapping at exit is all that is left."""
+        self.owns_pages = False
+
+    def untouched(self, addr: int, size: int) -> bool:
+        """No page of ``[addr, addr+size)`` was ever written (a hole in the memfd, found with
+        ``SEEK_DATA``): it reads as zero, and reading it through the mapping would commit
+        its pages for nothing."""
+        off = addr - self.base
+        try:
+            return os.lseek(self._fd, off, os.SEEK_DATA) >= off + size
+        except OSError as e:  # ENXIO: no data at or after ``off``
+            return e.errno == errno.ENXIO
 
     # ---- chunks (committed memory) -------------------------------------------------------
     def map_chunk(self, addr: int, size: int) -> None:
@@ -301,9 +403,13 @@ class SimMemory:
         return (a - np.uint64(self.base)).astype(np.int64)
 
     def _discard(self, addr: int, size: int) -> None:
-        """Give the pages of a released range back to the OS (they read as zero afterwards)."""
+        """Give the pages of a released range back to the OS (they read as zero afterwards):
+        a hole punched in the memfd. Not while another worker may own them (see
+        :attr:`owns_pages`): the chunk is then only forgotten here."""
+        if not self.owns_pages:
+            return
         off = addr - self.base
         try:
-            self._map.madvise(mmap.MADV_DONTNEED, off, size)
+            self._map.madvise(mmap.MADV_REMOVE, off, size)
         except (AttributeError, OSError):
             self.buf[off : off + size] = 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -103,3 +106,129 @@ def test_close_while_a_view_is_still_held() -> None:
     mem.close()
     assert len(mem.buf) == 0
     view.release()
+
+
+# ---- the window on a memfd: released pages, handing the memory to another worker ------------
+def _held(m: SimMemory) -> int:
+    """Bytes the window's memfd holds in memory (its allocated blocks)."""
+    return os.fstat(m.handle()).st_blocks * 512
+
+
+def test_unmapping_a_chunk_releases_its_pages_and_they_read_zero(mem: SimMemory) -> None:
+    """A shared mapping's pages survive MADV_DONTNEED: unmapping must punch them out of the
+    memfd, or a session's freed memory would stay charged to the host (and read stale)."""
+    mem.alloc(BASE, 4 * MiB)
+    mem.fill(BASE, 0x5A, 1, 4 * MiB)
+    assert _held(mem) >= 4 * MiB
+    mem.free(BASE)
+    mem.unmap_chunk(BASE)
+    assert _held(mem) == 0
+    mem.map_chunk(BASE, 4 * MiB)
+    mem.alloc(BASE, 4 * MiB)
+    assert not mem.view(BASE, 4 * MiB).any()
+
+
+def _pair() -> tuple[SimMemory, SimMemory]:
+    src, dst = SimMemory(BASE, 1 << 40), SimMemory(BASE, 1 << 40)
+    for m in (src, dst):
+        m.map_chunk(BASE, 4 * MiB)
+        m.alloc(BASE, 4 * MiB)
+    return src, dst
+
+
+def test_adopted_memory_is_the_same_pages_under_the_views_already_held() -> None:
+    src, dst = _pair()
+    try:
+        noise = np.random.default_rng(2).integers(0, 256, 4 * MiB, dtype=np.uint8)
+        src.write(BASE, noise)
+        dst.fill(BASE, 0x77, 1, 1 * MiB)  # the destination's own restore steps wrote here
+        view = dst.view(BASE, 4 * MiB)  # as a kernel (or the PTX compiler's base) holds it
+        base_addr = dst.buf.ctypes.data
+        own = os.dup(dst.handle())  # to see that the destination's own pages go
+        try:
+            dst.adopt(os.dup(src.handle()))
+            assert os.fstat(own).st_blocks == 0
+        finally:
+            os.close(own)
+        assert dst.buf.ctypes.data == base_addr
+        assert np.array_equal(view, noise)  # no copy: the view now shows the source's pages
+        dst.claim()
+        dst.fill(BASE, 1, 1, 16)
+        assert src.read(BASE, 16) == b"\x01" * 16  # one memory, two mappings
+    finally:
+        src.close()
+        dst.close()
+
+
+def test_only_the_owner_releases_shared_pages() -> None:
+    """An adopted window is not released from before the commit (an abort gives the memory
+    back to its source untouched), and a source that handed its memory over releases nothing
+    after it (the destination's pages now)."""
+    src, dst = _pair()
+    try:
+        src.fill(BASE, 0x42, 1, 4 * MiB)
+        dst.adopt(os.dup(src.handle()))
+        dst.free(BASE)
+        dst.unmap_chunk(BASE)  # not committed to yet: forgotten here, not released
+        assert src.read(BASE, 4) == b"\x42" * 4 and _held(src) >= 4 * MiB
+        dst.map_chunk(BASE, 4 * MiB)
+        dst.alloc(BASE, 4 * MiB)
+        dst.claim()
+        src.disown()
+        src.free(BASE)
+        src.unmap_chunk(BASE)
+        assert dst.read(BASE, 4) == b"\x42" * 4
+        dst.free(BASE)
+        dst.unmap_chunk(BASE)  # the owner's unmap releases them
+        assert _held(dst) == 0
+    finally:
+        src.close()
+        dst.close()
+
+
+def test_adopt_refuses_what_is_not_a_sealed_window_of_its_size() -> None:
+    m = SimMemory(BASE, 4 * MiB)
+    other = SimMemory(BASE, 8 * MiB)
+    loose = os.memfd_create("loose", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(loose, 4 * MiB)
+        with pytest.raises(ValueError, match="holds 8388608 bytes"):
+            m.adopt(other.handle())
+        with pytest.raises(ValueError, match="not sealed"):
+            m.adopt(loose)
+        assert m.owns_pages
+    finally:
+        os.close(loose)
+        m.close()
+        other.close()
+
+
+def test_reading_what_was_never_written_commits_nothing(tmp_path: Path) -> None:
+    """A read fault on a hole of a shared mapping commits a page: the backend answers a large
+    read of a never-written range with zeros without touching it, so a checkpoint or migration
+    of a sparse session (or a data plane's zero check) does not fill its memory."""
+    from crane.backends.catalog import builtin_model
+    from crane.backends.sim.backend import UNTOUCHED_CHECK, SimBackend
+    from crane.device.ledger import Ledger
+
+    model = builtin_model("h100-80gb")
+    be = SimBackend(
+        model,
+        model.snapshot(b"\x01" * 16),
+        (BASE, 1 << 40),
+        Ledger(tmp_path / "l", model.total_mem),
+        0,
+    )
+    try:
+        be.map_chunk(BASE, 8 * MiB)
+        be.mem_alloc(BASE, 8 * MiB)
+        assert be.memory.untouched(BASE, 8 * MiB)
+        assert not any(be.memcpy_dtoh(BASE, 8 * MiB, None))
+        assert _held(be.memory) == 0
+        be.memcpy_htod(BASE + 6 * MiB, b"\x01", None)
+        assert be.memory.untouched(BASE, 4 * MiB) and not be.memory.untouched(BASE, 8 * MiB)
+        got = be.memcpy_dtoh(BASE + 4 * MiB, 4 * MiB, None)
+        assert got[2 * MiB] == 1  # a range written in part is read where it lies
+        assert be.memcpy_dtoh(BASE, UNTOUCHED_CHECK - 1, None).nbytes == UNTOUCHED_CHECK - 1
+    finally:
+        be.close()
