@@ -27,6 +27,7 @@ __all__ = [
     "c64",
     "float_of",
     "ity",
+    "lane_type",
     "resize",
     "sanitize",
     "storage_bits",
@@ -104,8 +105,15 @@ def float_of(op) -> float:
     return struct.unpack("<d", struct.pack("<Q", op[1]))[0]
 
 
+def lane_type(ty):
+    """``ty``, or its element type when it is a vector (one lane's value in the vector form)."""
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
 def resize(b: ir.IRBuilder, v, bits: int, signed: bool):
-    w = v.type.width
+    """``v`` (an integer, or a vector of them) truncated or extended to ``bits`` per lane; the
+    vector form's builder (:mod:`.vecbuild`) makes the target type a vector."""
+    w = lane_type(v.type).width
     if w == bits:
         return v
     if w > bits:

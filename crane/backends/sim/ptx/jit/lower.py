@@ -50,14 +50,12 @@ from ..memspace import (
     SHARED_WINDOW,
     WINDOW_SIZE,
 )
-from ..ops_common import IGNORED_MODS
 from ..parser import Function, Instr, Label
 from ..ptxtypes import TYPES, PtxType
 from . import layout as L
 from .affine import lane_strides
 from .irtypes import (
     EXITED,
-    F32,
     FAULTED,
     I1,
     I8,
@@ -68,16 +66,14 @@ from .irtypes import (
     SPECIAL_GEOM,
     Refusal,
     c64,
-    float_of,
     ity,
-    resize,
     sanitize,
     storage_bits,
-    vty,
 )
 from .liveness import dest_src, live_after
 from .local import local_ptr, uses_local, zero_block_locals
 from .named_regs import resolve_named_regs
+from .operands import LaneOperands
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
 from .ops_barred import NRED, is_bar_red
@@ -118,12 +114,6 @@ _INVARIANT = (
     L.LOCAL,
     L.LOCAL_SIZE,
 )
-
-#: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
-#: relaxed accesses): the interpreter's list without the ones through which threads or blocks
-#: wait on each other (``.volatile``, acquire/release ordering), which only ld/st take
-#: (:mod:`.ops_order`); ``.relaxed`` stays here for atomics (ld/st make it an atomic access)
-_IGNORED = IGNORED_MODS - {"volatile", "acquire", "release", "acq_rel", "sc", "mmio", "unified"}
 
 
 @dataclass
@@ -198,7 +188,7 @@ def _split(opcode: str) -> tuple[str, list[PtxType], list[str]]:
     return parts[0], types, mods
 
 
-class KernelLowering:
+class KernelLowering(LaneOperands):
     """Lowering state for one kernel (one ``step`` function and its driver)."""
 
     def __init__(self, fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) -> None:
@@ -229,13 +219,6 @@ class KernelLowering:
         self.uses_local = uses_local(fn)
         self.uses_param = uses_param_window(fn)
 
-    # ---- errors ---------------------------------------------------------------------------
-    def refuse(self, what: str) -> Refusal:
-        ins = self.ins
-        if ins is None:
-            return Refusal(what, None)
-        return Refusal(f"{what} in `{ins.text}`", ins.line)
-
     # ---- intrinsics -----------------------------------------------------------------------
     def intrinsic(self, name: str, ret, args) -> ir.Function:
         f = self._intrinsics.get(name)
@@ -243,9 +226,6 @@ class KernelLowering:
             f = ir.Function(self.mod, ir.FunctionType(ret, args), name)
             self._intrinsics[name] = f
         return f
-
-    def fname(self, ty) -> str:
-        return "f32" if ty == F32 else "f64"
 
     # ---- the step function ----------------------------------------------------------------
     def build(self) -> Lowered:
@@ -679,84 +659,6 @@ class KernelLowering:
         b.position_at_end(ok)
 
     # ---- operands -------------------------------------------------------------------------
-    def regdecl(self, name: str):
-        assert self.ins is not None
-        r = self.ins.scope.reg(name)
-        if r is None:
-            raise self.refuse(f"unknown register {name}")
-        return r
-
-    def special(self, name: str):
-        b = self.b
-        axis = "xyz".index(name[-1]) if name[-2] == "." else 0
-        if name.startswith("%tid."):
-            return self.tid[axis]
-        if name.startswith("%ntid."):
-            return self.ntid[axis]
-        if name.startswith("%ctaid."):
-            return self.ctaid[axis]
-        if name.startswith("%nctaid."):
-            return self.nctaid[axis]
-        lin = b.add(
-            self.tid[0],
-            b.mul(self.ntid[0], b.add(self.tid[1], b.mul(self.ntid[1], self.tid[2]))),
-        )
-        if name == "%laneid":
-            return b.and_(lin, ir.Constant(I32, 31))
-        if name.startswith("%lanemask_"):
-            eq = b.shl(ir.Constant(I32, 1), b.and_(lin, ir.Constant(I32, 31)))
-            lt = b.sub(eq, ir.Constant(I32, 1))
-            le = b.or_(lt, eq)
-            return {"eq": eq, "lt": lt, "le": le, "ge": b.not_(lt), "gt": b.not_(le)}[name[10:]]
-        return b.lshr(lin, ir.Constant(I32, 5))  # %warpid
-
-    def get(self, op, t: PtxType):
-        """Operand ``op`` as a value of PTX type ``t`` (registers must have its width)."""
-        b = self.b
-        vt = vty(t)
-        kind = op[0]
-        if kind == "reg":
-            name = op[1]
-            if name in SPECIAL_GEOM:
-                v = self.special(name)
-                if t.kind in ("f", "pred"):
-                    raise self.refuse(f"{name} read as .{t.name}")
-                return resize(b, v, t.bits, signed=False)
-            if name.startswith("%") and self.ins.scope.reg(name) is None:
-                raise self.refuse(f"special register {name}")
-            r = self.regdecl(name)
-            if storage_bits(r.type) != storage_bits(t):
-                raise self.refuse(f"register {name} of .{r.type.name} used as .{t.name}")
-            v = b.load(self.regs[r.uid])
-            if t.kind == "pred":
-                return v
-            if t.bits < v.type.width:  # an 8-bit type in 16-bit storage
-                v = b.trunc(v, ity(t.bits))
-            return b.bitcast(v, vt) if t.kind == "f" else v
-        if kind == "not":
-            if t.kind != "pred":
-                raise self.refuse("negated non-predicate operand")
-            return b.not_(self.get(op[1], t))
-        if kind == "int":
-            if t.kind == "f":
-                raise self.refuse("integer immediate for a float operand")
-            if t.kind == "pred":
-                return ir.Constant(I1, 1 if op[1] else 0)
-            return ir.Constant(vt, op[1] & ((1 << t.bits) - 1))
-        if kind in ("f32", "f64"):
-            val = float_of(op)
-            if t.kind == "f":
-                return ir.Constant(vt, val)
-            if t.kind == "pred":
-                raise self.refuse("float immediate for a predicate")
-            bits = op[1] if (kind == "f32") == (t.bits == 32) else None
-            if bits is None:
-                raise self.refuse("float immediate of another width")
-            return ir.Constant(vt, bits)
-        if kind == "name":
-            return resize(b, self.symbol(op[1]), t.bits, signed=False)
-        raise self.refuse(f"operand {op!r}")
-
     def symbol(self, name: str):
         """The address of variable ``name`` (i64): a kernel parameter's .param offset, a
         module variable's device address or a shared variable's offset (per launch)."""
@@ -831,23 +733,6 @@ class KernelLowering:
         """``!range`` metadata [lo, hi) for an i64 load."""
         return self.mod.add_metadata([ir.Constant(I64, lo), ir.Constant(I64, hi)])
 
-    def put(self, op, t: PtxType, v) -> None:
-        """Write value ``v`` (of PTX type ``t``) to destination register ``op``."""
-        b = self.b
-        if op[0] == "reg" and op[1] == "_":
-            return
-        if op[0] != "reg":
-            raise self.refuse(f"destination {op!r}")
-        r = self.regdecl(op[1])
-        if storage_bits(r.type) != storage_bits(t):
-            raise self.refuse(f"register {op[1]} of .{r.type.name} written as .{t.name}")
-        if t.kind == "f":
-            v = b.bitcast(v, ity(t.bits))
-        st = ity(storage_bits(t))
-        if t.kind != "pred" and v.type.width < st.width:
-            v = b.sext(v, st) if t.kind == "s" else b.zext(v, st)
-        b.store(v, self.regs[r.uid])
-
     # ---- dispatch -------------------------------------------------------------------------
     def lower(self, ins: Instr) -> None:
         self.safe_ptr = self.addr_uniform = False
@@ -883,21 +768,6 @@ class KernelLowering:
         if h is None:
             raise self.refuse(f"instruction {op}")
         h(self, types, mods, ins.operands)
-
-    def only(self, mods, allowed=()) -> None:
-        left = [m for m in mods if m not in allowed and m not in _IGNORED]
-        if left:
-            raise self.refuse(f"modifier .{'.'.join(left)}")
-
-    def one_type(self, types, bytes_ok: bool = False) -> PtxType:
-        """The instruction's one type; 8-bit types only where ``bytes_ok`` (ld/st)."""
-        if len(types) != 1:
-            raise self.refuse("expected one type")
-        t = types[0]
-        sizes = (1, 8, 16, 32, 64) if bytes_ok else (1, 16, 32, 64)
-        if t.kind not in ("u", "s", "b", "f", "pred") or t.bits not in sizes:
-            raise self.refuse(f"type .{t.name}")
-        return t
 
     # ---- memory ---------------------------------------------------------------------------
     def global_ptr(self, addr, nbytes: int):
