@@ -16,11 +16,12 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ops_common import IGNORED_MODS
-from ..ptxtypes import PtxType
+from ..ptxtypes import TYPES, PtxType
 from .irtypes import (
     F32,
     I1,
     I32,
+    I64,
     SPECIAL_GEOM,
     Refusal,
     float_of,
@@ -31,7 +32,7 @@ from .irtypes import (
     vty,
 )
 
-__all__ = ["IGNORED", "LaneOperands"]
+__all__ = ["IGNORED", "LaneOperands", "split_opcode"]
 
 #: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
 #: relaxed accesses): the interpreter's list without the ones through which threads or blocks
@@ -40,16 +41,46 @@ __all__ = ["IGNORED", "LaneOperands"]
 IGNORED = IGNORED_MODS - {"volatile", "acquire", "release", "acq_rel", "sc", "mmio", "unified"}
 
 
+def split_opcode(opcode: str) -> tuple[str, list[PtxType], list[str]]:
+    """An opcode's name, its types and its other modifiers."""
+    parts = opcode.split(".")
+    types, mods = [], []
+    for p in parts[1:]:
+        if p in TYPES:
+            types.append(TYPES[p])
+        else:
+            mods.append(p)
+    return parts[0], types, mods
+
+
 class LaneOperands:
     """Reading and writing a lane's operands. Users provide ``b`` (the builder), ``ins`` (the
     instruction being lowered), ``regs`` (register uid -> its storage), ``tid``/``ntid``/
-    ``ctaid``/``nctaid`` (the geometry values), :meth:`symbol` and :meth:`write_reg`."""
+    ``ctaid``/``nctaid`` (the geometry values), ``kparam_offsets``, ``slot_of`` (a variable's
+    symbol slot), :meth:`symbol_value` and :meth:`write_reg`."""
 
     ins: object
     b: ir.IRBuilder
     regs: dict
 
-    def symbol(self, name: str):  # pragma: no cover - provided by the lowering
+    def symbol(self, name: str):
+        """The address of variable ``name`` (i64): a kernel parameter's .param offset, a
+        module variable's device address or a shared variable's offset (per launch)."""
+        assert self.ins is not None
+        var = self.ins.scope.var(name)
+        if var is None:
+            raise self.refuse(f"unknown symbol {name}")
+        if var.space == "param":
+            off = self.kparam_offsets.get(id(var))
+            if off is None:
+                raise self.refuse(f"parameter {name}")
+            return ir.Constant(I64, off)
+        slot = self.slot_of(var)
+        if slot is None:
+            raise self.refuse(f"the address of .{var.space} variable {name}")
+        return self.symbol_value(slot, var)
+
+    def symbol_value(self, slot: int, var):  # pragma: no cover - provided by the lowering
         raise NotImplementedError
 
     def write_reg(self, uid: int, v) -> None:
