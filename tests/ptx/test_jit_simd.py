@@ -354,3 +354,18 @@ def test_kernel_without_barriers_same_as_interpreter(dev, monkeypatch, block, it
     out = dev.zeros(n, np.float32)
     dev.launch(prog, "sp", 1, block, [Ptr(out), np.uint32(iters)])
     assert "sp" in {name for name, _ in jit.stats()["compiled"]}
+
+
+@pytest.mark.parametrize("lanes", [8, 32])
+def test_other_group_widths_same_as_interpreter(dev, monkeypatch, lanes):
+    """``CRANE_PTX_JIT_SIMD`` sets the lanes per group (8: a CPU without AVX-512; 32: two
+    vectors a register): the same bytes as the interpreter."""
+    monkeypatch.setenv("CRANE_PTX_JIT_SIMD", str(lanes))
+    assert f"<{lanes} x i32>" in str(_lowered(GRID_STRIDE, "gs", 4).module)
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(GRID_STRIDE + f"\n// lanes {lanes}\n")
+    data = ((np.arange(700) * 3) % 5).astype(np.float32)
+    pin, out = dev.upload(data), dev.zeros(3 * 45, np.float32)
+    dev.launch(prog, "gs", 3, 45, [Ptr(pin), Ptr(out), np.uint32(700), np.uint32(1)])
+    got = dev.download(out, 3 * 45, np.float32)
+    assert np.allclose(got, _grid_stride_want(data, 3, 45, 700, 1), rtol=1e-5)

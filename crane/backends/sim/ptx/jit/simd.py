@@ -61,9 +61,13 @@ DONE = 0x7FFFFFFF
 
 def simd_lanes() -> int:
     """Lanes per group: 16 where the CPU has AVX-512 (16 x 32 bits a register), else 8;
-    0 when ``CRANE_PTX_JIT_SIMD=0`` turns the vector form off (to measure without it)."""
-    if os.environ.get("CRANE_PTX_JIT_SIMD", "1").strip() in ("0", "off", "no"):
+    ``CRANE_PTX_JIT_SIMD``: 0 turns the vector form off (to measure without it), a power of
+    two from 4 to 64 sets the lanes (LLVM splits wider vectors into the CPU's)."""
+    v = os.environ.get("CRANE_PTX_JIT_SIMD", "1").strip().lower()
+    if v in ("0", "off", "no"):
         return 0
+    if v in ("4", "8", "16", "32", "64"):
+        return int(v)
     import llvmlite.binding as llvm
 
     from .engine import _target_machine
