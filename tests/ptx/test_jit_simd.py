@@ -14,6 +14,7 @@ import pytest
 from ptxdev import Ptr
 
 from crane.backends.sim.ptx import KernelFault, jit, load_ptx
+from crane.backends.sim.ptx.jit import diskcache
 from crane.backends.sim.ptx.jit.lower import lower_kernel
 from crane.backends.sim.ptx.parser import parse_module
 
@@ -369,3 +370,33 @@ def test_other_group_widths_same_as_interpreter(dev, monkeypatch, lanes):
     dev.launch(prog, "gs", 3, 45, [Ptr(pin), Ptr(out), np.uint32(700), np.uint32(1)])
     got = dev.download(out, 3 * 45, np.float32)
     assert np.allclose(got, _grid_stride_want(data, 3, 45, 700, 1), rtol=1e-5)
+
+
+def test_llvm_failure_with_the_vector_form_compiles_without_it(dev, monkeypatch):
+    """If LLVM rejects a kernel with vector-form regions, it is lowered again without them
+    (the kernel still compiles, and gives the interpreter's bytes)."""
+    seen = []
+    real = jit.compile_ir
+
+    def fussy(text, *args, **kw):
+        seen.append("simd_0" in text)
+        if "simd_0" in text:
+            raise RuntimeError("rejected")
+        return real(text, *args, **kw)
+
+    monkeypatch.setattr(jit, "compile_ir", fussy)
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = load_ptx(GRID_STRIDE + "\n// rejected\n")
+    data = np.ones(100, np.float32)
+    pin, out = dev.upload(data), dev.zeros(64, np.float32)
+    dev.launch(prog, "gs", 1, 64, [Ptr(pin), Ptr(out), np.uint32(100), np.uint32(1)])
+    assert seen == [True, False]
+    assert "gs" in {name for name, _ in jit.stats()["compiled"]}
+
+
+def test_disk_cache_key_has_the_setting(monkeypatch):
+    """Code compiled with and without the vector form is kept apart on disk."""
+    monkeypatch.setenv("CRANE_PTX_JIT_SIMD", "1")
+    on = diskcache.entry_key("h", "k")
+    monkeypatch.setenv("CRANE_PTX_JIT_SIMD", "0")
+    assert diskcache.entry_key("h", "k") != on
