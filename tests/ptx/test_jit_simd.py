@@ -7,6 +7,7 @@ interpreter's fault; and that such a region really has the vector form (a functi
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from ptxdev import Ptr
 
 from crane.backends.sim.ptx import KernelFault, jit, load_ptx
-from crane.backends.sim.ptx.jit import diskcache
+from crane.backends.sim.ptx.jit import diskcache, engine
 from crane.backends.sim.ptx.jit.lower import lower_kernel
 from crane.backends.sim.ptx.parser import parse_module
 
@@ -400,3 +401,21 @@ def test_disk_cache_key_has_the_setting(monkeypatch):
     on = diskcache.entry_key("h", "k")
     monkeypatch.setenv("CRANE_PTX_JIT_SIMD", "0")
     assert diskcache.entry_key("h", "k") != on
+
+
+def test_consecutive_load_in_the_loop_is_one_vector_load_with_a_prefetch():
+    """The grid-stride loop's ``in[i]`` (predicted consecutive: step 1, not a parameter) is
+    a masked vector load of the group in the optimized code, behind one check, with a
+    prefetch of where it will read later; the checked path's gather is there too, for
+    groups that break the prediction."""
+
+    def optimized(text: str) -> str:
+        low = _lowered(text, "gs", 4)
+        return str(engine.optimize(low.ir_text()).get_function(low.name))
+
+    strided = optimized(GRID_STRIDE)  # ``in[i * step]``: no prediction, gathers only
+    driver = optimized(GRID_STRIDE.replace("mul.lo.s32 %r10, %r5, %r9;", "mov.u32 %r10, %r5;"))
+    loads = re.compile(r"call <16 x i32> @llvm\.masked\.load\.v16i32")
+    assert len(loads.findall(driver)) > len(loads.findall(strided))
+    assert "@llvm.prefetch" in driver and "@llvm.prefetch" not in strided
+    assert re.search(r"@llvm\.masked\.gather\.v16i32", driver)

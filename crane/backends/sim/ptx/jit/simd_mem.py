@@ -152,6 +152,7 @@ def _access(s: SimdRegion, fast, slow, size: int, stride, val):
         elif stride == 0:
             x = splat(rb, rb.load(rb.bitcast(a0_ptr, it.as_pointer())), W)
         else:
+            _prefetch_ahead(s, a0_ptr)
             x = masked_load(s, rb.bitcast(a0_ptr, vt.as_pointer()), mask, ir.Constant(vt, 0))
         results.append((x, mask, rb.block))
         rb.branch(join)
@@ -180,6 +181,32 @@ def _access(s: SimdRegion, fast, slow, size: int, stride, val):
             out.add_incoming(xv, blk)
     s.drop(rb.and_(mask, rb.not_(m)))
     return out
+
+
+#: how many of a load site's steps ahead its group prefetches (:func:`_prefetch_ahead`)
+PREFETCH_AHEAD = 8
+
+
+def _prefetch_ahead(s: SimdRegion, ptr) -> None:
+    """Prefetch where this consecutive load will read ``PREFETCH_AHEAD`` executions later, if
+    its address keeps moving by what it moved since the last one (learned per group). Why: a
+    grid-stride loop run group after group reads one 64-byte line per iteration at the
+    grid's stride (1 MB in the benchmark's reduction), a pattern the CPU's prefetchers do not
+    follow, so the loop waited on memory with few misses in flight; prefetching 8 steps
+    ahead took the 16M-float reduction from 17.7-18.7 to 16.7-17.1 ms CPU (five runs each,
+    interleaved; 16 steps the same, 32 slower). A prefetch never faults, wherever it points."""
+    rb = s.rb
+    eb = ir.IRBuilder(s.entry)
+    last_p = eb.alloca(I64)
+    eb.store(c64(0), last_p)
+    p = rb.ptrtoint(ptr, I64)
+    last = rb.load(last_p)
+    rb.store(p, last_p)
+    ahead = rb.add(p, rb.mul(rb.sub(p, last), c64(PREFETCH_AHEAD)))
+    ahead = rb.select(rb.icmp_unsigned("==", last, c64(0)), p, ahead)
+    pf = s.k.intrinsic("llvm.prefetch.p0", ir.VoidType(), [I8P, I32, I32, I32])
+    rw, locality, data = (ir.Constant(I32, v) for v in (0, 3, 1))
+    rb.call(pf, [rb.inttoptr(ahead, I8P), rw, locality, data])
 
 
 def _global(s: SimdRegion, addr, size: int, stride, val):
