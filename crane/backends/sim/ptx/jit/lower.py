@@ -103,23 +103,8 @@ log = logging.getLogger("crane.sim.ptx.jit")
 #: instructions that end a lane's region: block barriers, yield points and warp-level ones
 _STOPS = STOPS
 
-#: context words that stay the same for a whole call: the driver loads them once and passes
-#: them to the lane's code as arguments (so no store in the kernel can make them reload)
-_INVARIANT = (
-    L.MEM_BUF,
-    L.MEM_BASE,
-    L.SHARED_SIZE,
-    L.SYMVALS,
-    L.KPARAMS,
-    L.NTID,
-    L.NTID + 1,
-    L.NTID + 2,
-    L.GRID,
-    L.GRID + 1,
-    L.GRID + 2,
-    L.LOCAL,
-    L.LOCAL_SIZE,
-)
+#: context words the driver passes to the lane's code (:data:`.layout.INVARIANT`)
+_INVARIANT = L.INVARIANT
 
 
 @dataclass

@@ -55,6 +55,9 @@ REUSED = frozenset(
     | {"not", "shl", "shr", "setp", "selp", "cvt", "cvta", "div", "rem", "rcp", "sqrt", "rsqrt"}
 )
 
+#: every instruction the vector form has: the reused handlers and its own
+_TAKEN = REUSED | {"ld", "st", "bra", "ret", "exit", "bar", "barrier"}
+
 #: a lane's program counter once it left the region (above every leader)
 DONE = 0x7FFFFFFF
 
@@ -127,14 +130,12 @@ class SimdRegion(LaneOperands):
         k = self.k
         name = f"simd_{self.region}"
         nsym = len(k.sym_slots)
-        from .lower import _INVARIANT  # the driver's argument order
-
         args = [I64P, I32, I32, I32, I32, I32, I32, I8P, I64P, I32.as_pointer(), I64]
-        fty = ir.FunctionType(I32, args + [I64] * (len(_INVARIANT) + nsym))
+        fty = ir.FunctionType(I32, args + [I64] * (len(L.INVARIANT) + nsym))
         self.f = f = ir.Function(k.mod, fty, name)
         f.linkage = "internal"
         try:
-            self._build(f, len(args), _INVARIANT)
+            self._build(f, len(args), L.INVARIANT)
         except Exception:
             f.blocks.clear()
             f.linkage = ""
@@ -222,10 +223,7 @@ class SimdRegion(LaneOperands):
                 self.ins = s
                 op, _, mods = split_opcode(s.opcode)
                 ops = s.operands if isinstance(s.operands, list) else None
-                if ops is None or op not in REUSED | {"ld", "st", "bra", "ret", "exit"} | {
-                    "bar",
-                    "barrier",
-                }:
+                if ops is None or op not in _TAKEN:
                     raise self.refuse(f"instruction {op} (vector form)")
                 if any(o[0] == "vec" for o in ops) or (op == "cvt" and set(mods) & set(DIRECTED)):
                     raise self.refuse("a vector operand or directed rounding (vector form)")
