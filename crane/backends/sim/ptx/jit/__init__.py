@@ -26,6 +26,7 @@ try:  # llvmlite is the optional `sim` extra: without it every kernel runs inter
     from .engine import compile_ir, load_object
     from .irtypes import Refusal
     from .lower import lower_kernel
+    from .simd import simd_lanes
 
     MISSING = ""
 except ImportError as _e:  # pragma: no cover - exercised where llvmlite is not installed
@@ -149,10 +150,8 @@ def compiled_kernel(mod_hash: str, fn, kparam_offsets, slot_of, param_bytes: int
             try:
                 got = _from_disk(mod_hash, fn.name, t0)
                 if got is None:
-                    low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
+                    low, code = _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes)
                     split = low.fast is not None
-                    drop = (low.name,) if split else ()
-                    code = compile_ir(low.ir_text(), None if split else low.name, low.fast, drop)
                     got = CompiledKernel(
                         fn.name,
                         code.fn,
@@ -184,6 +183,31 @@ def compiled_kernel(mod_hash: str, fn, kparam_offsets, slot_of, param_bytes: int
         ):
             return None
     return got
+
+
+def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int):
+    """Lower and compile ``fn`` (only the driver its first launches need when it has two);
+    if LLVM fails on a kernel with vector-form regions (:mod:`.simd`), it is lowered again
+    without them (logged): a lowering bug there must cost speed, never the compiled kernel."""
+    try:
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
+        return low, _compile(low)
+    except Refusal:
+        raise
+    except Exception as e:
+        if not simd_lanes():  # no vector form to leave out
+            raise
+        log.warning(
+            "kernel %s: vector-form regions left out (%s: %s)", fn.name, type(e).__name__, e
+        )
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, simd=False)
+        return low, _compile(low)
+
+
+def _compile(low):
+    split = low.fast is not None
+    drop = (low.name,) if split else ()
+    return compile_ir(low.ir_text(), None if split else low.name, low.fast, drop)
 
 
 def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: int) -> bool:

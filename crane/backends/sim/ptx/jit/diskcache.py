@@ -64,7 +64,9 @@ def entry_key(mod_hash: str, name: str) -> str:
         from .engine import host_signature
 
         _host = host_signature()
-    h = hashlib.sha256("\0".join((mod_hash, name, _package_digest(), _host)).encode())
+    # the settings that change the code compiled (CRANE_PTX_JIT_SIMD) are part of the key
+    simd = os.environ.get("CRANE_PTX_JIT_SIMD", "1").strip()
+    h = hashlib.sha256("\0".join((mod_hash, name, _package_digest(), _host, simd)).encode())
     return h.hexdigest()
 
 

@@ -24,11 +24,15 @@ __all__ = [
     "I64P",
     "SPECIAL_GEOM",
     "Refusal",
+    "alloc_hit",
     "c64",
+    "counted_loop",
     "float_of",
     "ity",
+    "lane_type",
     "resize",
     "sanitize",
+    "site_cache_locals",
     "storage_bits",
     "vty",
 ]
@@ -104,10 +108,56 @@ def float_of(op) -> float:
     return struct.unpack("<d", struct.pack("<Q", op[1]))[0]
 
 
+def lane_type(ty):
+    """``ty``, or its element type when it is a vector (one lane's value in the vector form)."""
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
 def resize(b: ir.IRBuilder, v, bits: int, signed: bool):
-    w = v.type.width
+    """``v`` (an integer, or a vector of them) truncated or extended to ``bits`` per lane; the
+    vector form's builder (:mod:`.vecbuild`) makes the target type a vector."""
+    w = lane_type(v.type).width
     if w == bits:
         return v
     if w > bits:
         return b.trunc(v, ity(bits))
     return b.sext(v, ity(bits)) if signed else b.zext(v, ity(bits))
+
+
+def alloc_hit(b: ir.IRBuilder, addr, lo, hi, nbytes):
+    """Whether an access of ``nbytes`` at ``addr`` lies inside ``[lo, hi)`` (unsigned; the
+    operands scalars or vectors alike): the allocation checks' test."""
+    inside = b.and_(b.icmp_unsigned(">=", addr, lo), b.icmp_unsigned("<", addr, hi))
+    return b.and_(inside, b.icmp_unsigned(">=", b.sub(hi, addr), nbytes))
+
+
+def counted_loop(b: ir.IRBuilder, f: ir.Function, n, body, step: int = 1) -> None:
+    """``for j in range(0, n, step): body(j)`` (``j``: i64) from the builder's block; ``body``
+    may add blocks; the builder is left after the loop."""
+    pre = b.block
+    head, blk, done = (f.append_basic_block(x) for x in ("lh", "lb", "ld"))
+    b.branch(head)
+    b.position_at_end(head)
+    j = b.phi(I64)
+    j.add_incoming(c64(0), pre)
+    b.cbranch(b.icmp_unsigned("<", j, n), blk, done)
+    b.position_at_end(blk)
+    body(j)
+    j.add_incoming(b.add(j, c64(step)), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def site_cache_locals(eb: ir.IRBuilder, ctx, site: int) -> list:
+    """Locals (allocas) holding global access site ``site``'s cached allocation ``[start,
+    end)``, loaded from the context where ``eb`` is (a function's entry block): the hit test
+    in a loop then compares against values LLVM keeps in registers instead of reloading them
+    after every possible lookup (which writes the context)."""
+    from .layout import FIXED
+
+    out = []
+    for slot in (FIXED + 2 * site, FIXED + 2 * site + 1):
+        p = eb.alloca(I64)
+        eb.store(eb.load(eb.gep(ctx, [c64(slot)])), p)
+        out.append(p)
+    return out

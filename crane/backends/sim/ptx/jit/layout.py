@@ -21,6 +21,7 @@ __all__ = [
     "FAULT_SPACE",
     "FIXED",
     "GRID",
+    "INVARIANT",
     "KIND_ILLEGAL",
     "KIND_MISALIGNED",
     "KIND_TIMEOUT",
@@ -81,3 +82,21 @@ MAX_SHARED = 1 << 30
 
 KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT = 1, 2, 3
 SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL, SPACE_PARAM, SPACE_PARAM_STORE = 0, 1, 2, 3, 4
+
+#: context words that stay the same for a whole call: the driver loads them once and passes
+#: them to the lane's code as arguments (so no store in the kernel can make them reload)
+INVARIANT = (
+    MEM_BUF,
+    MEM_BASE,
+    SHARED_SIZE,
+    SYMVALS,
+    KPARAMS,
+    NTID,
+    NTID + 1,
+    NTID + 2,
+    GRID,
+    GRID + 1,
+    GRID + 2,
+    LOCAL,
+    LOCAL_SIZE,
+)

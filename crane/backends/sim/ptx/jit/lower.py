@@ -38,6 +38,7 @@ saturates with NaN → 0, ``.approx`` division/reciprocal/square root are IEEE-r
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -50,14 +51,12 @@ from ..memspace import (
     SHARED_WINDOW,
     WINDOW_SIZE,
 )
-from ..ops_common import IGNORED_MODS
 from ..parser import Function, Instr, Label
-from ..ptxtypes import TYPES, PtxType
+from ..ptxtypes import TYPES
 from . import layout as L
 from .affine import lane_strides
 from .irtypes import (
     EXITED,
-    F32,
     FAULTED,
     I1,
     I8,
@@ -67,23 +66,24 @@ from .irtypes import (
     I64P,
     SPECIAL_GEOM,
     Refusal,
+    alloc_hit,
     c64,
-    float_of,
     ity,
-    resize,
     sanitize,
+    site_cache_locals,
     storage_bits,
-    vty,
 )
 from .liveness import dest_src, live_after
 from .local import local_ptr, uses_local, zero_block_locals
 from .named_regs import resolve_named_regs
+from .operands import LaneOperands, split_opcode
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
 from .ops_barred import NRED, is_bar_red
 from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
 from .regions import STOPS, region_loop_free, stop_indices
+from .simd import SimdRegion, emit_groups, simd_lanes
 from .spin import YIELD_OP, spin_wait, with_yields
 from .warp import (
     NSCRATCH,
@@ -98,32 +98,13 @@ from .warp import (
 
 __all__ = ["KernelLowering", "Lowered", "lower_kernel"]
 
+log = logging.getLogger("crane.sim.ptx.jit")
+
 #: instructions that end a lane's region: block barriers, yield points and warp-level ones
 _STOPS = STOPS
 
-#: context words that stay the same for a whole call: the driver loads them once and passes
-#: them to the lane's code as arguments (so no store in the kernel can make them reload)
-_INVARIANT = (
-    L.MEM_BUF,
-    L.MEM_BASE,
-    L.SHARED_SIZE,
-    L.SYMVALS,
-    L.KPARAMS,
-    L.NTID,
-    L.NTID + 1,
-    L.NTID + 2,
-    L.GRID,
-    L.GRID + 1,
-    L.GRID + 2,
-    L.LOCAL,
-    L.LOCAL_SIZE,
-)
-
-#: qualifiers that change nothing when one thread runs at a time (caching, hints, scopes of
-#: relaxed accesses): the interpreter's list without the ones through which threads or blocks
-#: wait on each other (``.volatile``, acquire/release ordering), which only ld/st take
-#: (:mod:`.ops_order`); ``.relaxed`` stays here for atomics (ld/st make it an atomic access)
-_IGNORED = IGNORED_MODS - {"volatile", "acquire", "release", "acq_rel", "sc", "mmio", "unified"}
+#: context words the driver passes to the lane's code (:data:`.layout.INVARIANT`)
+_INVARIANT = L.INVARIANT
 
 
 @dataclass
@@ -187,18 +168,7 @@ class Lowered:
 _VECTOR_WIDTH = ' "prefer-vector-width"="512"'
 
 
-def _split(opcode: str) -> tuple[str, list[PtxType], list[str]]:
-    parts = opcode.split(".")
-    types, mods = [], []
-    for p in parts[1:]:
-        if p in TYPES:
-            types.append(TYPES[p])
-        else:
-            mods.append(p)
-    return parts[0], types, mods
-
-
-class KernelLowering:
+class KernelLowering(LaneOperands):
     """Lowering state for one kernel (one ``step`` function and its driver)."""
 
     def __init__(self, fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) -> None:
@@ -228,13 +198,7 @@ class KernelLowering:
         )
         self.uses_local = uses_local(fn)
         self.uses_param = uses_param_window(fn)
-
-    # ---- errors ---------------------------------------------------------------------------
-    def refuse(self, what: str) -> Refusal:
-        ins = self.ins
-        if ins is None:
-            return Refusal(what, None)
-        return Refusal(f"{what} in `{ins.text}`", ins.line)
+        self.simd = True  # regions may take the vector form (:mod:`.simd`)
 
     # ---- intrinsics -----------------------------------------------------------------------
     def intrinsic(self, name: str, ret, args) -> ir.Function:
@@ -243,9 +207,6 @@ class KernelLowering:
             f = ir.Function(self.mod, ir.FunctionType(ret, args), name)
             self._intrinsics[name] = f
         return f
-
-    def fname(self, ty) -> str:
-        return "f32" if ty == F32 else "f64"
 
     # ---- the step function ----------------------------------------------------------------
     def build(self) -> Lowered:
@@ -278,7 +239,9 @@ class KernelLowering:
         self.par_loops: list[tuple[str, str]] = []
         vec = self.has_bar and not self.has_warp  # a warp's lanes stop apart: scalar rounds
         self.vec_regions, self.store_regions = self.vector_regions() if vec else ([], [])
-        self.strides = lane_strides(fn) if self.vec_regions else {}
+        # a warp's lanes stop apart: no vector form (kernels without barriers may have it)
+        self.simd_lanes = simd_lanes() if self.simd and not self.has_warp else 0
+        self.strides = lane_strides(fn) if self.vec_regions or self.simd_lanes else {}
         self.build_step("step")
         scalar_step = self.step
         fast = None
@@ -306,6 +269,7 @@ class KernelLowering:
             self.fast = False
             fast = None
         self.step = scalar_step
+        self.simd_fns = self.simd_regions()
         if self.has_warp:
             self.settle = build_settle(
                 self, _INVARIANT + tuple(self.sym_slots), _INVARIANT.index(L.NTID)
@@ -364,6 +328,26 @@ class KernelLowering:
                 if stores:
                     storing.append(k)
         return out, storing
+
+    def simd_regions(self) -> dict[int, ir.Function]:
+        """The vector form (:mod:`.simd`) of each region the two-pass form does not take (a
+        loop inside, a load after a store) and it does: ``{region: its function}``. A region
+        it refuses runs in scalar rounds as before; nothing is logged (the kernel compiles)."""
+        out: dict[int, ir.Function] = {}
+        if not self.simd_lanes:
+            return out
+        for k in range(len(stop_indices(self.fn.body or [])) + 1):
+            if k in self.vec_regions or (
+                k and is_bar_red(self.fn.body[stop_indices(self.fn.body)[k - 1]])
+            ):
+                continue
+            here = self.ins
+            try:
+                out[k] = SimdRegion(self, k, self.simd_lanes).build()
+            except Exception as e:  # a form it lacks (Refusal) or a lowering error: scalar
+                log.debug("kernel %s region %d: no vector form (%s)", self.fn.name, k, e)
+            self.ins = here
+        return out
 
     def region_word(self, k: int) -> int:
         """The resume word of the lanes waiting to run region ``k``: ``k``, tagged YIELD
@@ -679,106 +663,15 @@ class KernelLowering:
         b.position_at_end(ok)
 
     # ---- operands -------------------------------------------------------------------------
-    def regdecl(self, name: str):
-        assert self.ins is not None
-        r = self.ins.scope.reg(name)
-        if r is None:
-            raise self.refuse(f"unknown register {name}")
-        return r
-
-    def special(self, name: str):
-        b = self.b
-        axis = "xyz".index(name[-1]) if name[-2] == "." else 0
-        if name.startswith("%tid."):
-            return self.tid[axis]
-        if name.startswith("%ntid."):
-            return self.ntid[axis]
-        if name.startswith("%ctaid."):
-            return self.ctaid[axis]
-        if name.startswith("%nctaid."):
-            return self.nctaid[axis]
-        lin = b.add(
-            self.tid[0],
-            b.mul(self.ntid[0], b.add(self.tid[1], b.mul(self.ntid[1], self.tid[2]))),
-        )
-        if name == "%laneid":
-            return b.and_(lin, ir.Constant(I32, 31))
-        if name.startswith("%lanemask_"):
-            eq = b.shl(ir.Constant(I32, 1), b.and_(lin, ir.Constant(I32, 31)))
-            lt = b.sub(eq, ir.Constant(I32, 1))
-            le = b.or_(lt, eq)
-            return {"eq": eq, "lt": lt, "le": le, "ge": b.not_(lt), "gt": b.not_(le)}[name[10:]]
-        return b.lshr(lin, ir.Constant(I32, 5))  # %warpid
-
-    def get(self, op, t: PtxType):
-        """Operand ``op`` as a value of PTX type ``t`` (registers must have its width)."""
-        b = self.b
-        vt = vty(t)
-        kind = op[0]
-        if kind == "reg":
-            name = op[1]
-            if name in SPECIAL_GEOM:
-                v = self.special(name)
-                if t.kind in ("f", "pred"):
-                    raise self.refuse(f"{name} read as .{t.name}")
-                return resize(b, v, t.bits, signed=False)
-            if name.startswith("%") and self.ins.scope.reg(name) is None:
-                raise self.refuse(f"special register {name}")
-            r = self.regdecl(name)
-            if storage_bits(r.type) != storage_bits(t):
-                raise self.refuse(f"register {name} of .{r.type.name} used as .{t.name}")
-            v = b.load(self.regs[r.uid])
-            if t.kind == "pred":
-                return v
-            if t.bits < v.type.width:  # an 8-bit type in 16-bit storage
-                v = b.trunc(v, ity(t.bits))
-            return b.bitcast(v, vt) if t.kind == "f" else v
-        if kind == "not":
-            if t.kind != "pred":
-                raise self.refuse("negated non-predicate operand")
-            return b.not_(self.get(op[1], t))
-        if kind == "int":
-            if t.kind == "f":
-                raise self.refuse("integer immediate for a float operand")
-            if t.kind == "pred":
-                return ir.Constant(I1, 1 if op[1] else 0)
-            return ir.Constant(vt, op[1] & ((1 << t.bits) - 1))
-        if kind in ("f32", "f64"):
-            val = float_of(op)
-            if t.kind == "f":
-                return ir.Constant(vt, val)
-            if t.kind == "pred":
-                raise self.refuse("float immediate for a predicate")
-            bits = op[1] if (kind == "f32") == (t.bits == 32) else None
-            if bits is None:
-                raise self.refuse("float immediate of another width")
-            return ir.Constant(vt, bits)
-        if kind == "name":
-            return resize(b, self.symbol(op[1]), t.bits, signed=False)
-        raise self.refuse(f"operand {op!r}")
-
-    def symbol(self, name: str):
-        """The address of variable ``name`` (i64): a kernel parameter's .param offset, a
-        module variable's device address or a shared variable's offset (per launch)."""
-        assert self.ins is not None
-        var = self.ins.scope.var(name)
-        if var is None:
-            raise self.refuse(f"unknown symbol {name}")
-        if var.space == "param":
-            off = self.kparam_offsets.get(id(var))
-            if off is None:
-                raise self.refuse(f"parameter {name}")
-            return ir.Constant(I64, off)
-        slot = self.slot_of(var)
-        if slot is None:
-            raise self.refuse(f"the address of .{var.space} variable {name}")
+    def symbol_value(self, slot: int, var):
+        """Module or shared variable ``var``'s value (symbol ``slot``): the driver's argument,
+        else loaded once in the lane's entry block (the slot is in the array)."""
         got = self.sym_args.get(slot)  # loaded by the driver (symbol_slots)
         if got is not None:
             return got
         v = self._syms.get(slot)
         if v is not None:
             return v
-        # loaded once in the lane's entry block (the slot is in the array)
         eb = ir.IRBuilder(self.entry)
         eb.position_before(self.entry.terminator)
         sv = eb.inttoptr(self.inv[L.SYMVALS], I64P)
@@ -831,29 +724,12 @@ class KernelLowering:
         """``!range`` metadata [lo, hi) for an i64 load."""
         return self.mod.add_metadata([ir.Constant(I64, lo), ir.Constant(I64, hi)])
 
-    def put(self, op, t: PtxType, v) -> None:
-        """Write value ``v`` (of PTX type ``t``) to destination register ``op``."""
-        b = self.b
-        if op[0] == "reg" and op[1] == "_":
-            return
-        if op[0] != "reg":
-            raise self.refuse(f"destination {op!r}")
-        r = self.regdecl(op[1])
-        if storage_bits(r.type) != storage_bits(t):
-            raise self.refuse(f"register {op[1]} of .{r.type.name} written as .{t.name}")
-        if t.kind == "f":
-            v = b.bitcast(v, ity(t.bits))
-        st = ity(storage_bits(t))
-        if t.kind != "pred" and v.type.width < st.width:
-            v = b.sext(v, st) if t.kind == "s" else b.zext(v, st)
-        b.store(v, self.regs[r.uid])
-
     # ---- dispatch -------------------------------------------------------------------------
     def lower(self, ins: Instr) -> None:
         self.safe_ptr = self.addr_uniform = False
         if isinstance(ins.operands, Exception):
             raise self.refuse("unparsable operands")
-        op, types, mods = _split(ins.opcode)
+        op, types, mods = split_opcode(ins.opcode)
         if ins.guard is not None and op not in ("bra",):
             if op in ("bar", "barrier") and not is_warp_stop(ins):
                 raise self.refuse("a guarded barrier")
@@ -884,21 +760,6 @@ class KernelLowering:
             raise self.refuse(f"instruction {op}")
         h(self, types, mods, ins.operands)
 
-    def only(self, mods, allowed=()) -> None:
-        left = [m for m in mods if m not in allowed and m not in _IGNORED]
-        if left:
-            raise self.refuse(f"modifier .{'.'.join(left)}")
-
-    def one_type(self, types, bytes_ok: bool = False) -> PtxType:
-        """The instruction's one type; 8-bit types only where ``bytes_ok`` (ld/st)."""
-        if len(types) != 1:
-            raise self.refuse("expected one type")
-        t = types[0]
-        sizes = (1, 8, 16, 32, 64) if bytes_ok else (1, 16, 32, 64)
-        if t.kind not in ("u", "s", "b", "f", "pred") or t.bits not in sizes:
-            raise self.refuse(f"type .{t.name}")
-        return t
-
     # ---- memory ---------------------------------------------------------------------------
     def global_ptr(self, addr, nbytes: int):
         """Check a global access of ``nbytes`` at device address ``addr`` (i64) the way
@@ -916,10 +777,7 @@ class KernelLowering:
         else:  # the site's cache as local values (registers in loops), refreshed on a miss
             lo_v, hi_v = self.site_cache(site)
             lo, hi = b.load(lo_v), b.load(hi_v)
-        hit = b.and_(
-            b.and_(b.icmp_unsigned(">=", addr, lo), b.icmp_unsigned("<", addr, hi)),
-            b.icmp_unsigned(">=", b.sub(hi, addr), c64(nbytes)),
-        )
+        hit = alloc_hit(b, addr, lo, hi, c64(nbytes))
         if self.fast:  # outside the cached allocation: the lane runs again, scalar
             self.fault_if(b.not_(hit), addr, L.KIND_ILLEGAL, nbytes, L.SPACE_GLOBAL)
             base = self.ctx_word(L.MEM_BASE)
@@ -945,17 +803,10 @@ class KernelLowering:
 
     def site_cache(self, site: int):
         """Local copies of access site ``site``'s cached allocation bounds, read from the
-        context once in the lane's entry block: the hit test in a loop then compares against
-        values LLVM keeps in registers instead of reloading them after every possible
-        lookup (which writes the context)."""
+        context once in the lane's entry block (:func:`.irtypes.site_cache_locals`)."""
         eb = ir.IRBuilder(self.entry)
         eb.position_before(self.entry.terminator)
-        out = []
-        for slot in (L.FIXED + 2 * site, L.FIXED + 2 * site + 1):
-            v = eb.alloca(I64)
-            eb.store(eb.load(eb.gep(self.ctx, [c64(slot)])), v)
-            out.append(v)
-        return out
+        return site_cache_locals(eb, self.ctx, site)
 
     def shared_ptr(self, off, nbytes: int, gen_base: int, direct: bool = False):
         """Check a shared access at window offset ``off`` (i64) like the interpreter's shared
@@ -1140,7 +991,7 @@ class KernelLowering:
         i = b.sub(lo, c64(1))
         s = b.load(b.gep(starts, [i]))
         e = b.load(b.gep(ends, [i]))
-        ok = b.and_(b.icmp_unsigned("<", addr, e), b.icmp_unsigned(">=", b.sub(e, addr), n))
+        ok = alloc_hit(b, addr, s, e, n)  # s <= addr: the search's answer
         yes = f.append_basic_block("yes")
         b.cbranch(ok, yes, none)
         b.position_at_end(yes)
@@ -1278,37 +1129,29 @@ class KernelLowering:
         after a fault (recorded in the context)."""
         d = self.open_driver("kern_" + sanitize(self.fn.name))
         b, f, ctx = d.b, d.f, d.ctx
-        inv, shared, save, resume, memset = d.inv, d.shared, d.save, d.resume, d.memset
+        inv, shared, save, resume = d.inv, d.shared, d.save, d.resume
         bx, by, bz = d.ntid
         nthreads = b.mul(b.mul(bx, by), bz)
         cx, cy, cz = d.ctaid
         nregs = self.nsave
         bar = self.has_bar
         if bar:
-            b.call(
-                memset,
-                [
-                    b.bitcast(save, I8P),
-                    ir.Constant(I8, 0),
-                    b.mul(nthreads, c64(8 * max(nregs, 1))),
-                    ir.Constant(I1, 0),
-                ],
-            )
-            b.call(
-                memset,
-                [
-                    b.bitcast(resume, I8P),
-                    ir.Constant(I8, 0),
-                    b.mul(nthreads, c64(4)),
-                    ir.Constant(I1, 0),
-                ],
-            )
+            _zero(d, save, b.mul(nthreads, c64(8 * max(nregs, 1))))
+            _zero(d, resume, b.mul(nthreads, c64(4)))
         rhead = round_head = f.append_basic_block("round")
         b.branch(rhead)
         b.position_at_end(rhead)
         nextblk = f.append_basic_block("next_block")
         fault = f.append_basic_block("fault")
-        if self.vec_regions:
+        if not bar and 0 in self.simd_fns:  # no barrier, a loop: W lanes at a time
+            _zero(d, resume, b.mul(nthreads, c64(4)))
+            emit_groups(self, d, self.simd_fns[0], nthreads, fault, nextblk)
+            b.position_at_end(fault)
+            b.ret(ir.Constant(I32, 1))
+            b.position_at_end(nextblk)
+            self.close_driver(d)
+            return
+        if self.vec_regions or self.simd_fns:
             scalar_round = f.append_basic_block("scalar_round")
             self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault)
             b.position_at_end(scalar_round)
@@ -1547,6 +1390,15 @@ class KernelLowering:
             fz.add_incoming(fy, zn)
             z.add_incoming(b.add(z, c64(1)), zn)
             b.branch(zh)
+        # regions with loops (or loads after stores): W lanes at a time, explicit vectors
+        for k, fn in self.simd_fns.items():
+            ent = f.append_basic_block(f"simd{k}")
+            sw.add_case(ir.Constant(I32, self.region_word(k)), ent)
+            b.position_at_end(ent)
+            done = f.append_basic_block(f"simd{k}_done")
+            emit_groups(self, d, fn, nthreads, fault, done)
+            b.position_at_end(done)
+            b.branch(rhead)
         # the lanes left to redo, in lane order, through the scalar form
         b.position_at_end(redo)
         failed = b.phi(I8)
@@ -1593,6 +1445,12 @@ _REDO = 1 << 24
 
 def _tagged(b: ir.IRBuilder, r, tag: int):
     return b.icmp_unsigned("!=", b.and_(r, ir.Constant(I32, tag)), ir.Constant(I32, 0))
+
+
+def _zero(d: _Driver, ptr, nbytes) -> None:
+    """Clear ``nbytes`` at ``ptr`` (the driver's buffers before a block runs)."""
+    b = d.b
+    b.call(d.memset, [b.bitcast(ptr, I8P), ir.Constant(I8, 0), nbytes, ir.Constant(I1, 0)])
 
 
 class _Driver:
@@ -1784,9 +1642,12 @@ def _is_generic_access(opcode: str) -> bool:
     )
 
 
-def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) -> Lowered:
+def lower_kernel(
+    fn: Function, kparam_offsets: dict, slot_of, param_bytes: int, simd: bool = True
+) -> Lowered:
     """Lower entry function ``fn`` or raise :class:`Refusal`. ``slot_of(var)`` gives the
-    symbol slot of a module or shared variable (None if it has none)."""
+    symbol slot of a module or shared variable (None if it has none); ``simd``: whether
+    regions may take the vector form (:mod:`.simd`)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
     fn = resolve_named_regs(fn)
@@ -1803,5 +1664,6 @@ def lower_kernel(fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) 
         )
     fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
+    k.simd = simd
     k.declare_lookup()
     return k.build()

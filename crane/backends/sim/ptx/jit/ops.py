@@ -30,7 +30,7 @@ from .warp import YIELD
 if TYPE_CHECKING:
     from .lower import KernelLowering
 
-__all__ = ["HANDLERS"]
+__all__ = ["HANDLERS", "ld_put", "space_of", "st_value"]
 
 #: PTX float comparisons → (ordered?, LLVM predicate); "ne" is ordered, as the interpreter's
 #: ``a < b | a > b``, and the "u" forms are also true when either operand is NaN
@@ -414,7 +414,7 @@ def _h_cvta(k: KernelLowering, types, mods, ops) -> None:
     k.put(ops[0], t, a)
 
 
-def _space_of(k: KernelLowering, mods) -> str:
+def space_of(k: KernelLowering, mods) -> str:
     spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
     if len(spaces) > 1:
         raise k.refuse("two state spaces")
@@ -427,7 +427,7 @@ def _ldst(store: bool):
         t = k.one_type(types, bytes_ok=True)
         if t.kind == "pred":
             raise k.refuse("ld/st of .pred")
-        space = _space_of(k, mods)
+        space = space_of(k, mods)
         order = access_ordering(k, mods, space, store)  # None: a plain access
         vec = [m for m in mods if m in ("v2", "v4")]
         k.only(mods, ("global", "shared", "param", "const", "local", *vec, *ORDER_MODS))
@@ -467,16 +467,16 @@ def _ldst(store: bool):
         for i, v in enumerate(vals):
             p = None if base is None else b.bitcast(b.gep(base, [c64(i * size)]), it.as_pointer())
             if store and order is not None:
-                b.store_atomic(_st_value(k, v, t), p, order, size)
+                b.store_atomic(st_value(k, v, t), p, order, size)
             elif store:
-                b.store(_st_value(k, v, t), p)
+                b.store(st_value(k, v, t), p)
             elif order is not None and kind != "param":
                 x = b.load_atomic(p, order, size)  # also into `_`: it orders later accesses
                 if not (v[0] == "reg" and v[1] == "_"):
-                    _ld_put(k, v, t, x)
+                    ld_put(k, v, t, x)
             elif not (v[0] == "reg" and v[1] == "_"):
                 x = k.param_load(addr + i * size, it) if kind == "param" else b.load(p)
-                _ld_put(k, v, t, x)
+                ld_put(k, v, t, x)
 
     return h
 
@@ -489,14 +489,14 @@ def _ldst_predicated(k: KernelLowering, base, vals, t: PtxType, store: bool) -> 
     it = ity(t.bits)
     size = t.bits // 8
     if store:
-        srcs = [_st_value(k, v, t) for v in vals]
+        srcs = [st_value(k, v, t) for v in vals]
         if not k.commit:  # the checking pass stores nothing
             return
     if not store and k.safe_ptr:  # valid whatever the checks said: loaded unconditionally
         for i, v in enumerate(vals):
             x = b.load(b.bitcast(b.gep(base, [c64(i * size)]), it.as_pointer()))
             if not (v[0] == "reg" and v[1] == "_"):
-                _ld_put(k, v, t, x)
+                ld_put(k, v, t, x)
         return
     go = k.step.append_basic_block("access")
     join = k.step.append_basic_block("accessed")
@@ -522,10 +522,10 @@ def _ldst_predicated(k: KernelLowering, base, vals, t: PtxType, store: bool) -> 
         phis.append(phi)
     for v, phi in zip(vals, phis, strict=True):
         if not (v[0] == "reg" and v[1] == "_"):
-            _ld_put(k, v, t, phi)
+            ld_put(k, v, t, phi)
 
 
-def _st_value(k: KernelLowering, op, t: PtxType):
+def st_value(k: KernelLowering, op, t: PtxType):
     """A store's source: a register at least as wide as the type (truncated), or an
     immediate."""
     b = k.b
@@ -538,7 +538,7 @@ def _st_value(k: KernelLowering, op, t: PtxType):
     return b.bitcast(v, ity(t.bits)) if t.kind == "f" else v
 
 
-def _ld_put(k: KernelLowering, op, t: PtxType, x) -> None:
+def ld_put(k: KernelLowering, op, t: PtxType, x) -> None:
     """A load's destination: a register at least as wide as the type, sign-extended for
     signed types and zero-extended otherwise."""
     b = k.b
@@ -551,7 +551,7 @@ def _ld_put(k: KernelLowering, op, t: PtxType, x) -> None:
     st = ity(sw)
     if sw > t.bits:
         x = b.sext(x, st) if t.kind == "s" else b.zext(x, st)
-    b.store(x, k.regs[r.uid])
+    k.write_reg(r.uid, x)
 
 
 def _h_bra(k: KernelLowering, types, mods, ops) -> None:

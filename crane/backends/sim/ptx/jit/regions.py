@@ -15,13 +15,23 @@ was tried in issue 18's fifth step) asks it too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..parser import Instr
 from .ops_atomic import is_atomic
 from .ops_order import is_ordered
 from .spin import YIELD_OP
 from .warp import WARP_OPS
 
-__all__ = ["STOPS", "region_loop_free", "spaces_of", "stop_indices"]
+__all__ = [
+    "STOPS",
+    "Block",
+    "region_blocks",
+    "region_loop_free",
+    "spaces_of",
+    "stop_indices",
+    "successors",
+]
 
 #: instructions (opcode's first part) that end a lane's region
 STOPS = frozenset({"bar", "barrier", YIELD_OP}) | WARP_OPS
@@ -32,6 +42,25 @@ def stop_indices(body) -> list[int]:
     return [
         i for i, s in enumerate(body) if isinstance(s, Instr) and s.opcode.split(".")[0] in STOPS
     ]
+
+
+def successors(body, labels: dict, i: int) -> list[int] | None:
+    """Where a lane goes after ``body[i]`` within its region: nowhere after a stop or an
+    unguarded exit, the target (and the next instruction, if guarded) after a branch, else
+    the next; None for a branch to no label of the body."""
+    s = body[i]
+    if not isinstance(s, Instr):
+        return [i + 1]
+    op = s.opcode.split(".")[0]
+    if op in STOPS or (op in ("exit", "ret") and s.guard is None):
+        return []
+    if op != "bra":
+        return [i + 1]
+    ops = s.operands if isinstance(s.operands, list) else []
+    target = labels.get(ops[0][1]) if ops and ops[0][0] == "name" else None
+    if target is None:
+        return None
+    return [target] if s.guard is None else [target, i + 1]
 
 
 def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
@@ -47,20 +76,14 @@ def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
         if i in succ or i >= len(body):
             continue
         s = body[i]
-        nxt = [i + 1]
+        nxt = successors(body, labels, i)
+        if nxt is None:
+            return False, False
         if isinstance(s, Instr):
             op = s.opcode.split(".")[0]
-            if op in STOPS or (op in ("exit", "ret") and s.guard is None):
-                nxt = []
-            elif op == "bra":
-                ops = s.operands if isinstance(s.operands, list) else []
-                target = labels.get(ops[0][1]) if ops and ops[0][0] == "name" else None
-                if target is None:
-                    return False, False
-                nxt = [target] if s.guard is None else [target, i + 1]
-            elif is_atomic(s) or is_ordered(s):  # the scalar form only
+            if is_atomic(s) or is_ordered(s):  # the scalar form only
                 return False, False
-            elif op in ("ld", "st") and ".param" not in s.opcode:
+            if op in ("ld", "st") and ".param" not in s.opcode:
                 kinds[i] = (op, spaces_of(s.opcode))
         succ[i] = [n for n in nxt if n < len(body)]
         stack.extend(succ[i])
@@ -82,6 +105,51 @@ def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
             after.add(n)
             todo.extend(succ.get(n, ()))
     return True, any(k[0] == "st" for k in kinds.values())
+
+
+@dataclass
+class Block:
+    """A basic block of a region (:func:`region_blocks`): the body indices of its
+    instructions, and where a lane that runs off its end goes (the next leader, or
+    ``len(body)``: off the kernel's end, an exit)."""
+
+    instrs: list[int]
+    fall: int
+
+
+def region_blocks(body, labels: dict, start: int) -> dict[int, Block] | None:
+    """The basic blocks of what a lane may run from ``start`` to its next stop or exit, by
+    leader (body index; body order is the order the vector form (:mod:`.simd`) schedules
+    them in): a branch target, the instruction after a conditional branch, or ``start``.
+    None where a branch's target is not a label of the body."""
+    reach: set[int] = set()
+    leaders = {start}
+    stack = [start]
+    while stack:
+        i = stack.pop()
+        if i in reach or i >= len(body):
+            continue
+        reach.add(i)
+        nxt = successors(body, labels, i)
+        if nxt is None:
+            return None
+        s = body[i]
+        if isinstance(s, Instr) and s.opcode.split(".")[0] == "bra":
+            leaders.update(nxt)  # the target, and after a conditional branch the next one
+        stack.extend(nxt)
+    out: dict[int, Block] = {}
+    for lead in sorted(leaders & reach):
+        i, instrs = lead, []
+        while i < len(body) and (i == lead or i not in leaders):
+            s = body[i]
+            i += 1
+            if isinstance(s, Instr):
+                instrs.append(i - 1)
+                op = s.opcode.split(".")[0]
+                if op in ("bra", *STOPS) or (op in ("exit", "ret") and s.guard is None):
+                    break
+        out[lead] = Block(instrs, i)
+    return out
 
 
 def _has_cycle(succ: dict[int, list[int]]) -> bool:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ptxtypes import TYPES
-from .irtypes import FAULTED, I1, I8P, I32, I64, I64P, Refusal, c64, resize
+from .irtypes import FAULTED, I1, I8P, I32, I64, I64P, Refusal, c64, counted_loop, resize
 
 __all__ = [
     "NSCRATCH",
@@ -251,19 +251,7 @@ class _Fn:
 
     def loop(self, n, body) -> None:
         """``for j in range(n): body(j)`` (j: i64); body may add blocks."""
-        b, f = self.b, self.f
-        pre = b.block
-        head, blk, done = (f.append_basic_block(x) for x in ("lh", "lb", "ld"))
-        b.branch(head)
-        b.position_at_end(head)
-        j = b.phi(I64)
-        j.add_incoming(c64(0), pre)
-        b.cbranch(b.icmp_unsigned("<", j, n), blk, done)
-        b.position_at_end(blk)
-        body(j)
-        j.add_incoming(b.add(j, c64(1)), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        counted_loop(self.b, self.f, n, body)
 
     def when(self, cond, body) -> None:
         b, f = self.b, self.f
