@@ -378,11 +378,18 @@ def test_disk_cache_across_processes(tmp_path):
 BARRIER_LOOP = (
     HEAD
     + """
-.visible .entry t(.param .u64 out)
+.visible .entry t(.param .u64 out, .param .u32 once)
 {
+    .reg .b32 %r<2>;
+    .reg .pred %p<2>;
+    ld.param.u32 %r1, [once];
+    setp.ne.u32 %p1, %r1, 0;
 $L_top:
     bar.sync 0;
+    @%p1 bra $L_done;
     bra.uni $L_top;
+$L_done:
+    ret;
 }
 """
 )
@@ -390,12 +397,16 @@ $L_top:
 
 def test_deadline_ends_a_loop_around_barriers(dev, monkeypatch):
     """A loop whose only way back is through barriers, all its regions vectorized: the
-    rounds notice the deadline (the scalar round's branch back reports it)."""
+    rounds notice the deadline (the scalar round's branch back reports it). A first launch
+    that leaves the loop at once pays the compile, which the deadline must not include
+    (under load the compile alone outran the bound)."""
     monkeypatch.setenv("CRANE_PTX_JIT", "1")
     prog = load_ptx(BARRIER_LOOP)
+    out = Ptr(dev.zeros(1, np.uint32))
+    dev.launch(prog, "t", 2, 64, [out, np.uint32(1)])
     t = time.monotonic()
     with pytest.raises(KernelFault) as e:
-        dev.launch(prog, "t", 2, 64, [Ptr(dev.zeros(1, np.uint32))], deadline=t + 0.3)
+        dev.launch(prog, "t", 2, 64, [out, np.uint32(0)], deadline=t + 0.3)
     assert e.value.code == 702
     assert "bra.uni" in str(e.value)
     assert time.monotonic() - t < 2.0
