@@ -132,6 +132,11 @@ class Op:
         return self.name.lower()
 
     @property
+    def args_size(self) -> int:
+        """Bytes of the packed arguments (:meth:`pack`'s output is always this long)."""
+        return self._args_struct.size
+
+    @property
     def param_names(self) -> tuple[str, ...]:
         """What the handler's parameters are called, in order: the args, then the data."""
         return tuple(p.name for p in self.args) + ((self.data_in,) if self.data_in else ())

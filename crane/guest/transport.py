@@ -9,6 +9,10 @@ sent when
 * ``FLUSH_AFTER_S`` has passed since its first call (a timer thread), so work the application
   enqueued without synchronizing still starts promptly.
 
+Calls of the ops :mod:`crane.wire.packed` packs (asynchronous, fixed-size arguments: memsets,
+event records, stream waits, ...) go into the batch as 64-byte records instead of ``Call``
+messages, which the worker runs a run at a time.
+
 Replies are read by whichever waiting thread gets there first (a leader): single-threaded
 programs pay no thread hand-off on the reply path, multi-threaded ones share one stream.
 Asynchronous calls that failed come back as replies with their sequence numbers and are raised
@@ -40,6 +44,7 @@ from crane.wire.address import CHANNEL_OPTIONS, default_address, is_vm, to_grpc_
 from crane.wire.batch_flags import EXPECTS_REPLY
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
+from crane.wire.packed import ARGS_MAX, HEADER, PACKED_OPS
 from crane.wire.ring import RingClosed, RingRefused
 from crane.wire.status import MAX_CHUNK
 
@@ -48,6 +53,9 @@ __all__ = ["CallReply", "Transport", "TransportError", "worker_target"]
 log = logging.getLogger("crane.guest")
 
 MAX_BATCH_CALLS = 1024
+#: Per packed op id (crane.wire.packed), the zero bytes after its arguments in a record.
+_PAD = {i: bytes(ARGS_MAX - o.args_size) for i, o in PACKED_OPS.items()}
+_HEADER = HEADER.pack
 FLUSH_AFTER_S = 0.001
 #: Bytes of bulk batches queued for sending before a caller blocks (bounds guest memory).
 MAX_INFLIGHT_BYTES = 64 << 20
@@ -409,12 +417,16 @@ class Transport:
             raise self._broken
         with self._lock:
             self._seq = seq = self._seq + 1
-            call = self._batch_calls.add()  # (fields set one by one: faster than keywords)
-            call.seq = seq
-            call.op = op.id
-            call.args = args
-            if data:
-                call.data = data
+            pad = _PAD.get(op.id)
+            if pad is not None:  # a fixed-size record (crane.wire.packed): no message per call
+                self._packed += _HEADER(seq, op.id) + args + pad
+            else:
+                call = self._batch_calls.add()  # (fields set one by one: faster than keywords)
+                call.seq = seq
+                call.op = op.id
+                call.args = args
+                if data:
+                    call.data = data
             if expect:
                 self._expect.add(seq)
                 self._batch.flags |= EXPECTS_REPLY
@@ -477,11 +489,14 @@ class Transport:
         self._batch_calls = self._batch.calls  # (looked up once per batch, not per call)
         self._batch_n = 0  # calls in it (counted: len() of a repeated field costs a call)
         self._batch_bytes = 0
+        self._packed = bytearray()  # its packed calls' records (CallBatch.packed)
 
     def _flush_locked(self) -> None:
         if not self._batch_n:
             return
         batch, size = self._batch, self._batch_bytes
+        if self._packed:
+            batch.packed = bytes(self._packed)
         self._new_batch()
         last = self._seq  # the batch's last call: calls are added in order under the lock
         self._unacked.append((last, size, batch))

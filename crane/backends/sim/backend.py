@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.backends.base import Backend, GlobalVar, LoadedModule, StagedSource
@@ -160,6 +162,18 @@ class SimBackend(Backend):
             self.memory.fill(dst, value, elem_size, count)
         except MemoryFault as e:
             raise _fault(e) from None
+
+    memset_runs = True
+
+    def memset_run(
+        self,
+        dst: np.ndarray,
+        value: np.ndarray,
+        elem_size: np.ndarray,
+        count: np.ndarray,
+        stream: Any,
+    ) -> int:
+        return self.memory.fill_run(dst, value, elem_size, count)
 
     # ---- streams and events -----------------------------------------------------------------
     def stream_create(self, flags: int, priority: int) -> SimStream:
