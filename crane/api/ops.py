@@ -154,12 +154,6 @@ class Op:
         return self._args_struct.pack(*values[:i], *grid, *block, shared, *values[i + 1 :])
 
     @property
-    def packer(self) -> Callable[..., bytes]:
-        """The fastest callable equivalent to :meth:`pack` (the struct's own ``pack`` when every
-        arg is one wire field): the guest's hottest calls pack with it."""
-        return self._args_struct.pack if self._config_at < 0 else self.pack
-
-    @property
     def decoder(self) -> Callable[[bytes], tuple]:
         """The fastest callable equivalent to :meth:`unpack` (the struct's own ``unpack`` when
         every arg is one wire field): the worker decodes every call with it."""

@@ -50,7 +50,6 @@ _LAUNCH = _O["LAUNCH"]
 _LAUNCH_COOPERATIVE = _O["LAUNCH_COOPERATIVE"]
 _LAUNCH_CLUSTER = _O["LAUNCH_CLUSTER"]
 _MEMSET = _O["MEMSET"]
-_MEMSET_ARGS = _MEMSET.packer
 _ELEM_MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
 
 
@@ -136,6 +135,7 @@ class GuestSession:
         )
         #: The CUDA VMM API's reservations, handles and mappings (crane.guest.vmm).
         self.vmm = Vmm(self.va, _VmmDevice(self), self._lock)
+        self._put_memset = self._t.recorder(_MEMSET)
         #: Mapped and managed host memory kept coherent with its device mirror.
         self.mirrors = HostMirrors(self._raw_htod, self._raw_dtoh)
         #: Set by the interposer once this process reserved the device window (PROT_NONE), so
@@ -502,7 +502,8 @@ class GuestSession:
 
     def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
         size = elem * count
-        if not self.va.check(dst, size):  # (the common case first: one allocation)
+        lo, hi = self.va.hit  # (the common case first: the buffer the last check found)
+        if not (lo <= dst and dst + size <= hi) and not self.va.check(dst, size):
             spans = self._spans(dst, size)
             if spans and all(n % elem == 0 for _, n in spans):
                 for a, n in spans:
@@ -513,13 +514,8 @@ class GuestSession:
             self.check_stream(stream)
         if self.mirrors:
             self.mirrors.issued(stream)
-        try:  # (inline, not through _async: the hot path of small asynchronous calls)
-            self._t.enqueue(
-                _MEMSET,
-                _MEMSET_ARGS(dst, value & _ELEM_MASK[elem], elem, count, stream),
-                b"",
-                expect=False,
-            )
+        try:  # (a packed record, crane.wire.packed: the hot path of small asynchronous calls)
+            self._put_memset(dst, value & _ELEM_MASK[elem], elem, count, stream)
         except TransportError as e:
             raise e.as_cuda_error() from e
 

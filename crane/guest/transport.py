@@ -44,7 +44,7 @@ from crane.wire.address import CHANNEL_OPTIONS, default_address, is_vm, to_grpc_
 from crane.wire.batch_flags import EXPECTS_REPLY
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
-from crane.wire.packed import ARGS_MAX, HEADER, PACKED_OPS
+from crane.wire.packed import ARGS_MAX, HEADER, PACKED_OPS, RECORD, record_struct
 from crane.wire.ring import RingClosed, RingRefused
 from crane.wire.status import MAX_CHUNK
 
@@ -432,19 +432,53 @@ class Transport:
                 self._batch.flags |= EXPECTS_REPLY
             self._batch_bytes += len(data) + len(args) + 16
             self._batch_n = n = self._batch_n + 1
-            if (expect and send) or n >= MAX_BATCH_CALLS or self._batch_bytes >= MAX_CHUNK:
-                self._flush_locked()
-            elif n == 1:
-                # first call of a batch that stays open: arm the flush timer (only then, so
-                # that synchronizing calls never wake the timer thread)
-                self._batch_started = time.monotonic()
-                self._timer_wake.set()
-            want = self._ack_wanted
-            if want:
-                self._ack_wanted = 0
+            want = self._appended_locked(
+                n, (expect and send) or n >= MAX_BATCH_CALLS or self._batch_bytes >= MAX_CHUNK
+            )
         if want:
             self._wait_until(lambda: self.done_seq >= want)
         return seq
+
+    def _appended_locked(self, n: int, due: bool) -> int:
+        """After a call was appended (the batch now holds ``n``): send the batch if ``due``,
+        arm the flush timer for a batch's first call that stays (only then, so synchronizing
+        calls never wake the timer thread); the seq the caller must then wait to see run (too
+        much unacknowledged: backpressure), else 0."""
+        if due:
+            self._flush_locked()
+        elif n == 1:
+            self._batch_started = time.monotonic()
+            self._timer_wake.set()
+        want = self._ack_wanted
+        if want:
+            self._ack_wanted = 0
+        return want
+
+    def recorder(self, op: Op) -> Callable[..., None]:
+        """What :meth:`enqueue` does for an asynchronous call of the packed op ``op``
+        (crane.wire.packed), with its arguments as values: the record is packed in one
+        ``struct`` call and nothing else is built. The hot asynchronous calls (memsets) go
+        through one of these (about half the Python of :meth:`enqueue`)."""
+        if op.id not in PACKED_OPS:
+            raise ValueError(f"op {op.name} is not packed")
+        pack, oid, lock = record_struct(op).pack, op.id, self._lock
+        size = RECORD + 16
+
+        def put(*values: object) -> None:
+            if self._broken is not None:
+                raise self._broken
+            with lock:
+                self._seq = seq = self._seq + 1
+                self._packed += pack(seq, oid, *values)
+                self._batch_bytes += size
+                self._batch_n = n = self._batch_n + 1
+                if n < MAX_BATCH_CALLS and n != 1 and not self._ack_wanted:
+                    return  # (the common case: nothing else to do)
+                want = self._appended_locked(n, n >= MAX_BATCH_CALLS)
+            if want:
+                self._wait_until(lambda: self.done_seq >= want)
+
+        return put
 
     def flush(self) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ from crane.api.ops import OPS_BY_NAME as O
 from crane.api.results import CudaError, CUresult
 from crane.craned.launcher import DaemonProcess
 from crane.guest.session import GuestSession
+from crane.wire import packed
 from crane.wire import ring as wring
 
 pytestmark = pytest.mark.skipif(bool(wring.available()), reason=wring.available() or "")
@@ -72,3 +73,28 @@ def test_an_async_failure_is_raised_once_at_the_next_synchronizing_call(
         assert err.value.code == CUresult.CUDA_ERROR_INVALID_HANDLE
         s.synchronize()  # raised once
         assert bytes(s.memcpy_dtoh(p, 100)) == bytes(range(100))
+
+
+def test_small_asynchronous_calls_travel_packed_in_their_place(
+    daemon: DaemonProcess, transport: str
+) -> None:
+    """Memsets and event records go as records of the batch (crane.wire.packed), the copy
+    with bytes as a Call, and the worker runs them all in the order they were made."""
+    with GuestSession(daemon.address, direct=True) as s:
+        p = s.mem_alloc(4096)
+        e = s.event_create()
+        s.synchronize()
+        for i in range(20):  # a run, then one overwritten by the copy, then one over the copy
+            s.memset_d8(p + i, i + 1, 1)
+        s.event_record(e)
+        s.memcpy_htod(p + 5, b"\xaa\xbb")
+        s.memset_d8(p + 6, 0xCC, 1)
+        s._t.flush()
+        batch = s._t._unacked[-1][2]
+        assert [c.op for c in batch.calls] == [O["MEMCPY_HTOD"].id]
+        ops = [op for _, op, _ in packed.records(batch.packed)]
+        assert ops == [O["MEMSET"].id] * 20 + [O["EVENT_RECORD"].id, O["MEMSET"].id]
+        s.synchronize()
+        want = bytearray(range(1, 21))
+        want[5:7] = b"\xaa\xcc"
+        assert bytes(s.memcpy_dtoh(p, 20)) == bytes(want)
