@@ -1,8 +1,9 @@
 """Build the shared-memory transport's C cores, cffi API-mode extensions beside this file:
 :mod:`crane.wire._ringcore` (the call ring, ``ringcore.c``) and :mod:`crane.wire._bulkcore`
 (its bulk area for large copies, ``bulkcore.c``), which share ``shm_futex.h``; and the one
-C loop of the call path's other end, :mod:`crane.backends.sim._fillcore` (the simulated
-device's memsets a run at a time, ``crane/backends/sim/fillcore.c``), built the same way.
+C of the call path's two ends, built the same way: :mod:`crane.guest._callq` (the guest's
+queue of packed calls, ``crane/guest/callqcore.c``) and :mod:`crane.backends.sim._fillcore`
+(the simulated device's memsets a run at a time, ``crane/backends/sim/fillcore.c``).
 
 Run by setup.py's build hook (wheels, sdists) and scripts/setup.sh (an editable checkout):
 ``python crane/wire/shm_build.py``. The C does the waiting (spin, park, futex) and the copying
@@ -80,6 +81,23 @@ void crane_fill_run(char *base, const uint64_t *off, const uint32_t *value, cons
                     const uint64_t *count, uint64_t n);
 """,
         package="crane.backends.sim",
+    ),
+    Extension(
+        "_callq",
+        "callqcore.c",
+        """
+uint64_t crane_callq_bytes(uint64_t cap);
+int crane_callq_init(void *mem, uint64_t cap);
+void crane_callq_destroy(void *mem);
+int crane_callq_layout(void *mem, uint32_t op, const uint8_t *widths, uint32_t n);
+void crane_callq_attend(void *mem, uint32_t on);
+int64_t crane_callq_put(void *mem, uint32_t op, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
+                        uint64_t a4);
+uint64_t crane_callq_next_seq(void *mem);
+uint64_t crane_callq_count(void *mem);
+uint64_t crane_callq_take(void *mem, void *dst, uint64_t room, uint64_t *last);
+""",
+        package="crane.guest",
     ),
 )
 

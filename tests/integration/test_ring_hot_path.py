@@ -12,6 +12,7 @@ import pytest
 from crane.api.ops import OPS_BY_NAME as O
 from crane.api.results import CudaError, CUresult
 from crane.craned.launcher import DaemonProcess
+from crane.guest import transport as transport_mod
 from crane.guest.session import GuestSession
 from crane.wire import packed
 from crane.wire import ring as wring
@@ -98,3 +99,26 @@ def test_small_asynchronous_calls_travel_packed_in_their_place(
         want = bytearray(range(1, 21))
         want[5:7] = b"\xaa\xcc"
         assert bytes(s.memcpy_dtoh(p, 20)) == bytes(want)
+
+
+def test_memsets_wait_for_an_acknowledgement_when_too_much_is_unacknowledged(
+    daemon: DaemonProcess, transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest keeps what it sent until the worker says it ran (a resume resends it); past
+    MAX_UNACKED_BYTES it asks for an acknowledgement and waits, the queued memsets too."""
+    monkeypatch.setattr(transport_mod, "MAX_UNACKED_BYTES", 200_000)
+    with GuestSession(daemon.address, direct=True) as s:
+        p = s.mem_alloc(4096)
+        s.synchronize()
+        most = 0
+        for i in range(20_000):
+            s.memset_d8(p + (i & 4095), i & 0xFF, 1)
+            if i % 500 == 0:
+                most = max(most, s._t._unacked_bytes)
+        s.synchronize()
+        # at most the limit and the batches sent while the acknowledgement was on its way
+        assert 0 < most <= 200_000 + 2 * 1024 * 96
+        want = bytearray(4096)
+        for i in range(20_000):
+            want[i & 4095] = i & 0xFF
+        assert bytes(s.memcpy_dtoh(p, 4096)) == bytes(want)
