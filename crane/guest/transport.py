@@ -409,7 +409,8 @@ class Transport:
     def enqueue(
         self, op: Op, args: bytes, data: bytes = b"", *, expect: bool, send: bool = True
     ) -> int:
-        """Append a call; returns its sequence number. Sends now if the batch is due.
+        """Append a call; returns its sequence number (0 for a queued record: nobody waits
+        on an asynchronous call's own). Sends now if the batch is due.
 
         ``expect``: the caller will wait for this call's reply; the batch is then sent at once,
         unless ``send`` is False (the caller queues more calls and flushes itself). A packed
