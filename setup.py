@@ -90,8 +90,9 @@ def _build_interposer() -> Path | None:
 
 
 def _build_ring() -> None:
-    """The call ring's C cores (crane/wire/shm_build.py). Without them guests on this host use
-    the worker's gRPC socket (the transport says why), so a missing compiler is not fatal."""
+    """The call ring's C cores and the simulator's fill loop (crane/wire/shm_build.py). Without
+    them guests on this host use the worker's gRPC socket (the transport says why) and the
+    simulator fills one memset at a time, so a missing compiler is not fatal."""
     import importlib.util
 
     try:

@@ -22,7 +22,8 @@ if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libvirt 2>/dev/n
 fi
 inputs=$( (cat pyproject.toml setup.py proto/crane/v1/*.proto; echo "$vm_extra") | sha256sum | cut -d' ' -f1)
 lib_inputs=$(cat interposer/build_interposer.py interposer/src/* interposer/generated/* pyproject.toml \
-    crane/wire/ringcore.c crane/wire/bulkcore.c crane/wire/shm_futex.h crane/wire/shm_build.py | sha256sum | cut -d' ' -f1)
+    crane/wire/ringcore.c crane/wire/bulkcore.c crane/wire/shm_futex.h crane/wire/shm_build.py \
+    crane/backends/sim/fillcore.c crane/guest/callqcore.c | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/guest_pb2.py ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     extras="test,sim$vm_extra"
@@ -41,8 +42,10 @@ lib_stamp=.venv/.crane-interposer
 if [ ! -f "$lib_stamp" ] || [ "$(cat "$lib_stamp")" != "$lib_inputs" ] \
         || [ ! -f crane/interposer/_lib/libcuda.so.1 ] \
         || ! ls crane/wire/_ringcore.*.so >/dev/null 2>&1 \
-        || ! ls crane/wire/_bulkcore.*.so >/dev/null 2>&1; then
+        || ! ls crane/wire/_bulkcore.*.so >/dev/null 2>&1 \
+        || ! ls crane/backends/sim/_fillcore.*.so >/dev/null 2>&1 \
+        || ! ls crane/guest/_callq.*.so >/dev/null 2>&1; then
     .venv/bin/python interposer/build_interposer.py >/dev/null
-    .venv/bin/python crane/wire/shm_build.py >/dev/null  # the call ring's C cores
+    .venv/bin/python crane/wire/shm_build.py >/dev/null  # the call ring's C cores, the guest's call queue, the sim's fill loop
     echo "$lib_inputs" > "$lib_stamp"
 fi

@@ -132,6 +132,11 @@ class Op:
         return self.name.lower()
 
     @property
+    def args_size(self) -> int:
+        """Bytes of the packed arguments (:meth:`pack`'s output is always this long)."""
+        return self._args_struct.size
+
+    @property
     def param_names(self) -> tuple[str, ...]:
         """What the handler's parameters are called, in order: the args, then the data."""
         return tuple(p.name for p in self.args) + ((self.data_in,) if self.data_in else ())
@@ -147,12 +152,6 @@ class Op:
             return self._args_struct.pack(values[0], *grid, *block, shared, values[2])
         grid, block, shared = values[i]
         return self._args_struct.pack(*values[:i], *grid, *block, shared, *values[i + 1 :])
-
-    @property
-    def packer(self) -> Callable[..., bytes]:
-        """The fastest callable equivalent to :meth:`pack` (the struct's own ``pack`` when every
-        arg is one wire field): the guest's hottest calls pack with it."""
-        return self._args_struct.pack if self._config_at < 0 else self.pack
 
     @property
     def decoder(self) -> Callable[[bytes], tuple]:

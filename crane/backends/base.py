@@ -15,12 +15,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.device.identity import DeviceSnapshot
 from crane.modules.image import ModuleImage
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Backend", "GlobalVar", "LoadedModule", "StagedSource"]
 
@@ -114,6 +117,22 @@ class Backend(ABC):
 
     @abstractmethod
     def memset(self, dst: int, value: int, elem_size: int, count: int, stream: Any) -> None: ...
+
+    #: :meth:`memset_run` is served: the worker hands it a batch's packed memsets at once
+    #: (crane.engine.runs). False: each goes through :meth:`memset`.
+    memset_runs: bool = False
+
+    def memset_run(
+        self,
+        dst: np.ndarray,
+        value: np.ndarray,
+        elem_size: np.ndarray,
+        count: np.ndarray,
+        stream: Any,
+    ) -> int:
+        """Memsets in call order on one stream, one row per call (columns), up to the first
+        one :meth:`memset` would refuse: how many ran. Only where :attr:`memset_runs`."""
+        raise NotImplementedError
 
     # ---- streams and events -----------------------------------------------------------------
     @abstractmethod

@@ -20,6 +20,7 @@ a migration) may ask for again; the state record carries it.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -31,9 +32,11 @@ from google.protobuf.message import DecodeError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.engine.dispatch import Bound, Dispatcher, Refused
+from crane.engine.runs import PackedCalls
 from crane.engine.staged import BulkPort, run_staged
 from crane.v1 import guest_pb2
 from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
+from crane.wire.packed import ARGS_AT, PACKED_OPS, RECORD
 from crane.wire.replies import encode_data_reply
 from crane.wire.status import MAX_CHUNK
 
@@ -45,6 +48,9 @@ _now = time.monotonic_ns
 
 #: Reads at least this large are sent as their own hand-encoded reply (one copy, not three).
 _BULK = 64 << 10
+#: Packed calls of one op in a row that go to its run handler (fewer run one by one: a run's
+#: NumPy set-up costs about what a few single calls do).
+RUN_MIN = 8
 
 
 @dataclass
@@ -77,18 +83,18 @@ class BatchCodec:
         """Execute one serialized CallBatch; return the serialized ReplyBatch messages to send.
 
         A batch flagged EXPECTS_REPLY always gets at least one message (the sender waits for
-        it); others get one only if a call failed or a kernel printed.
+        it); others get one only if a call failed or a kernel printed. Its plain calls and its
+        packed ones (crane.wire.packed) run in seq order.
         """
         cl = self.log
-        out: list[bytes] = []
-        replies = guest_pb2.ReplyBatch()
-        pending = 0
         try:
             batch = guest_pb2.CallBatch.FromString(raw)
-        except DecodeError as e:
+            packed = PackedCalls(batch.packed) if batch.packed else None
+        except (DecodeError, ValueError) as e:
             log.warning(
                 "session %s: malformed call batch (%d bytes): %s", self.session_id, len(raw), e
             )
+            replies = guest_pb2.ReplyBatch()
             replies.replies.add(
                 seq=0, result=CUresult.CUDA_ERROR_INVALID_VALUE, detail=f"malformed call batch: {e}"
             )
@@ -97,20 +103,21 @@ class BatchCodec:
         expects = bool(peek_flags(raw) & EXPECTS_REPLY)
         calls = batch.calls
         start = cl.done_seq  # calls at or below it ran before (a batch resent after a resume)
-        # (the first call decides for a batch the guest numbered in order, every batch it
-        # makes; iterating a repeated field builds each element, so it is done once, below)
-        if calls and calls[0].seq <= start and not any(c.seq > start for c in calls) and expects:
+        if expects and _ran_before(calls, packed, start):
             # a resent batch (the guest reconnected): everything in it ran before, its answer
             # may never have arrived; answer again (the guest drops what it already has)
-            replies.done_seq = cl.done_seq
+            replies = guest_pb2.ReplyBatch(done_seq=cl.done_seq)
             return [*cl.last_replies, replies.SerializeToString()]
+        ans = _Answers()
         device = self.dispatcher.device
         bound, invoke = self.dispatcher.bound, self.dispatcher.invoke
-        meter = self.dispatcher.meter
-        if meter is not None:  # accounting: each call's time runs from the previous call's end
-            m_ns, m_hist, t = meter.call_ns, meter.hist, _now()
+        t = _now()  # accounting: each call's time runs from the previous call's end
         for call in calls:
             seq = call.seq  # (each field read builds an object: read once)
+            if packed is not None and packed.next_seq() < seq:  # packed calls come first
+                t = self._run_packed(packed, seq, start, ans, t)
+                if device.closed:
+                    break
             if seq <= start:
                 continue
             # one call, inline (no frame of its own: this loop is the worker's hot path)
@@ -126,51 +133,23 @@ class BatchCodec:
                 if not b.replies:
                     reply = None
                 elif result is None:  # most synchronizing calls: success, nothing to carry
-                    replies.replies.add(seq=seq)
-                    pending += 64
+                    ans.replies.replies.add(seq=seq)
+                    ans.pending += 64
                     reply = None
                 else:
                     reply = self._reply(b, call, result)
-            except Refused as r:
-                reply = self._error(call, b, r.fault, quiet=True)
-            except CudaError as e:
-                reply = self._error(call, b, e)
-            except MemoryError:  # the worker's host memory, not the device's: the call fails
-                reply = self._error(
-                    call,
-                    b,
-                    CudaError(
-                        CUresult.CUDA_ERROR_OUT_OF_MEMORY, "the worker ran out of host memory"
-                    ),
-                )
-            except Exception as e:  # a bug in a backend: report, log, keep serving
-                what = b.op.name if b is not None else f"op#{call.op}"
-                log.exception("session %s: %s failed unexpectedly", self.session_id, what)
-                reply = self._error(call, b, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
-            cl.calls += 1
-            cl.done_seq = seq
-            if meter is not None and b is not None:
-                t1 = _now()
-                ns, t = t1 - t, t1
-                m_ns[op] += ns
-                m_hist[op][ns.bit_length()] += 1  # Meter.RAW_BUCKETS: no clamp needed
-            if isinstance(reply, bytes):  # a bulk read, already a serialized ReplyBatch
-                if len(replies.replies):
-                    out.append(self._finish(replies))
-                    replies = guest_pb2.ReplyBatch()
-                    pending = 0
-                out.append(reply)
-            elif reply is not None:
-                replies.replies.append(reply)
-                pending += len(reply.data) + 64
-            if pending >= MAX_CHUNK:
-                out.append(self._finish(replies))
-                replies = guest_pb2.ReplyBatch()
-                pending = 0
+            except Exception as e:
+                reply = self._failed(seq, op, b, e)
+            t = self._ran(seq, op, 1, b is not None, t)
+            if reply is not None:
+                self._add(ans, reply)
             if device.closed:
                 break
-        if len(replies.replies) or (not out and expects):
-            out.append(self._finish(replies))
+        if packed is not None and not device.closed:
+            self._run_packed(packed, 1 << 64, start, ans, t)
+        out = ans.out
+        if len(ans.replies.replies) or (not out and expects):
+            out.append(self._finish(ans.replies))
         else:
             text = self.take_stdout()
             if text:
@@ -180,6 +159,119 @@ class BatchCodec:
         if expects:
             cl.last_replies = out
         return out
+
+    def _run_packed(self, packed: PackedCalls, upto: int, start: int, ans: _Answers, t: int) -> int:
+        """Run the packed calls before seq ``upto`` (skipping those at or below ``start``, which
+        ran before): runs of :data:`RUN_MIN` or more through the op's run handler where the
+        device has one; the rest, and each call a run handler stops before, one by one as
+        plain calls run. ``t``: when the previous call ended (accounting); returns the last
+        call's end."""
+        d = self.dispatcher
+        seqs = packed.seqs
+        while (run := packed.until(upto)) is not None:
+            op, i, end = run
+            if seqs[i] <= start:
+                i = bisect.bisect_right(seqs, start, i, end)
+            b = d.bound.get(op)
+            if b is not None and op not in PACKED_OPS:
+                b = None  # (answered one by one: not an op that travels packed)
+            fn = d.runs.get(op) if b is not None else None
+            misses = 0  # runs in a row that stopped at their first call
+            while i < end:
+                if fn is not None and b is not None and end - i >= RUN_MIN and misses < 2:
+                    try:
+                        n = d.invoke_run(b, fn, packed.columns(b.op, i, end))
+                    except Exception:  # a bug in a run handler: its calls run one by one
+                        log.exception("session %s: a run of %s failed", self.session_id, b.op.name)
+                        fn, n = None, 0
+                    misses = 0 if n else misses + 1
+                    if n:
+                        i += n
+                        t = self._ran(seqs[i - 1], op, n, True, t)
+                        if d.device.closed:
+                            return t
+                        continue
+                # one by one: the call a run stopped before, or all of them without a run
+                last = end if fn is None or misses >= 2 else i + 1
+                t = self._one_by_one(packed, op, b, i, last, ans, t)
+                i = last
+                if d.device.closed:
+                    return t
+        return t
+
+    def _one_by_one(
+        self, packed: PackedCalls, op: int, b: Bound | None, i: int, end: int, ans: _Answers, t: int
+    ) -> int:
+        """Packed calls ``[i, end)`` of ``op`` each as a plain call runs (``b`` None: refused:
+        an unknown op, or one that does not travel packed); returns when the last ended."""
+        invoke = self.dispatcher.invoke
+        raw, seqs = packed.raw, packed.seqs
+        size = b.op.args_size if b is not None else 0
+        for k in range(i, end):
+            seq = seqs[k]
+            try:
+                if b is None:
+                    known = self.dispatcher.bound.get(op)
+                    why = (
+                        f"op {known.op.name} cannot travel packed" if known else f"unknown op {op}"
+                    )
+                    raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, why)
+                at = k * RECORD + ARGS_AT
+                invoke(b, raw[at : at + size], b"")
+                reply = None
+            except Exception as e:
+                reply = self._failed(seq, op, b, e)
+            t = self._ran(seq, op, 1, b is not None, t)
+            if reply is not None:
+                self._add(ans, reply)
+            if self.dispatcher.device.closed:
+                break
+        return t
+
+    def _ran(self, seq: int, op: int, n: int, metered: bool, t: int) -> int:
+        """Count ``n`` calls of ``op`` up to ``seq`` as run and, ``metered``, the time since
+        ``t`` as theirs (several: each at their mean, in the histogram's bucket of the mean);
+        returns the new ``t``."""
+        cl = self.log
+        cl.calls += n
+        cl.done_seq = seq
+        meter = self.dispatcher.meter
+        if meter is None or not metered:
+            return t
+        t1 = _now()
+        meter.call_ns[op] += t1 - t
+        meter.hist[op][((t1 - t) // n).bit_length()] += n  # Meter.RAW_BUCKETS: no clamp needed
+        return t1
+
+    def _add(self, ans: _Answers, reply: guest_pb2.Reply | bytes) -> None:
+        """Add one answer, starting a new reply message where one would grow too large."""
+        if isinstance(reply, bytes):  # a bulk read, already a serialized ReplyBatch
+            if len(ans.replies.replies):
+                ans.out.append(self._finish(ans.replies))
+                ans.replies = guest_pb2.ReplyBatch()
+                ans.pending = 0
+            ans.out.append(reply)
+        else:
+            ans.replies.replies.append(reply)
+            ans.pending += len(reply.data) + 64
+        if ans.pending >= MAX_CHUNK:
+            ans.out.append(self._finish(ans.replies))
+            ans.replies = guest_pb2.ReplyBatch()
+            ans.pending = 0
+
+    def _failed(self, seq: int, op: int, b: Bound | None, e: Exception) -> guest_pb2.Reply:
+        """The answer to a call that raised ``e`` (the module docstring's error rules)."""
+        if isinstance(e, Refused):
+            return self._error(seq, op, b, e.fault, quiet=True)
+        if isinstance(e, CudaError):
+            return self._error(seq, op, b, e)
+        if isinstance(e, MemoryError):  # the worker's host memory, not the device's
+            oom = CudaError(CUresult.CUDA_ERROR_OUT_OF_MEMORY, "the worker ran out of host memory")
+            return self._error(seq, op, b, oom)
+        # a bug in a backend: report, log, keep serving
+        what = b.op.name if b is not None else f"op#{op}"
+        log.error("session %s: %s failed unexpectedly", self.session_id, what, exc_info=e)
+        return self._error(seq, op, b, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
 
     def _finish(self, replies: guest_pb2.ReplyBatch) -> bytes:
         replies.done_seq = self.log.done_seq
@@ -202,16 +294,39 @@ class BatchCodec:
         return reply
 
     def _error(
-        self, call: guest_pb2.Call, b: Bound | None, e: CudaError, quiet: bool = False
+        self, seq: int, op: int, b: Bound | None, e: CudaError, quiet: bool = False
     ) -> guest_pb2.Reply:
         code = int(e.code)
         if not quiet:
             log.warning(
                 "session %s: seq %d %s -> %s: %s",
                 self.session_id,
-                call.seq,
-                b.op.name if b is not None else f"op#{call.op}",
+                seq,
+                b.op.name if b is not None else f"op#{op}",
                 e.code.name if isinstance(e.code, CUresult) else code,
                 e.message,
             )
-        return guest_pb2.Reply(seq=call.seq, result=code, detail=e.message)
+        return guest_pb2.Reply(seq=seq, result=code, detail=e.message)
+
+
+class _Answers:
+    """The messages answering one batch, as they grow."""
+
+    __slots__ = ("out", "pending", "replies")
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.replies = guest_pb2.ReplyBatch()
+        self.pending = 0  # bytes in ``replies`` so far
+
+
+def _ran_before(calls: Any, packed: PackedCalls | None, start: int) -> bool:
+    """Every call of the batch (plain and packed) is at or below ``start``: it ran before.
+    (The first plain call decides for a batch the guest numbered in order, every batch it
+    makes; iterating a repeated field builds each element, so that is done only then.)"""
+    if calls:
+        if calls[0].seq > start or any(c.seq > start for c in calls):
+            return False
+    elif packed is None:
+        return False
+    return packed is None or packed.last_seq <= start

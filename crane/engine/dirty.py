@@ -88,6 +88,19 @@ class DirtyTracker:
         if a is not None:
             self.dirty.add(a)
 
+    def write_many(self, ptrs: np.ndarray) -> None:
+        """:meth:`write` of every pointer (a run of packed calls' destinations) at once."""
+        if not self._starts or not len(ptrs):
+            return
+        starts = np.array(self._starts, np.uint64)
+        ends = starts + np.array(self._sizes, np.uint64)
+        p = ptrs.astype(np.uint64, copy=False)
+        at = np.searchsorted(starts, p, side="right").astype(np.int64) - 1
+        hit = (at >= 0) & (p < ends[np.maximum(at, 0)])
+        marked = np.zeros(len(starts), bool)  # (a mask, not np.unique: no sort, no hashing)
+        marked[at[hit]] = True
+        self.dirty.update(starts[marked].tolist())
+
     def bounds(self) -> tuple[int, int]:
         """The span of all allocations (where a pointer value can point at all)."""
         if not self._starts:

@@ -15,6 +15,12 @@ The rules that depend on the op come from the table, not from lists kept here:
 * with accounting on (a :class:`~crane.engine.meter.Meter`), a launch or copy that succeeded
   (``Op.meter``) is added to the session's GPU work with its kernel or its bytes (every call
   is counted and timed by the codec's loop).
+
+A batch's packed calls (crane.wire.packed) run as *runs* of one op where the device has a
+handler for a whole run (``SessionDevice.<handler>_run``, bound by name like the single
+handlers: :func:`bind_runs`); it runs the calls it can vouch for and stops before the first it
+might refuse, which then runs as a single call, so errors, their messages and the sticky rule
+are the single path's.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import OPS, Op
 from crane.api.results import STICKY, CudaError
 from crane.engine.meter import Meter
 from crane.engine.model import SessionDevice
+from crane.wire.packed import PACKED_OPS
 
-__all__ = ["Bound", "Dispatcher", "Refused", "bind"]
+__all__ = ["Bound", "Dispatcher", "Refused", "bind", "bind_runs"]
 
 _now = time.monotonic_ns
 
@@ -97,13 +106,48 @@ def bind(device: SessionDevice, o: Op) -> Bound:
     )
 
 
+def bind_runs(device: SessionDevice) -> dict[int, Callable[..., int]]:
+    """Per packed op id, the device's handler of a run of its calls (``<handler>_run``,
+    parameters named as the op's arguments, one column each), where the device has one. Ops
+    the meter needs each call's arguments of (launches, copies) are left to single calls."""
+    out = {}
+    for name, fn in device.run_handlers().items():
+        o = next((o for o in PACKED_OPS.values() if o.handler == name), None)
+        if o is None:
+            raise RuntimeError(f"run handler {name!r} is not a packed op's")
+        names = tuple(inspect.signature(fn).parameters)
+        if names != tuple(p.name for p in o.args):
+            raise RuntimeError(f"run handler {name}_run{names} does not take op {o.name}'s args")
+        if o.meter in ("launch", "h2d", "d2h", "d2d"):
+            raise RuntimeError(f"op {o.name} is metered per call: no run handler")
+        out[o.id] = fn
+    return out
+
+
 class Dispatcher:
-    """Executes single calls against one session's device state."""
+    """Executes single calls, and runs of packed calls, against one session's device state."""
 
     def __init__(self, device: SessionDevice, meter: Meter | None = None) -> None:
         self.device = device
         self.meter = meter
         self.bound: dict[int, Bound] = {o.id: bind(device, o) for o in OPS if not o.retired}
+        #: Per packed op id, the handler of a run of its calls (:meth:`invoke_run`).
+        self.runs = bind_runs(device)
+
+    def invoke_run(self, b: Bound, fn: Callable[..., int], cols: np.ndarray) -> int:
+        """Run calls of ``b``'s op from the first (their arguments as ``cols``, one record
+        each) through its run handler ``fn``: how many ran (the next one, if any, goes to
+        :meth:`invoke`, which runs or refuses it as a single call); 0 after a sticky
+        fault (each call is refused alone). The table's dirty rule is applied as one."""
+        dev = self.device
+        if dev.sticky is not None and not b.teardown:
+            return 0
+        args = [cols[p.name] for p in b.op.args]
+        n = fn(*args)
+        if n and b.writes:
+            for i in b.writes:
+                dev.dirty.write_many(args[i][:n])
+        return n
 
     def invoke(self, b: Bound, raw_args: bytes, data: bytes) -> Any:
         """Run one call of ``b``'s op; its result, or :class:`CudaError` / :class:`Refused`."""

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from crane.api.generated.cuda_enums import CUdevice_attribute, CUresult
 from crane.api.launch_check import check_cluster, check_cooperative, check_launch
 from crane.api.ops import LaunchConfig
@@ -360,6 +362,36 @@ class SessionDevice:
         if elem_size not in (1, 2, 4):
             raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"memset element size {elem_size}")
         self.backend.memset(dst, value, elem_size, count, self._stream(stream))
+
+    def memset_run(
+        self,
+        dst: np.ndarray,
+        value: np.ndarray,
+        elem_size: np.ndarray,
+        count: np.ndarray,
+        stream: np.ndarray,
+    ) -> int:
+        """:meth:`memset` over a run of calls (a batch's packed memsets: columns, one row per
+        call, in call order): how many ran, from the first. It stops before the first call
+        :meth:`memset` might refuse (an element size, an unknown stream, a range the backend
+        refuses) and before the first on another stream than the first's (a backend run is on
+        one stream); the dispatcher runs that one through :meth:`memset`."""
+        s0 = int(stream[0])
+        if s0 not in DEFAULT_STREAMS and s0 not in self.streams:
+            return 0
+        ok = (stream == stream[0]) & ((elem_size == 1) | (elem_size == 2) | (elem_size == 4))
+        n = len(dst) if ok.all() else int(np.argmin(ok))
+        if n == 0:
+            return 0
+        return self.backend.memset_run(
+            dst[:n], value[:n], elem_size[:n], count[:n], self._stream(s0)
+        )
+
+    def run_handlers(self) -> dict[str, Callable[..., int]]:
+        """The ops this device runs a run of calls of at once (by handler name; each
+        ``<handler>_run`` takes the op's arguments as columns and says how many ran), as far
+        as the backend serves them (crane.engine.dispatch binds them)."""
+        return {"memset": self.memset_run} if self.backend.memset_runs else {}
 
     # ---- streams and events -------------------------------------------------------------------
     def stream_create(self, ctx: int, stream: int, flags: int, priority: int) -> None:

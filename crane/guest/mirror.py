@@ -113,7 +113,9 @@ class HostMirrors:
 
     def __init__(self, write: Write, read: Read) -> None:
         self._write, self._read = write, read
-        self._by_dev: dict[int, Mirror] = {}
+        #: The blocks by device address; empty while nothing is mirrored (the hottest paths
+        #: test it: a dict's truth costs no call, :meth:`__bool__` one).
+        self.mirrored: dict[int, Mirror] = {}
         self._dev_starts: list[int] = []
         self._by_host: dict[int, Mirror] = {}
         self._host_starts: list[int] = []
@@ -121,20 +123,20 @@ class HostMirrors:
         self.pending: set[int] = set()
 
     def __bool__(self) -> bool:
-        return bool(self._by_dev)
+        return bool(self.mirrored)
 
     # ---- the blocks -----------------------------------------------------------------------
     def add(self, m: Mirror, stream: int = 0) -> None:
         """Start mirroring ``m``: the device gets the host's current bytes."""
         m.shadow = m.view().copy()
         self._write(m.dev, memoryview(m.shadow), stream)
-        self._by_dev[m.dev] = m
+        self.mirrored[m.dev] = m
         bisect.insort(self._dev_starts, m.dev)
         self._by_host[m.host] = m
         bisect.insort(self._host_starts, m.host)
 
     def remove(self, m: Mirror) -> None:
-        del self._by_dev[m.dev]
+        del self.mirrored[m.dev]
         self._dev_starts.remove(m.dev)
         del self._by_host[m.host]
         self._host_starts.remove(m.host)
@@ -149,14 +151,14 @@ class HostMirrors:
 
     def by_dev(self, addr: int) -> Mirror | None:
         """The block whose mirror holds device address ``addr``."""
-        return self._find(self._dev_starts, self._by_dev, addr)
+        return self._find(self._dev_starts, self.mirrored, addr)
 
     def by_host(self, addr: int) -> Mirror | None:
         """The block whose host bytes hold ``addr``."""
         return self._find(self._host_starts, self._by_host, addr)
 
     def blocks(self) -> list[Mirror]:
-        return list(self._by_dev.values())
+        return list(self.mirrored.values())
 
     # ---- coherence ------------------------------------------------------------------------
     def push(self, stream: int, blocks: list[Mirror] | None = None) -> None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from crane.api.ops import OPS_BY_NAME
 from crane.v1 import guest_pb2
+from crane.wire import packed
 from crane.wire.ring import Ring, RingClosed, peer_alive
 from crane.wire.ring_bulk import D2H, H2D, STAGED_MAX, BulkArea, bulk_available
 from crane.wire.ring_bulk import ffi as bulk_ffi
@@ -165,6 +166,7 @@ def unstage(
         return [batch]
     out = [guest_pb2.CallBatch(flags=batch.flags)]
     size = 0
+    last: list[int] = []  # each piece's last plain call: its packed calls go with it
     for c in batch.calls:
         if c.op in _STAGED_IDS and c.seq <= done_seq:
             continue  # it ran: the worker would skip it, and its source may be gone
@@ -178,8 +180,12 @@ def unstage(
         else:
             call, n = c, len(c.data)
         if size and size + n > MAX_CHUNK:
+            last.append(out[-1].calls[-1].seq)
             out.append(guest_pb2.CallBatch(flags=batch.flags))
             size = 0
         out[-1].calls.append(call)
         size += n
+    if batch.packed:  # each packed call in the piece that keeps it between the same calls
+        for piece, recs in zip(out, packed.split(batch.packed, last), strict=True):
+            piece.packed = recs
     return out

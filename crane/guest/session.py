@@ -36,6 +36,7 @@ from crane.guest import ring_bulk
 from crane.guest.handles import HandleAllocator, HandleKind
 from crane.guest.mirror import PAGE, HostMirrors, Mirror, MirrorError, map_fixed, unmap_fixed
 from crane.guest.ring_bulk import BULK_MIN
+from crane.guest.transport import MAX_BATCH_CALLS as _BATCH
 from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
 from crane.guest.vmm import Vmm
@@ -50,8 +51,7 @@ _LAUNCH = _O["LAUNCH"]
 _LAUNCH_COOPERATIVE = _O["LAUNCH_COOPERATIVE"]
 _LAUNCH_CLUSTER = _O["LAUNCH_CLUSTER"]
 _MEMSET = _O["MEMSET"]
-_MEMSET_ARGS = _MEMSET.packer
-_ELEM_MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
+_MEMSET_ID = _MEMSET.id
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,10 @@ class GuestSession:
         )
         #: The CUDA VMM API's reservations, handles and mappings (crane.guest.vmm).
         self.vmm = Vmm(self.va, _VmmDevice(self), self._lock)
+        self._put = self._t.queue.put
         #: Mapped and managed host memory kept coherent with its device mirror.
         self.mirrors = HostMirrors(self._raw_htod, self._raw_dtoh)
+        self._mirrored = self.mirrors.mirrored
         #: Set by the interposer once this process reserved the device window (PROT_NONE), so
         #: shared-address host memory may replace the reservation's pages.
         self.window_reserved = False
@@ -502,7 +504,8 @@ class GuestSession:
 
     def _memset(self, dst: int, value: int, elem: int, count: int, stream: int) -> None:
         size = elem * count
-        if not self.va.check(dst, size):  # (the common case first: one allocation)
+        lo, hi = self.va.hit  # (the common case first: the buffer the last check found)
+        if not (lo <= dst and dst + size <= hi) and not self.va.check(dst, size):
             spans = self._spans(dst, size)
             if spans and all(n % elem == 0 for _, n in spans):
                 for a, n in spans:
@@ -511,26 +514,33 @@ class GuestSession:
             self._range(dst, size)
         if stream not in _DEFAULT_STREAMS:
             self.check_stream(stream)
-        if self.mirrors:
+        if self._mirrored:
             self.mirrors.issued(stream)
-        try:  # (inline, not through _async: the hot path of small asynchronous calls)
-            self._t.enqueue(
-                _MEMSET,
-                _MEMSET_ARGS(dst, value & _ELEM_MASK[elem], elem, count, stream),
-                b"",
-                expect=False,
-            )
+        # a packed record, straight into the transport's queue (crane.guest.callq): the hot
+        # path of small asynchronous calls; the transport is asked only when the queue says so
+        n = self._put(_MEMSET_ID, dst, value, elem, count, stream)
+        if n == 1 or n >= _BATCH or n < 0:
+            self._queued(n, _MEMSET, dst, value, elem, count, stream)
+
+    def _queued(self, n: int, op: Op, *args: int) -> None:
+        """After ``queue.put`` answered ``n`` for a call of ``op``: what the transport then
+        does (arm its timer, send the batch), or, refused, the call the generic way."""
+        try:
+            if n > 0:
+                self._t.queued(n)
+            else:  # (an argument too wide, the transport has news: enqueue sorts it out)
+                self._t.enqueue(op, op.pack(*args), expect=False)
         except TransportError as e:
             raise e.as_cuda_error() from e
 
     def memset_d8(self, dst: int, value: int, count: int, stream: int = 0) -> None:
-        self._memset(dst, value, 1, count, stream)
+        self._memset(dst, value & 0xFF, 1, count, stream)
 
     def memset_d16(self, dst: int, value: int, count: int, stream: int = 0) -> None:
-        self._memset(dst, value, 2, count, stream)
+        self._memset(dst, value & 0xFFFF, 2, count, stream)
 
     def memset_d32(self, dst: int, value: int, count: int, stream: int = 0) -> None:
-        self._memset(dst, value, 4, count, stream)
+        self._memset(dst, value & 0xFFFFFFFF, 4, count, stream)
 
     # ---- streams and events -------------------------------------------------------------------
     def stream_create(self, flags: int = 0, priority: int = 0, ctx: int | None = None) -> int:

@@ -9,6 +9,10 @@ sent when
 * ``FLUSH_AFTER_S`` has passed since its first call (a timer thread), so work the application
   enqueued without synchronizing still starts promptly.
 
+Calls of the ops :mod:`crane.wire.packed` packs (asynchronous, fixed-size arguments: memsets,
+event records, stream waits, ...) go into the batch as 64-byte records instead of ``Call``
+messages, which the worker runs a run at a time.
+
 Replies are read by whichever waiting thread gets there first (a leader): single-threaded
 programs pay no thread hand-off on the reply path, multi-threaded ones share one stream.
 Asynchronous calls that failed come back as replies with their sequence numbers and are raised
@@ -32,6 +36,7 @@ import grpc
 from crane.api.errors import TransportError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.ops import Op
+from crane.guest.callq import FULL, SERVED, new_queue
 from crane.guest.device_stdout import write_device_output
 from crane.guest.ring_bulk import GuestBulk, unstage
 from crane.guest.ring_calls import RESUMABLE, RingCalls, connect_ring
@@ -40,6 +45,7 @@ from crane.wire.address import CHANNEL_OPTIONS, default_address, is_vm, to_grpc_
 from crane.wire.batch_flags import EXPECTS_REPLY
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
+from crane.wire.packed import RECORD
 from crane.wire.ring import RingClosed, RingRefused
 from crane.wire.status import MAX_CHUNK
 
@@ -48,6 +54,7 @@ __all__ = ["CallReply", "Transport", "TransportError", "worker_target"]
 log = logging.getLogger("crane.guest")
 
 MAX_BATCH_CALLS = 1024
+_ZEROS = (0,) * 5  # the queue's put takes five arguments (crane.guest.callq)
 FLUSH_AFTER_S = 0.001
 #: Bytes of bulk batches queued for sending before a caller blocks (bounds guest memory).
 MAX_INFLIGHT_BYTES = 64 << 20
@@ -124,8 +131,10 @@ class Transport:
         except grpc.RpcError as e:
             self._channel.close()
             raise _transport_error(e, f"cannot open a session on {self.address}") from None
-        self._lock = threading.Lock()  # guards the current batch and sequence numbers
-        self._seq = 0
+        self._lock = threading.Lock()  # guards the current batch
+        #: the batch's packed calls, and every call's sequence number (crane.guest.callq)
+        self.queue = new_queue(MAX_BATCH_CALLS)
+        self._last_plain = 0  # the seq of the batch's last plain call (0: none)
         self._new_batch()
         self._batch_started = 0.0
         self._expect: set[int] = set()
@@ -400,15 +409,28 @@ class Transport:
     def enqueue(
         self, op: Op, args: bytes, data: bytes = b"", *, expect: bool, send: bool = True
     ) -> int:
-        """Append a call; returns its sequence number. Sends now if the batch is due.
+        """Append a call; returns its sequence number (0 for a queued record: nobody waits
+        on an asynchronous call's own). Sends now if the batch is due.
 
         ``expect``: the caller will wait for this call's reply; the batch is then sent at once,
-        unless ``send`` is False (the caller queues more calls and flushes itself).
+        unless ``send`` is False (the caller queues more calls and flushes itself). A packed
+        op's asynchronous call goes into :attr:`queue` as a record when the queue serves the
+        op (crane.guest.callq), else the batch gets a ``Call``.
         """
         if self._broken is not None:
             raise self._broken
+        if not expect and op.id in SERVED:
+            values = op.unpack(args)
+            n = self.queue.put(op.id, *values, *_ZEROS[len(values) :])
+            if n == FULL:
+                self.flush()
+                n = self.queue.put(op.id, *values, *_ZEROS[len(values) :])
+            if n > 0:
+                if n == 1 or n >= MAX_BATCH_CALLS:
+                    self.queued(n)
+                return 0  # (a packed call's number is the queue's business: none waits on it)
         with self._lock:
-            self._seq = seq = self._seq + 1
+            self._last_plain = seq = self.queue.next_seq()
             call = self._batch_calls.add()  # (fields set one by one: faster than keywords)
             call.seq = seq
             call.op = op.id
@@ -420,19 +442,35 @@ class Transport:
                 self._batch.flags |= EXPECTS_REPLY
             self._batch_bytes += len(data) + len(args) + 16
             self._batch_n = n = self._batch_n + 1
-            if (expect and send) or n >= MAX_BATCH_CALLS or self._batch_bytes >= MAX_CHUNK:
-                self._flush_locked()
-            elif n == 1:
-                # first call of a batch that stays open: arm the flush timer (only then, so
-                # that synchronizing calls never wake the timer thread)
-                self._batch_started = time.monotonic()
-                self._timer_wake.set()
-            want = self._ack_wanted
-            if want:
-                self._ack_wanted = 0
+            due = (expect and send) or n >= MAX_BATCH_CALLS or self._batch_bytes >= MAX_CHUNK
+            want = self._appended_locked(n, due)
         if want:
             self._wait_until(lambda: self.done_seq >= want)
         return seq
+
+    def _appended_locked(self, n: int, due: bool) -> int:
+        """After a call was appended (the batch now holds ``n`` of its kind): send the batch if
+        ``due``, arm the flush timer for a batch's first call that stays (only then, so
+        synchronizing calls never wake the timer thread); the seq the caller must then wait
+        to see run (too much unacknowledged: backpressure), else 0."""
+        if due:
+            self._flush_locked()
+        elif n == 1:
+            self._batch_started = time.monotonic()
+            self._timer_wake.set()
+        want = self._ack_wanted
+        if want:
+            self._ack_wanted = 0
+        return want
+
+    def queued(self, n: int) -> None:
+        """What follows a record's ``queue.put`` that answered ``n`` > 0 when ``n`` is 1 (arm
+        the flush timer) or the queue's capacity (send): the hot paths call ``queue.put``
+        themselves and come here only then, or :meth:`enqueue` when it refused."""
+        with self._lock:
+            want = self._appended_locked(n, n >= MAX_BATCH_CALLS)
+        if want:
+            self._wait_until(lambda: self.done_seq >= want)
 
     def flush(self) -> None:
         with self._lock:
@@ -454,12 +492,12 @@ class Transport:
         with self._lock:
             seqs = []
             for a in args:
-                self._seq += 1
-                self._batch_calls.add(seq=self._seq, op=op.id, args=a)
+                self._last_plain = seq = self.queue.next_seq()
+                self._batch_calls.add(seq=seq, op=op.id, args=a)
                 self._batch_n += 1
-                seqs.append(self._seq)
+                seqs.append(seq)
                 if op.sync:
-                    self._expect.add(self._seq)
+                    self._expect.add(seq)
                 self._batch_bytes += len(a) + 16
             if op.sync or ack:
                 self._batch.flags |= EXPECTS_REPLY
@@ -475,20 +513,27 @@ class Transport:
         """Start an empty batch (the caller holds the lock, or is the constructor)."""
         self._batch = guest_pb2.CallBatch()
         self._batch_calls = self._batch.calls  # (looked up once per batch, not per call)
-        self._batch_n = 0  # calls in it (counted: len() of a repeated field costs a call)
+        self._batch_n = 0  # plain calls in it (counted: len() of a repeated field costs a call)
         self._batch_bytes = 0
 
     def _flush_locked(self) -> None:
-        if not self._batch_n:
+        # the queue's records so far; a record another thread puts meanwhile has a later seq
+        # than every plain call here (those are numbered under this lock) and waits for the
+        # next batch
+        recs, last_rec = self.queue.take()
+        if not self._batch_n and not recs:
             return
-        batch, size = self._batch, self._batch_bytes
+        batch = self._batch
+        size = self._batch_bytes + len(recs) // RECORD * (RECORD + 16)
+        if recs:
+            batch.packed = recs
+        last = max(self._last_plain if self._batch_n else 0, last_rec)  # its last call
         self._new_batch()
-        last = self._seq  # the batch's last call: calls are added in order under the lock
         self._unacked.append((last, size, batch))
         self._unacked_bytes += size
         if self._unacked_bytes > MAX_UNACKED_BYTES and not batch.flags & EXPECTS_REPLY:
             batch.flags |= EXPECTS_REPLY  # the worker answers it with its done_seq
-            self._ack_wanted = last
+            self._ack_wanted = last  # (a record's put answers 1 next: queued() waits then)
         if self._ring is not None:
             # straight into shared memory: the ring's own space is the backpressure
             self._ring.send(batch)
@@ -511,7 +556,7 @@ class Transport:
             self._timer_wake.clear()
             while not self._closed:
                 with self._lock:
-                    if not self._batch_n:
+                    if not self._batch_n and not self.queue.count():
                         break
                     due = self._batch_started + FLUSH_AFTER_S - time.monotonic()
                     if due <= 0:
@@ -574,6 +619,7 @@ class Transport:
                 self._reading = False
                 if broken is not None:
                     self._broken = broken
+                    self.queue.attend(True)  # a put goes enqueue's way, which raises it
                 elif batch is not None:
                     self._absorb(batch)
                 if self._waiters:

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 
 __all__ = ["Chunk", "FreeList", "VaAllocator", "VaError"]
 
+#: :attr:`VaAllocator.hit` when it holds nothing: a start above every 64-bit address.
+_NO_HIT = (1 << 65, 0)
+
 
 class VaError(Exception):
     """Bad request to the allocator (zero size, unknown address, window exhausted)."""
@@ -148,6 +151,11 @@ class VaAllocator:
         #: Ranges mapped inside reservations (cuMemMap): start -> size.
         self.mappings: dict[int, int] = {}
         self._map_starts: list[int] = []
+        #: ``(start, end)`` of the allocation or mapping :meth:`check` found last, or
+        #: :data:`_NO_HIT` (no address is at or above its start) once it may be gone (a free,
+        #: an unmap): the next check of the same buffer (a loop's memsets) is two comparisons;
+        #: callers on the hottest path compare with it inline.
+        self.hit = _NO_HIT
 
     # ---- public --------------------------------------------------------------------------
     def alloc(self, size: int, align: int = 0) -> int:
@@ -174,6 +182,7 @@ class VaAllocator:
         entry = self._allocs.pop(addr, None)
         if entry is None:
             raise VaError(f"{addr:#x} is not the start of an allocation")
+        self.hit = _NO_HIT
         size, reserved, caddr = entry
         del self._alloc_starts[bisect.bisect_left(self._alloc_starts, addr)]
         chunk = self.chunks[caddr]
@@ -198,13 +207,16 @@ class VaAllocator:
 
     def check(self, addr: int, size: int) -> bool:
         """True if ``[addr, addr+size)`` lies inside one allocation or one VMM mapping."""
-        hit = self.find(addr)
-        if hit is not None and addr + size <= hit[0] + hit[1]:
+        lo, hi = self.hit
+        if lo <= addr and addr + size <= hi:
             return True
-        if not self.mappings:
+        hit = self.find(addr)
+        if (hit is None or addr + size > hit[0] + hit[1]) and self.mappings:
+            hit = self.mapping(addr)
+        if hit is None or addr + size > hit[0] + hit[1]:
             return False
-        m = self.mapping(addr)
-        return m is not None and addr + size <= m[0] + m[1]
+        self.hit = (hit[0], hit[0] + hit[1])
+        return True
 
     def lookup(self, addr: int) -> tuple[int, int] | None:
         """The (start, size) of the allocation or VMM mapping containing ``addr``, or None."""
@@ -266,6 +278,7 @@ class VaAllocator:
         size = self.mappings.pop(addr, None)
         if size is None:
             raise VaError(f"{addr:#x} is not the start of a mapped range")
+        self.hit = _NO_HIT
         del self._map_starts[bisect.bisect_left(self._map_starts, addr)]
         return size
 

@@ -2,9 +2,10 @@
 
 It hashes the compiled descriptors of every proto file the guest, the daemons and their peers
 speak (every ``*_pb2`` module of :mod:`crane.v1`, found, not listed, so a new proto file is
-covered the day it is added) and the call table, so a guest and a daemon, or two daemons, whose
-messages or op ids differ refuse each other with a clear message instead of misreading
-arguments (the failure mode of hand-numbered remoting protocols).
+covered the day it is added), the call table and the packed calls' layout
+(:mod:`crane.wire.packed`), so a guest and a daemon, or two daemons, whose messages or op ids
+differ refuse each other with a clear message instead of misreading arguments (the failure mode
+of hand-numbered remoting protocols).
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ def mismatch(theirs: str, they: str, we: str, builds: str) -> str | None:
 @cache
 def fingerprint() -> str:
     from crane.api.ops import OPS
+    from crane.wire.packed import layout
 
     h = hashlib.sha256()
     for name in proto_modules():
         h.update(importlib.import_module(name).DESCRIPTOR.serialized_pb)
     for o in OPS:
         h.update(o.signature().encode())
+    h.update(layout().encode())  # which calls travel packed, and how
     return h.hexdigest()[:16]

@@ -1,6 +1,9 @@
 """Build the shared-memory transport's C cores, cffi API-mode extensions beside this file:
 :mod:`crane.wire._ringcore` (the call ring, ``ringcore.c``) and :mod:`crane.wire._bulkcore`
-(its bulk area for large copies, ``bulkcore.c``), which share ``shm_futex.h``.
+(its bulk area for large copies, ``bulkcore.c``), which share ``shm_futex.h``; and the one
+C of the call path's two ends, built the same way: :mod:`crane.guest._callq` (the guest's
+queue of packed calls, ``crane/guest/callqcore.c``) and :mod:`crane.backends.sim._fillcore`
+(the simulated device's memsets a run at a time, ``crane/backends/sim/fillcore.c``).
 
 Run by setup.py's build hook (wheels, sdists) and scripts/setup.sh (an editable checkout):
 ``python crane/wire/shm_build.py``. The C does the waiting (spin, park, futex) and the copying
@@ -24,9 +27,14 @@ HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class Extension:
-    module: str  # the importable name under crane.wire, e.g. "_ringcore"
-    source: str  # the C file beside this one
+    module: str  # the importable name under ``package``, e.g. "_ringcore"
+    source: str  # the C file, in the package's directory
     cdef: str  # what Python may call
+    package: str = "crane.wire"
+
+    @property
+    def directory(self) -> Path:
+        return HERE.parents[1].joinpath(*self.package.split("."))
 
 
 EXTENSIONS = (
@@ -65,6 +73,32 @@ int64_t crane_bulk_get(void *base, uint64_t cap, int which, void *dst, uint64_t 
                        int timeout_ms);
 """,
     ),
+    Extension(
+        "_fillcore",
+        "fillcore.c",
+        """
+void crane_fill_run(char *base, const uint64_t *off, const uint32_t *value, const uint32_t *elem,
+                    const uint64_t *count, uint64_t n);
+""",
+        package="crane.backends.sim",
+    ),
+    Extension(
+        "_callq",
+        "callqcore.c",
+        """
+uint64_t crane_callq_bytes(uint64_t cap);
+int crane_callq_init(void *mem, uint64_t cap);
+void crane_callq_destroy(void *mem);
+int crane_callq_layout(void *mem, uint32_t op, const uint8_t *widths, uint32_t n);
+void crane_callq_attend(void *mem, uint32_t on);
+int64_t crane_callq_put(void *mem, uint32_t op, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
+                        uint64_t a4);
+uint64_t crane_callq_next_seq(void *mem);
+uint64_t crane_callq_count(void *mem);
+uint64_t crane_callq_take(void *mem, void *dst, uint64_t room, uint64_t *last);
+""",
+        package="crane.guest",
+    ),
 )
 
 
@@ -72,8 +106,8 @@ def builder(ext: Extension) -> FFI:
     ffi = FFI()
     ffi.cdef(ext.cdef)
     ffi.set_source(
-        f"crane.wire.{ext.module}",
-        (HERE / ext.source).read_text(),
+        f"{ext.package}.{ext.module}",
+        (ext.directory / ext.source).read_text(),
         include_dirs=[str(HERE)],  # shm_futex.h
         extra_compile_args=["-O2", "-std=gnu11"],
         # the stable ABI: one build serves every CPython 3 interpreter, so an application's
@@ -83,8 +117,9 @@ def builder(ext: Extension) -> FFI:
     return ffi
 
 
-def build_one(ext: Extension, dest: Path = HERE) -> Path:
-    """Compile one extension and place it in ``dest`` (the package directory)."""
+def build_one(ext: Extension, dest: Path | None = None) -> Path:
+    """Compile one extension and place it in ``dest`` (its package's directory)."""
+    dest = dest or ext.directory
     with tempfile.TemporaryDirectory(prefix=f"crane{ext.module}-") as tmp:
         out = Path(builder(ext).compile(tmpdir=tmp, verbose=False))
         target = dest / out.name
@@ -98,8 +133,8 @@ def build_one(ext: Extension, dest: Path = HERE) -> Path:
     return target
 
 
-def build(dest: Path = HERE) -> list[Path]:
-    """Compile every extension into ``dest``."""
+def build(dest: Path | None = None) -> list[Path]:
+    """Compile every extension (into ``dest`` if given, else each into its package)."""
     return [build_one(ext, dest) for ext in EXTENSIONS]
 
 

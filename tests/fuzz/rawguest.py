@@ -24,6 +24,7 @@ from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
 from crane.wire.batch_flags import EXPECTS_REPLY
 from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
+from crane.wire.packed import ARGS_MAX, HEADER, PACKED_OPS
 
 __all__ = ["NoAnswer", "RawSession", "StreamEnded"]
 
@@ -69,6 +70,8 @@ class RawSession:
         self.path = "direct" if self._calls_channel is not self._channel else "relay"
         self._attach(self.session_id, self.opened.resume_token)
         self.seq = 0
+        #: send the calls of packed ops as records (crane.wire.packed), not Call messages
+        self.packs = False
 
     @classmethod
     def attach(cls, address: str, session_id: str, token: bytes) -> RawSession:
@@ -82,6 +85,7 @@ class RawSession:
         self.path = "relay"
         self._attach(session_id, token)
         self.seq = 1 << 40  # past anything the restored session ran
+        self.packs = False
         return self
 
     def _attach(self, sid: str, token: bytes) -> None:
@@ -132,8 +136,16 @@ class RawSession:
         number once the probe's answer is in (:class:`NoAnswer` past ``timeout``,
         :class:`StreamEnded` if the stream ends first)."""
         b = guest_pb2.CallBatch(flags=EXPECTS_REPLY)
+        recs = bytearray()
         for op_id, args, data in calls:
-            b.calls.add(seq=self.next_seq(), op=op_id, args=args, data=data)
+            seq = self.next_seq()
+            o = PACKED_OPS.get(op_id)
+            if self.packs and o is not None and not data and len(args) == o.args_size:
+                # a packed record (crane.wire.packed), as a guest's transport sends it
+                recs += HEADER.pack(seq, op_id) + args + bytes(ARGS_MAX - len(args))
+            else:
+                b.calls.add(seq=seq, op=op_id, args=args, data=data)
+        b.packed = bytes(recs)
         probe = self.next_seq()
         b.calls.add(seq=probe, op=_PROBE.id, args=b"")
         self.send(b.SerializeToString())

@@ -138,13 +138,16 @@ def test_a_dead_worker_gives_the_same_error_on_both_transports(
 ) -> None:
     with ControlClient(daemon.address) as ctl:
         s = GuestSession(daemon.address, direct=True)
-        s.mem_alloc(1 << 20)
+        p = s.mem_alloc(1 << 20)
         s.synchronize()
         os.kill(_worker_pid(daemon, s.session_id), signal.SIGKILL)
         with pytest.raises(CudaError) as e:
             s.synchronize()
         assert e.value.code == CUresult.CUDA_ERROR_NO_DEVICE, e.value.message
         assert e.value.message == f"session {s.session_id} ended: its worker process exited"
+        with pytest.raises(CudaError) as e:  # and at once every call after it, packed ones too
+            s.memset_d8(p, 1, 1)
+        assert e.value.code == CUresult.CUDA_ERROR_NO_DEVICE, e.value.message
         assert wait_for(lambda: not ctl.sessions().sessions)
         s._t.close()
 

@@ -12,7 +12,9 @@ import pytest
 from crane.api.ops import OPS_BY_NAME as O
 from crane.api.results import CudaError, CUresult
 from crane.craned.launcher import DaemonProcess
+from crane.guest import transport as transport_mod
 from crane.guest.session import GuestSession
+from crane.wire import packed
 from crane.wire import ring as wring
 
 pytestmark = pytest.mark.skipif(bool(wring.available()), reason=wring.available() or "")
@@ -72,3 +74,51 @@ def test_an_async_failure_is_raised_once_at_the_next_synchronizing_call(
         assert err.value.code == CUresult.CUDA_ERROR_INVALID_HANDLE
         s.synchronize()  # raised once
         assert bytes(s.memcpy_dtoh(p, 100)) == bytes(range(100))
+
+
+def test_small_asynchronous_calls_travel_packed_in_their_place(
+    daemon: DaemonProcess, transport: str
+) -> None:
+    """Memsets and event records go as records of the batch (crane.wire.packed), the copy
+    with bytes as a Call, and the worker runs them all in the order they were made."""
+    with GuestSession(daemon.address, direct=True) as s:
+        p = s.mem_alloc(4096)
+        e = s.event_create()
+        s.synchronize()
+        for i in range(20):  # a run, then one overwritten by the copy, then one over the copy
+            s.memset_d8(p + i, i + 1, 1)
+        s.event_record(e)
+        s.memcpy_htod(p + 5, b"\xaa\xbb")
+        s.memset_d8(p + 6, 0xCC, 1)
+        s._t.flush()
+        batch = s._t._unacked[-1][2]
+        assert [c.op for c in batch.calls] == [O["MEMCPY_HTOD"].id]
+        ops = [op for _, op, _ in packed.records(batch.packed)]
+        assert ops == [O["MEMSET"].id] * 20 + [O["EVENT_RECORD"].id, O["MEMSET"].id]
+        s.synchronize()
+        want = bytearray(range(1, 21))
+        want[5:7] = b"\xaa\xcc"
+        assert bytes(s.memcpy_dtoh(p, 20)) == bytes(want)
+
+
+def test_memsets_wait_for_an_acknowledgement_when_too_much_is_unacknowledged(
+    daemon: DaemonProcess, transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest keeps what it sent until the worker says it ran (a resume resends it); past
+    MAX_UNACKED_BYTES it asks for an acknowledgement and waits, the queued memsets too."""
+    monkeypatch.setattr(transport_mod, "MAX_UNACKED_BYTES", 200_000)
+    with GuestSession(daemon.address, direct=True) as s:
+        p = s.mem_alloc(4096)
+        s.synchronize()
+        most = 0
+        for i in range(20_000):
+            s.memset_d8(p + (i & 4095), i & 0xFF, 1)
+            if i % 500 == 0:
+                most = max(most, s._t._unacked_bytes)
+        s.synchronize()
+        # at most the limit and the batches sent while the acknowledgement was on its way
+        assert 0 < most <= 200_000 + 2 * 1024 * 96
+        want = bytearray(4096)
+        for i in range(20_000):
+            want[i & 4095] = i & 0xFF
+        assert bytes(s.memcpy_dtoh(p, 4096)) == bytes(want)

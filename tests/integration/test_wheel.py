@@ -78,6 +78,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert must in names, f"the wheel lacks {must}"
     # the call ring's C core, compiled for this interpreter (guests on the host use it)
     assert any(n.startswith("crane/wire/_ringcore.") and n.endswith(".so") for n in names), names
+    # the guest's queue of packed calls and the simulator's fill loop, built the same way
+    for core in ("crane/guest/_callq.", "crane/backends/sim/_fillcore."):
+        assert any(n.startswith(core) and n.endswith(".so") for n in names), (core, names)
     # a compiled, Python-version-specific library inside: not a py3-none-any wheel
     assert f"-cp{sys.version_info[0]}{sys.version_info[1]}-" in wheels[0].name, wheels[0].name
     with tarfile.open(sdists[0]) as tar:
@@ -85,6 +88,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert any(m.endswith("/proto/crane/v1/guest.proto") for m in members)
     assert any(m.endswith("/interposer/src/pygate.c") for m in members)
     assert any(m.endswith("/crane/wire/ringcore.c") for m in members)
+    assert any(m.endswith("/crane/guest/callqcore.c") for m in members)
+    assert any(m.endswith("/crane/backends/sim/fillcore.c") for m in members)
     assert not any(m.endswith(".so.1") for m in members), "a built library in the sdist"
 
     _run([sys.executable, "-m", "venv", venv], base, env)

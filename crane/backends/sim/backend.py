@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.backends.base import Backend, GlobalVar, LoadedModule, StagedSource
@@ -184,6 +186,19 @@ class SimBackend(Backend):
 
     def disown_memory(self) -> None:
         self.memory.disown()
+
+    # ---- runs of packed memsets (crane/engine/codec.py) ----------------------------------------
+    memset_runs = True
+
+    def memset_run(
+        self,
+        dst: np.ndarray,
+        value: np.ndarray,
+        elem_size: np.ndarray,
+        count: np.ndarray,
+        stream: Any,
+    ) -> int:
+        return self.memory.fill_run(dst, value, elem_size, count)
 
     # ---- streams and events -----------------------------------------------------------------
     def stream_create(self, flags: int, priority: int) -> SimStream:

@@ -62,6 +62,14 @@ log = logging.getLogger("crane.sim")
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 _MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
+#: A run's counts at or above this take the one-call path (no uint64 overflow in elem * count).
+_RUN_COUNT_MAX = 1 << 56
+
+try:  # the C loop that applies a run of memsets in order (fillcore.c, crane/wire/shm_build.py)
+    from crane.backends.sim._fillcore import ffi as _fill_ffi  # type: ignore[import-not-found]
+    from crane.backends.sim._fillcore import lib as _fill_lib
+except ImportError:  # not built (a source tree without scripts/setup.sh): one fill per call
+    _fill_ffi = _fill_lib = None
 
 
 class MemoryFault(Exception):
@@ -362,6 +370,55 @@ class SimMemory:
         dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[elem_size]
         off = self.check_range(addr, elem_size * count)
         self.buf[off : off + elem_size * count].view(dtype).fill(value & _MASK[elem_size])
+
+    def fill_run(
+        self, addrs: np.ndarray, values: np.ndarray, elem_sizes: np.ndarray, counts: np.ndarray
+    ) -> int:
+        """Memsets in call order (columns of a packed run, one row per call), as :meth:`fill`
+        would apply them one by one, up to the first one :meth:`fill` would refuse (a range
+        outside one allocation, an element size not 1, 2 or 4): how many were applied. The
+        caller runs that one through :meth:`fill`, which raises what it raises; no range is
+        written before every range before it was checked."""
+        addrs = addrs.astype(np.uint64, copy=False)
+        elem = elem_sizes.astype(np.uint64)
+        cnt = counts.astype(np.uint64, copy=False)
+        ok = ((elem == 1) | (elem == 2) | (elem == 4)) & (cnt < _RUN_COUNT_MAX)
+        starts, ends = self._allocs.arrays()
+        if len(starts):
+            at = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
+            end = ends[np.maximum(at, 0)]
+            # ``end - addr >= size`` rather than ``addr + size <= end``: no wrap past 2**64
+            ok &= (at >= 0) & (addrs < end) & (end - addrs >= elem * cnt)
+        else:
+            ok[:] = False
+        n = len(addrs) if ok.all() else int(np.argmin(ok))
+        if n == 0:
+            return 0
+        off = (addrs[:n] - np.uint64(self.base)).astype(np.uint64)
+        if _fill_lib is None:  # the same fills, one NumPy call each
+            for a, v, e, c in zip(
+                addrs[:n].tolist(),
+                values[:n].tolist(),
+                elem[:n].tolist(),
+                cnt[:n].tolist(),
+                strict=True,
+            ):
+                self.fill(a, v, e, c)
+            return n
+        val = np.ascontiguousarray(values[:n], dtype=np.uint32)
+        el = np.ascontiguousarray(elem[:n], dtype=np.uint32)
+        c = np.ascontiguousarray(cnt[:n])
+        f = _fill_ffi
+        with f.from_buffer(self.buf, require_writable=True) as base:
+            _fill_lib.crane_fill_run(
+                base,
+                f.from_buffer("uint64_t[]", off),
+                f.from_buffer("uint32_t[]", val),
+                f.from_buffer("uint32_t[]", el),
+                f.from_buffer("uint64_t[]", c),
+                n,
+            )
+        return n
 
     # ---- per-lane accesses (kernels) -------------------------------------------------------
     def offsets(self, addrs: np.ndarray, nbytes: int) -> np.ndarray:

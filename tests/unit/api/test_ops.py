@@ -133,22 +133,3 @@ def test_cluster_launch_carries_dims_and_flags_after_the_config() -> None:
 def test_kinds_sharing_a_layout_stay_distinct() -> None:
     assert Kind.HANDLE is not Kind.DEVPTR and Kind.HANDLE.code == Kind.DEVPTR.code
     assert "dst:DEVPTR" in OPS_BY_NAME["MEMSET"].signature()
-
-
-def test_packer_packs_as_pack_does() -> None:
-    """The guest's hot calls pack with Op.packer (the struct's own pack where every argument is
-    one wire field): it must give the same bytes as Op.pack for every op."""
-    for o in OPS:
-        values: list[object] = []
-        for i, p in enumerate(o.args):
-            if p.kind is Kind.LAUNCH_CONFIG:
-                values.append(LaunchConfig((1 + i, 2, 3), (4, 5, 6), 7))
-            elif p.kind is Kind.HASH:
-                values.append(bytes([i]) * 32)
-            elif p.kind is Kind.F32:
-                values.append(1.5)
-            elif p.kind is Kind.I32:
-                values.append(-i - 1)
-            else:
-                values.append(0x1000 + i)
-        assert o.packer(*values) == o.pack(*values), o.name

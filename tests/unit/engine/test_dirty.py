@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from crane.engine.dirty import DirtyTracker
 
 
@@ -27,6 +29,23 @@ def test_writes_inside_an_allocation_mark_it_and_outside_do_not() -> None:
     d.remove(0x1000)
     d.write(0x1000)
     assert d.mark()[0] == set()
+
+
+def test_a_run_of_writes_marks_what_the_writes_one_by_one_mark() -> None:
+    rng = np.random.default_rng(5)
+    one, many = DirtyTracker(), DirtyTracker()
+    for d in (one, many):
+        for a in range(0x1000, 0x20000, 0x1000):
+            d.add(a, 0x100 + a // 0x1000)
+        d.mark()
+    ptrs = rng.integers(0, 0x21000, 300).astype(np.uint64)
+    for p in ptrs.tolist():
+        one.write(p)
+    many.write_many(ptrs)
+    marked = one.mark()
+    assert many.mark() == marked and 0 < len(marked[0]) < 31
+    many.write_many(np.array([0x0FFF, 0x1000 + 0x101], np.uint64))  # before all, one past
+    assert many.mark()[0] == set()
 
 
 def test_kernel_parameters_pointing_into_allocations_mark_them() -> None:

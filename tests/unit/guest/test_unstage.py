@@ -6,7 +6,9 @@ from __future__ import annotations
 from crane.api.ops import OPS_BY_NAME as O
 from crane.guest.ring_bulk import unstage
 from crane.v1 import guest_pb2
+from crane.wire import packed
 from crane.wire.batch_flags import EXPECTS_REPLY
+from crane.wire.packed import record_struct
 from crane.wire.status import MAX_CHUNK
 
 
@@ -44,3 +46,20 @@ def test_staged_calls_become_plain_copies_in_batches_that_fit() -> None:
         )
         assert moved <= MAX_CHUNK + 100
     assert len(out) >= 3
+
+
+def test_packed_calls_stay_between_the_same_calls_when_a_batch_is_cut() -> None:
+    src = memoryview(bytes(MAX_CHUNK))
+    memset = O["MEMSET"]
+    rec = record_struct(memset)
+    b = guest_pb2.CallBatch()
+    b.calls.append(_call(2, "MEMCPY_HTOD_STAGED", 0x3000, MAX_CHUNK, 7))
+    b.calls.append(_call(4, "MEMCPY_HTOD_STAGED", 0x4000, MAX_CHUNK, 7))
+    b.packed = b"".join(rec.pack(s, memset.id, 0x1000 + s, s, 1, 1, 0) for s in (1, 3, 5, 6))
+    out = unstage(b, {2: src.tobytes, 4: src.tobytes}, done_seq=0)
+    assert len(out) == 2
+    order = [
+        sorted([c.seq for c in piece.calls] + [s for s, _, _ in packed.records(piece.packed)])
+        for piece in out
+    ]
+    assert order == [[1, 2], [3, 4, 5, 6]]  # every call once, in order across the pieces

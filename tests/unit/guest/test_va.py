@@ -125,3 +125,21 @@ def test_random_alloc_free_never_overlaps(ops: list[tuple[bool, int]]) -> None:
             assert len(inside) == 1
             live[addr] = size
     assert sorted(live) == [a for a, _ in va.allocations()]
+
+
+def test_the_last_range_checked_answers_until_it_is_freed_or_unmapped() -> None:
+    va = make(Recorder())
+    a = va.alloc(4096)
+    b = va.alloc(4096)
+    assert va.check(a, 4096) and va.hit == (a, a + 4096)
+    assert va.check(a + 10, 100) and not va.check(a + 10, 4096) and not va.check(a - 1, 1)
+    va.free(a)
+    assert not va.check(a, 1) and va.check(b, 4096)  # the freed range no longer answers
+    c = va.alloc(100)  # (the freed range reused, smaller)
+    assert c == a and va.check(a, 100) and not va.check(a, 101)
+    r = va.reserve(2 * MiB)
+    va.add_mapping(r, MiB)
+    assert va.check(r + 5, 10) and va.hit == (r, r + MiB)
+    va.remove_mapping(r)
+    assert not va.check(r + 5, 10)
+    assert not va.check(0, 0)  # nothing found yet answers nothing
