@@ -14,6 +14,7 @@ PTX tests run in ``diff`` mode, which is how the two paths are kept identical.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import threading
@@ -21,16 +22,45 @@ import time
 from dataclasses import dataclass
 
 from . import diskcache
+from .refusal import Refusal
 
-try:  # llvmlite is the optional `sim` extra: without it every kernel runs interpreted
-    from .engine import compile_ir, load_object
-    from .irtypes import Refusal
-    from .lower import lower_kernel
-    from .simd import simd_lanes
+#: llvmlite is the optional `sim` extra: without it every kernel runs interpreted. It is only
+#: looked for here; LLVM itself is imported at the first compile or disk-cache load (the
+#: functions below), because loading it adds ~44 MB to a worker's resident memory, which a
+#: session that never launches enough to compile (an idle one, a copy-only one) need not pay.
+MISSING = (
+    ""
+    if importlib.util.find_spec("llvmlite")
+    else "llvmlite is not installed (pip install 'crane[sim]')"
+)
 
-    MISSING = ""
-except ImportError as _e:  # pragma: no cover - exercised where llvmlite is not installed
-    MISSING = f"llvmlite is not installed ({_e}; pip install 'crane[sim]')"
+
+def compile_ir(*args, **kw):
+    """:func:`.engine.compile_ir`, LLVM imported on first use."""
+    from .engine import compile_ir as real
+
+    return real(*args, **kw)
+
+
+def load_object(*args, **kw):
+    """:func:`.engine.load_object`, LLVM imported on first use."""
+    from .engine import load_object as real
+
+    return real(*args, **kw)
+
+
+def lower_kernel(*args, **kw):
+    """:func:`.lower.lower_kernel`, llvmlite's IR builder imported on first use."""
+    from .lower import lower_kernel as real
+
+    return real(*args, **kw)
+
+
+def simd_lanes() -> int:
+    from .simd import simd_lanes as real
+
+    return real()
+
 
 __all__ = [
     "COMPILE_AFTER_LAUNCHES",
