@@ -82,7 +82,7 @@ from .ops_atomic import is_atomic
 from .ops_barred import NRED, is_bar_red
 from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
-from .regions import STOPS, region_loop_free, stop_indices
+from .regions import STOPS, carried, region_loop_free, stop_indices
 from .simd import SimdRegion, emit_groups, simd_lanes
 from .spin import YIELD_OP, spin_wait, with_yields
 from .warp import (
@@ -228,6 +228,13 @@ class KernelLowering(LaneOperands):
         self.live = keep_live(fn, self.live, self.keep, lambda s: s.opcode.split(".")[0] in _STOPS)
         for uid in self.keep:
             self.remat.pop(uid, None)
+        # what each stop saves and its resume point restores (:func:`.regions.carried`);
+        # every live register where a warp's lanes or bar.red read other lanes' words
+        if self.has_warp or self.has_red:
+            stops = [fn.body[i] for i in stop_indices(fn.body or [])]
+            self.save_at = self.restore_at = {id(s): self.live[id(s)] for s in stops}
+        else:
+            self.save_at, self.restore_at = carried(fn.body or [], self.live)
         saved = sorted(set().union(*self.live_at_barriers()))
         self.reg_index = {uid: i for i, uid in enumerate(saved)}
         self.nsave_regs = len(saved)
@@ -1321,7 +1328,7 @@ class KernelLowering(LaneOperands):
         body = self.fn.body or []
         stops = stop_indices(body)
         affine = {
-            k: self.affine_regs(self.live[id(body[stops[k - 1]])]) if k else {}
+            k: self.affine_regs(self.restore_at[id(body[stops[k - 1]])]) if k else {}
             for k in self.vec_regions
         }
         with b.goto_entry_block():
