@@ -82,6 +82,7 @@ from .ops_atomic import is_atomic
 from .ops_barred import NRED, is_bar_red
 from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
+from .proof import build_proof, emit_proof, static_accesses
 from .regions import STOPS, carried, region_loop_free, stop_indices
 from .simd import SimdRegion, emit_groups, simd_lanes
 from .spin import YIELD_OP, spin_wait, with_yields
@@ -249,6 +250,9 @@ class KernelLowering(LaneOperands):
         # a warp's lanes stop apart: no vector form (kernels without barriers may have it)
         self.simd_lanes = simd_lanes() if self.simd and not self.has_warp else 0
         self.strides = lane_strides(fn) if self.vec_regions or self.simd_lanes else {}
+        # shared accesses the vector regions take unchecked, proven per block (:mod:`.proof`)
+        self.static_ids = static_accesses(self)
+        self.proof = None
         self.build_step("step")
         scalar_step = self.step
         fast = None
@@ -276,6 +280,8 @@ class KernelLowering(LaneOperands):
             self.fast = False
             fast = None
         self.step = scalar_step
+        if self.static_ids:
+            self.proof = build_proof(self)
         self.simd_fns = self.simd_regions()
         if self.has_warp:
             self.settle = build_settle(
@@ -552,14 +558,16 @@ class KernelLowering(LaneOperands):
         nthreads = b.mul(b.mul(self.ntid[0], self.ntid[1]), self.ntid[2])
         return b.mul(b.zext(nthreads, I64), c64(self.reg_index[uid]))
 
-    def save_regs(self, live: frozenset[int]) -> None:
+    def save_regs(self, live: frozenset[int], ok=None) -> None:
         """At a barrier: the registers live after it, to the lane's save area (but those
-        computed again at the resume point, :func:`rematerializable`)."""
+        computed again at the resume point, :func:`rematerializable`); where ``ok`` (an
+        ``i1``) is false, each word is written back unchanged instead."""
         b = self.b
         for uid in sorted(live - self.remat.keys()):
             v = b.load(self.regs[uid])
             v = b.zext(v, I64) if v.type != I64 else v
-            b.store(v, b.gep(self.save, [self.save_offset(uid)]))
+            p = b.gep(self.save, [self.save_offset(uid)])
+            b.store(v if ok is None else b.select(ok, v, b.load(p)), p)
 
     def restore_regs(self, live: frozenset[int]) -> None:
         """After a barrier: the live registers from the save area, except the ones the
@@ -821,6 +829,11 @@ class KernelLowering(LaneOperands):
         the access's own (a ``.shared`` access, not one route of a generic address)."""
         b = self.b
         size = self.ctx_word(L.SHARED_SIZE)
+        if self.fast and direct and id(self.ins) in self.static_ids:
+            # in bounds and aligned for every lane of the block (:mod:`.proof`): no check, no
+            # condition, so LLVM loads it as a vector (or once, where it is the row's)
+            self.safe_ptr = True
+            return b.gep(self.shared, [off])
         if self.fast:
             # the vectorized form takes plain offsets only (an address that is an affine
             # function of the lane stays one, so LLVM makes contiguous accesses of it): any
@@ -1145,6 +1158,8 @@ class KernelLowering(LaneOperands):
         if bar:
             _zero(d, save, b.mul(nthreads, c64(8 * max(nregs, 1))))
             _zero(d, resume, b.mul(nthreads, c64(4)))
+        # the block's unchecked shared accesses in bounds for all its lanes (:mod:`.proof`)
+        proven = emit_proof(self, d, nthreads) if self.proof is not None else None
         rhead = round_head = f.append_basic_block("round")
         b.branch(rhead)
         b.position_at_end(rhead)
@@ -1160,7 +1175,7 @@ class KernelLowering(LaneOperands):
             return
         if self.vec_regions or self.simd_fns:
             scalar_round = f.append_basic_block("scalar_round")
-            self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault)
+            self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault, proven)
             b.position_at_end(scalar_round)
             rhead = scalar_round
         yround = self.yield_round(d, nthreads) if self.has_yield else None
@@ -1271,7 +1286,9 @@ class KernelLowering(LaneOperands):
         b.position_at_end(done)
         return anyy
 
-    def build_vector_rounds(self, d: _Driver, nthreads, rhead, scalar_round, nextblk, fault):
+    def build_vector_rounds(
+        self, d: _Driver, nthreads, rhead, scalar_round, nextblk, fault, proven=None
+    ):
         """At the start of a round (``rhead``): pick the lanes to run and, when their region
         has the two-pass form, run it as vectorizable loops over the lanes (x innermost, the
         other lanes masked off), then the lanes it could not finish (a failed check) through
@@ -1314,7 +1331,10 @@ class KernelLowering(LaneOperands):
         anyy = b.icmp_signed("!=", ymin, big)
         target = b.select(anyy, ymin, lmin)
         uni = f.append_basic_block("uniform")
-        b.cbranch(b.or_(anyy, b.icmp_signed("==", lmin, lmax)), uni, scalar_round)
+        vec = b.or_(anyy, b.icmp_signed("==", lmin, lmax))
+        if proven is not None:  # else its vector regions' unchecked accesses may fault
+            vec = b.and_(vec, proven)
+        b.cbranch(vec, uni, scalar_round)
         b.position_at_end(uni)
         # past the deadline: the scalar round, whose branches back check the stop flag (a
         # loop around barriers whose regions are all vectorized would otherwise never see it)

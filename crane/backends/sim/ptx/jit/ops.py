@@ -615,8 +615,15 @@ def _stop(k: KernelLowering, tag: int, arrive=None) -> None:
     nxt = ir.Constant(I32, (len(k.resumes) + 1) | tag)
     if k.fast and not k.commit:  # checked up to the barrier: now the committing pass
         k.to_commit()
-    if k.fast and not b.block.is_terminated:
-        # a lane that failed a check keeps its old save area: it runs again
+    if k.fast and arrive is None and not b.block.is_terminated:
+        # a lane that failed a check (or that the round masks off) keeps its old save area:
+        # it runs again. Written back unchanged, not branched around: the lane's code then
+        # has no branch whose one side uses what the region loaded, into which LLVM sinks
+        # the loads (and a load of the row's shared word becomes a gather)
+        ok = b.load(k.lane_ok)
+        k.save_regs(saved, ok)
+        b.ret(b.select(ok, nxt, ir.Constant(I32, FAULTED)))
+    elif k.fast and not b.block.is_terminated:
         ok = b.load(k.lane_ok)
         go = k.step.append_basic_block("save")
         no = k.step.append_basic_block("unsaved")
