@@ -121,6 +121,8 @@ class Lowered:
 
     #: the lane loops declared parallel: (function, loop header block) of each
     par_loops: list[tuple[str, str]] = field(default_factory=list)
+    #: functions that rarely run, compiled with a short pipeline (:mod:`.coldsplit`)
+    cold: tuple[str, ...] = ()
 
     def ir_text(self) -> str:
         """The module's IR, with the fast forms' lane loops declared free of dependences
@@ -289,6 +291,12 @@ class KernelLowering(LaneOperands):
             )
         self.build_lookup()
         self.build_driver()
+        # every region has a vector form: the scalar one runs only for the lanes a vector
+        # round could not finish and the rounds none takes (lanes at different barriers,
+        # past the deadline)
+        nregions = len(stop_indices(fn.body or [])) + 1
+        covered = set(self.vec_regions) | set(self.simd_fns)
+        rare = self.has_bar and not self.has_warp and len(covered) == nregions
         return Lowered(
             self.mod,
             "kern_" + sanitize(fn.name),
@@ -297,6 +305,7 @@ class KernelLowering(LaneOperands):
             self.texts,
             fast,
             self.par_loops,
+            ("step",) if rare else (),
         )
 
     def fast_eligible(self) -> bool:
