@@ -237,7 +237,7 @@ def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int):
 def _compile(low):
     split = low.fast is not None
     drop = (low.name,) if split else ()
-    return compile_ir(low.ir_text(), None if split else low.name, low.fast, drop)
+    return compile_ir(low.ir_text(), None if split else low.name, low.fast, drop, low.cold)
 
 
 def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: int) -> bool:
@@ -250,7 +250,7 @@ def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: i
     try:
         low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
         drop = (low.fast,) if low.fast else ()
-        code = compile_ir(low.ir_text(), low.name, None, drop)
+        code = compile_ir(low.ir_text(), low.name, None, drop, low.cold)
     except Exception as e:  # an LLVM error: those launches run interpreted
         ck.general_failed = True
         log.warning("kernel %s: multi-dimensional blocks run interpreted: %s", ck.name, e)
