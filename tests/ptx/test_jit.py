@@ -477,6 +477,43 @@ def test_without_llvmlite_every_kernel_runs_interpreted() -> None:
     assert r.stderr.count("PTX kernels run interpreted: llvmlite is not installed") == 1
 
 
+_LAZY_LLVM_RUN = """
+import sys
+import numpy as np
+from ptxdev import Device, Ptr
+from crane.backends.sim.ptx import load_ptx
+import test_jit as T
+dev = Device()
+prog = load_ptx(T.STORE)
+out = dev.zeros(64, np.uint32)
+dev.launch(prog, "t", 1, 64, [Ptr(out), np.uint32(0)])
+assert "llvmlite" not in sys.modules, "LLVM loaded before any compile"
+dev.launch(prog, "t", 1, 64, [Ptr(out), np.uint32(0)])
+dev.launch(prog, "t", 1, 64, [Ptr(out), np.uint32(0)])
+assert "llvmlite.binding" in sys.modules, "the third launch compiled nothing"
+assert np.array_equal(dev.download(out, 64, np.uint32), np.arange(64) * 3)
+print("ok")
+"""
+
+
+def test_llvm_is_loaded_only_when_a_kernel_is_compiled() -> None:
+    """A module loaded and a small kernel launched once (interpreted: not yet worth a compile)
+    leave LLVM unloaded (it adds ~44 MB to a worker that may never compile); the compile
+    that the third launch brings loads it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, CRANE_PTX_JIT="1", CRANE_PTX_JIT_CACHE="")
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent.parent)])
+    r = subprocess.run(
+        [sys.executable, "-c", _LAZY_LLVM_RUN], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
 #: nvcc's local frame: each thread fills a local array a[i] = tid + i (through .local
 #: addresses), crosses a barrier, then reads a[idx] back through the generic address
 #: (cvta.local) and stores it to out[tid]; idx out of the frame faults in the local window

@@ -14,6 +14,7 @@ PTX tests run in ``diff`` mode, which is how the two paths are kept identical.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import threading
@@ -21,16 +22,45 @@ import time
 from dataclasses import dataclass
 
 from . import diskcache
+from .refusal import Refusal
 
-try:  # llvmlite is the optional `sim` extra: without it every kernel runs interpreted
-    from .engine import compile_ir, load_object
-    from .irtypes import Refusal
-    from .lower import lower_kernel
-    from .simd import simd_lanes
+#: llvmlite is the optional `sim` extra: without it every kernel runs interpreted. It is only
+#: looked for here; LLVM itself is imported at the first compile or disk-cache load (the
+#: functions below), because loading it adds ~44 MB to a worker's resident memory, which a
+#: session that never launches enough to compile (an idle one, a copy-only one) need not pay.
+MISSING = (
+    ""
+    if importlib.util.find_spec("llvmlite")
+    else "llvmlite is not installed (pip install 'crane[sim]')"
+)
 
-    MISSING = ""
-except ImportError as _e:  # pragma: no cover - exercised where llvmlite is not installed
-    MISSING = f"llvmlite is not installed ({_e}; pip install 'crane[sim]')"
+
+def compile_ir(*args, **kw):
+    """:func:`.engine.compile_ir`, LLVM imported on first use."""
+    from .engine import compile_ir as real
+
+    return real(*args, **kw)
+
+
+def load_object(*args, **kw):
+    """:func:`.engine.load_object`, LLVM imported on first use."""
+    from .engine import load_object as real
+
+    return real(*args, **kw)
+
+
+def lower_kernel(*args, **kw):
+    """:func:`.lower.lower_kernel`, llvmlite's IR builder imported on first use."""
+    from .lower import lower_kernel as real
+
+    return real(*args, **kw)
+
+
+def simd_lanes() -> int:
+    from .simd import simd_lanes as real
+
+    return real()
+
 
 __all__ = [
     "COMPILE_AFTER_LAUNCHES",
@@ -207,7 +237,7 @@ def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int):
 def _compile(low):
     split = low.fast is not None
     drop = (low.name,) if split else ()
-    return compile_ir(low.ir_text(), None if split else low.name, low.fast, drop)
+    return compile_ir(low.ir_text(), None if split else low.name, low.fast, drop, low.cold)
 
 
 def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: int) -> bool:
@@ -220,7 +250,7 @@ def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: i
     try:
         low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
         drop = (low.fast,) if low.fast else ()
-        code = compile_ir(low.ir_text(), low.name, None, drop)
+        code = compile_ir(low.ir_text(), low.name, None, drop, low.cold)
     except Exception as e:  # an LLVM error: those launches run interpreted
         ck.general_failed = True
         log.warning("kernel %s: multi-dimensional blocks run interpreted: %s", ck.name, e)

@@ -19,6 +19,8 @@ import threading
 
 import llvmlite.binding as llvm
 
+from .coldsplit import split
+
 __all__ = ["Compiled", "KernelFn", "compile_ir", "host_signature", "load_object", "optimize"]
 
 #: the compiled entry point: ``int32 kern(int64 *ctx)``; ctypes releases the GIL during the
@@ -70,27 +72,41 @@ class Compiled:
 
 
 def compile_ir(
-    ir_text: str, entry: str | None, fast: str | None = None, drop: tuple[str, ...] = ()
+    ir_text: str,
+    entry: str | None,
+    fast: str | None = None,
+    drop: tuple[str, ...] = (),
+    cold: tuple[str, ...] = (),
 ) -> Compiled:
     """Verify, optimize (-O2) and compile a module to an object file, and load that; return
     its ``entry`` function (and the ``fast`` one, if named). The exported functions named in
     ``drop`` are left out (made internal, so nothing of them is compiled that the others do
-    not use): a kernel's two drivers are compiled apart, each when a launch needs it.
+    not use): a kernel's two drivers are compiled apart, each when a launch needs it. The
+    functions named in ``cold`` rarely run: they get a short pipeline (:mod:`.coldsplit`).
     Callers serialize compiles.
     (Verifying costs under 1% of a compile; it turns a lowering bug into a refusal where the
     optimizer could crash the process.)"""
-    mod = optimize(ir_text, drop)
+    mod = optimize(ir_text, drop, cold)
     return load_object(_compiler().emit_object(mod), entry, fast)
 
 
-def optimize(ir_text: str, drop: tuple[str, ...] = ()):
+def optimize(ir_text: str, drop: tuple[str, ...] = (), cold: tuple[str, ...] = ()):
     """The module parsed, verified and optimized as :func:`compile_ir` compiles it (tests
     look at what LLVM made of a lowering: which loads it vectorized)."""
+    if cold:
+        try:
+            hot_text, cold_text, linked = split(ir_text, cold)
+            mod = optimize(hot_text, drop)
+            part = _parse(cold_text)
+            _cold_pipeline(part)
+            mod.link_in(part)
+            for name in linked:
+                mod.get_function(name).linkage = llvm.Linkage.internal
+            return mod
+        except (RuntimeError, NameError):  # a text the split misread: one module, as before
+            pass
     tm = _compiler()
-    mod = llvm.parse_assembly(ir_text)
-    mod.triple = tm.triple
-    mod.data_layout = str(tm.target_data)
-    mod.verify()
+    mod = _parse(ir_text)
     for name in drop:
         mod.get_function(name).linkage = llvm.Linkage.internal
     pto = llvm.create_pipeline_tuning_options(speed_level=2)
@@ -100,6 +116,29 @@ def optimize(ir_text: str, drop: tuple[str, ...] = ()):
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod
+
+
+def _parse(text: str):
+    tm = _compiler()
+    mod = llvm.parse_assembly(text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    return mod
+
+
+def _cold_pipeline(mod) -> None:
+    """The short pipeline of rarely run functions (:mod:`.coldsplit`): the registers' allocas
+    to SSA values, instruction combining, CFG simplification. On the tiled matmul's scalar
+    lane function: a tenth of -O2's time."""
+    pb = llvm.create_pass_builder(_compiler(), llvm.create_pipeline_tuning_options(speed_level=1))
+    fpm = llvm.create_new_function_pass_manager()
+    fpm.add_sroa_pass()
+    fpm.add_instruction_combine_pass()
+    fpm.add_simplify_cfg_pass()
+    for fn in mod.functions:
+        if not fn.is_declaration:
+            fpm.run(fn, pb)
 
 
 def load_object(obj: bytes, entry: str | None, fast: str | None = None) -> Compiled:

@@ -9,6 +9,7 @@ import struct
 from llvmlite import ir
 
 from ..ptxtypes import PtxType
+from .refusal import Refusal
 
 __all__ = [
     "EXITED",
@@ -66,15 +67,6 @@ SPECIAL_GEOM = {
     "%lanemask_ge",
     "%lanemask_gt",
 }
-
-
-class Refusal(Exception):
-    """The compiler does not take this kernel: ``what`` and the PTX ``line`` say why."""
-
-    def __init__(self, what: str, line: int | None) -> None:
-        self.what = what
-        self.line = line
-        super().__init__(f"{what} (PTX line {line})" if line is not None else what)
 
 
 def storage_bits(t: PtxType) -> int:

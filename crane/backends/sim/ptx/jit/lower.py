@@ -82,7 +82,8 @@ from .ops_atomic import is_atomic
 from .ops_barred import NRED, is_bar_red
 from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
-from .regions import STOPS, region_loop_free, stop_indices
+from .proof import build_proof, emit_proof, static_accesses
+from .regions import STOPS, carried, region_loop_free, stop_indices
 from .simd import SimdRegion, emit_groups, simd_lanes
 from .spin import YIELD_OP, spin_wait, with_yields
 from .warp import (
@@ -120,6 +121,8 @@ class Lowered:
 
     #: the lane loops declared parallel: (function, loop header block) of each
     par_loops: list[tuple[str, str]] = field(default_factory=list)
+    #: functions that rarely run, compiled with a short pipeline (:mod:`.coldsplit`)
+    cold: tuple[str, ...] = ()
 
     def ir_text(self) -> str:
         """The module's IR, with the fast forms' lane loops declared free of dependences
@@ -228,6 +231,13 @@ class KernelLowering(LaneOperands):
         self.live = keep_live(fn, self.live, self.keep, lambda s: s.opcode.split(".")[0] in _STOPS)
         for uid in self.keep:
             self.remat.pop(uid, None)
+        # what each stop saves and its resume point restores (:func:`.regions.carried`);
+        # every live register where a warp's lanes or bar.red read other lanes' words
+        if self.has_warp or self.has_red:
+            stops = [fn.body[i] for i in stop_indices(fn.body or [])]
+            self.save_at = self.restore_at = {id(s): self.live[id(s)] for s in stops}
+        else:
+            self.save_at, self.restore_at = carried(fn.body or [], self.live)
         saved = sorted(set().union(*self.live_at_barriers()))
         self.reg_index = {uid: i for i, uid in enumerate(saved)}
         self.nsave_regs = len(saved)
@@ -242,6 +252,9 @@ class KernelLowering(LaneOperands):
         # a warp's lanes stop apart: no vector form (kernels without barriers may have it)
         self.simd_lanes = simd_lanes() if self.simd and not self.has_warp else 0
         self.strides = lane_strides(fn) if self.vec_regions or self.simd_lanes else {}
+        # shared accesses the vector regions take unchecked, proven per block (:mod:`.proof`)
+        self.static_ids = static_accesses(self)
+        self.proof = None
         self.build_step("step")
         scalar_step = self.step
         fast = None
@@ -269,6 +282,8 @@ class KernelLowering(LaneOperands):
             self.fast = False
             fast = None
         self.step = scalar_step
+        if self.static_ids:
+            self.proof = build_proof(self)
         self.simd_fns = self.simd_regions()
         if self.has_warp:
             self.settle = build_settle(
@@ -276,6 +291,12 @@ class KernelLowering(LaneOperands):
             )
         self.build_lookup()
         self.build_driver()
+        # every region has a vector form: the scalar one runs only for the lanes a vector
+        # round could not finish and the rounds none takes (lanes at different barriers,
+        # past the deadline)
+        nregions = len(stop_indices(fn.body or [])) + 1
+        covered = set(self.vec_regions) | set(self.simd_fns)
+        rare = self.has_bar and not self.has_warp and len(covered) == nregions
         return Lowered(
             self.mod,
             "kern_" + sanitize(fn.name),
@@ -284,6 +305,7 @@ class KernelLowering(LaneOperands):
             self.texts,
             fast,
             self.par_loops,
+            ("step",) if rare else (),
         )
 
     def fast_eligible(self) -> bool:
@@ -545,14 +567,16 @@ class KernelLowering(LaneOperands):
         nthreads = b.mul(b.mul(self.ntid[0], self.ntid[1]), self.ntid[2])
         return b.mul(b.zext(nthreads, I64), c64(self.reg_index[uid]))
 
-    def save_regs(self, live: frozenset[int]) -> None:
+    def save_regs(self, live: frozenset[int], ok=None) -> None:
         """At a barrier: the registers live after it, to the lane's save area (but those
-        computed again at the resume point, :func:`rematerializable`)."""
+        computed again at the resume point, :func:`rematerializable`); where ``ok`` (an
+        ``i1``) is false, each word is written back unchanged instead."""
         b = self.b
         for uid in sorted(live - self.remat.keys()):
             v = b.load(self.regs[uid])
             v = b.zext(v, I64) if v.type != I64 else v
-            b.store(v, b.gep(self.save, [self.save_offset(uid)]))
+            p = b.gep(self.save, [self.save_offset(uid)])
+            b.store(v if ok is None else b.select(ok, v, b.load(p)), p)
 
     def restore_regs(self, live: frozenset[int]) -> None:
         """After a barrier: the live registers from the save area, except the ones the
@@ -814,6 +838,11 @@ class KernelLowering(LaneOperands):
         the access's own (a ``.shared`` access, not one route of a generic address)."""
         b = self.b
         size = self.ctx_word(L.SHARED_SIZE)
+        if self.fast and direct and id(self.ins) in self.static_ids:
+            # in bounds and aligned for every lane of the block (:mod:`.proof`): no check, no
+            # condition, so LLVM loads it as a vector (or once, where it is the row's)
+            self.safe_ptr = True
+            return b.gep(self.shared, [off])
         if self.fast:
             # the vectorized form takes plain offsets only (an address that is an affine
             # function of the lane stays one, so LLVM makes contiguous accesses of it): any
@@ -1138,6 +1167,8 @@ class KernelLowering(LaneOperands):
         if bar:
             _zero(d, save, b.mul(nthreads, c64(8 * max(nregs, 1))))
             _zero(d, resume, b.mul(nthreads, c64(4)))
+        # the block's unchecked shared accesses in bounds for all its lanes (:mod:`.proof`)
+        proven = emit_proof(self, d, nthreads) if self.proof is not None else None
         rhead = round_head = f.append_basic_block("round")
         b.branch(rhead)
         b.position_at_end(rhead)
@@ -1153,7 +1184,7 @@ class KernelLowering(LaneOperands):
             return
         if self.vec_regions or self.simd_fns:
             scalar_round = f.append_basic_block("scalar_round")
-            self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault)
+            self.build_vector_rounds(d, nthreads, rhead, scalar_round, nextblk, fault, proven)
             b.position_at_end(scalar_round)
             rhead = scalar_round
         yround = self.yield_round(d, nthreads) if self.has_yield else None
@@ -1264,7 +1295,9 @@ class KernelLowering(LaneOperands):
         b.position_at_end(done)
         return anyy
 
-    def build_vector_rounds(self, d: _Driver, nthreads, rhead, scalar_round, nextblk, fault):
+    def build_vector_rounds(
+        self, d: _Driver, nthreads, rhead, scalar_round, nextblk, fault, proven=None
+    ):
         """At the start of a round (``rhead``): pick the lanes to run and, when their region
         has the two-pass form, run it as vectorizable loops over the lanes (x innermost, the
         other lanes masked off), then the lanes it could not finish (a failed check) through
@@ -1307,7 +1340,10 @@ class KernelLowering(LaneOperands):
         anyy = b.icmp_signed("!=", ymin, big)
         target = b.select(anyy, ymin, lmin)
         uni = f.append_basic_block("uniform")
-        b.cbranch(b.or_(anyy, b.icmp_signed("==", lmin, lmax)), uni, scalar_round)
+        vec = b.or_(anyy, b.icmp_signed("==", lmin, lmax))
+        if proven is not None:  # else its vector regions' unchecked accesses may fault
+            vec = b.and_(vec, proven)
+        b.cbranch(vec, uni, scalar_round)
         b.position_at_end(uni)
         # past the deadline: the scalar round, whose branches back check the stop flag (a
         # loop around barriers whose regions are all vectorized would otherwise never see it)
@@ -1321,7 +1357,7 @@ class KernelLowering(LaneOperands):
         body = self.fn.body or []
         stops = stop_indices(body)
         affine = {
-            k: self.affine_regs(self.live[id(body[stops[k - 1]])]) if k else {}
+            k: self.affine_regs(self.restore_at[id(body[stops[k - 1]])]) if k else {}
             for k in self.vec_regions
         }
         with b.goto_entry_block():

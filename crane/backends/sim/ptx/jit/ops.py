@@ -611,12 +611,19 @@ def _stop(k: KernelLowering, tag: int, arrive=None) -> None:
     after is the resume point's, which restores them. ``arrive()`` emits what the lane does
     as it leaves (on the path that returns, once)."""
     b = k.b
-    live = k.live[id(k.ins)]
+    saved, restored = k.save_at[id(k.ins)], k.restore_at[id(k.ins)]
     nxt = ir.Constant(I32, (len(k.resumes) + 1) | tag)
     if k.fast and not k.commit:  # checked up to the barrier: now the committing pass
         k.to_commit()
-    if k.fast and not b.block.is_terminated:
-        # a lane that failed a check keeps its old save area: it runs again
+    if k.fast and arrive is None and not b.block.is_terminated:
+        # a lane that failed a check (or that the round masks off) keeps its old save area:
+        # it runs again. Written back unchanged, not branched around: the lane's code then
+        # has no branch whose one side uses what the region loaded, into which LLVM sinks
+        # the loads (and a load of the row's shared word becomes a gather)
+        ok = b.load(k.lane_ok)
+        k.save_regs(saved, ok)
+        b.ret(b.select(ok, nxt, ir.Constant(I32, FAULTED)))
+    elif k.fast and not b.block.is_terminated:
         ok = b.load(k.lane_ok)
         go = k.step.append_basic_block("save")
         no = k.step.append_basic_block("unsaved")
@@ -626,17 +633,17 @@ def _stop(k: KernelLowering, tag: int, arrive=None) -> None:
         b.position_at_end(go)
         if arrive is not None:
             arrive()
-        k.save_regs(live)
+        k.save_regs(saved)
         b.ret(nxt)
     elif not k.fast:
         if arrive is not None:
             arrive()
-        k.save_regs(live)
+        k.save_regs(saved)
         b.ret(nxt)
     blk = k.step.append_basic_block(f"resume{len(k.resumes) + 1}")
     k.resumes.append(blk)
     b.position_at_end(blk)
-    k.restore_regs(live)
+    k.restore_regs(restored)
 
 
 def _h_rcp(k: KernelLowering, types, mods, ops) -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..parser import Instr
+from ..parser import Instr, Label
+from .liveness import dest_src
 from .ops_atomic import is_atomic
 from .ops_order import is_ordered
 from .spin import YIELD_OP
@@ -26,6 +27,7 @@ from .warp import WARP_OPS
 __all__ = [
     "STOPS",
     "Block",
+    "carried",
     "region_blocks",
     "region_loop_free",
     "spaces_of",
@@ -185,3 +187,63 @@ def spaces_of(opcode: str) -> frozenset[str]:
     if "global" in parts or "const" in parts:
         return frozenset({"global"})
     return frozenset({"global", "shared", "local"})
+
+
+def carried(body, live: dict) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]]]:
+    """Which of the registers live across each stop (``live``: :func:`.liveness.live_after`)
+    the stop saves and its resume point restores: ``({id(stop): saved}, {id(stop): restored})``.
+
+    Why: a register no instruction of a region writes still holds, in the save area, the value
+    the region started with, so a stop that region reaches need not save it again, and a
+    region that neither reads nor writes it need not restore it. A tiled matmul's FMA region
+    carried its tile pointers and counter through every round (restored, checked, saved)
+    without touching them, and its load region the accumulator. The invariant kept: at every
+    stop, the save area holds each register live after it. A stop saves a register if some
+    region that reaches it writes it; a region restores a register if it reads or writes it or
+    a stop it reaches saves it (the lane's own value is what is saved). The save area starts
+    zeroed, as registers do, so the kernel's start needs nothing. Registers a stop itself reads
+    or writes (a warp collective's, ``bar.red``'s predicate) count as the region's."""
+    stops = stop_indices(body)
+    labels = {s.name: i for i, s in enumerate(body) if isinstance(s, Label)}
+    full = ({id(body[i]): live[id(body[i])] for i in stops},) * 2
+    regions = []  # per resume point: (registers read or written, registers written, stops)
+    for start in [0] + [i + 1 for i in stops]:
+        seen: set[int] = set()
+        touched: set[int] = set()
+        written: set[int] = set()
+        reached: set[int] = set()
+        todo = [start]
+        while todo:
+            i = todo.pop()
+            if i in seen or i >= len(body):
+                continue
+            seen.add(i)
+            s = body[i]
+            nxt = successors(body, labels, i)
+            if nxt is None:  # a branch to no label: every register, as before
+                return full
+            if isinstance(s, Instr):
+                dst, src = dest_src(s)
+                touched |= dst | src
+                written |= dst
+                if s.opcode.split(".")[0] in STOPS:
+                    reached.add(i)
+            todo.extend(nxt)
+        regions.append((touched, written, reached))
+    saved = {}
+    for i in stops:
+        writers: set[int] = set()
+        for _, written, reached in regions:
+            if i in reached:
+                writers |= written
+        saved[i] = live[id(body[i])] & writers
+    restored = {}
+    for k, i in enumerate(stops, start=1):
+        touched, _, reached = regions[k]
+        need = set(touched)
+        for j in reached:
+            need |= saved[j]
+        restored[id(body[i])] = live[id(body[i])] & need
+    return {id(body[i]): frozenset(v) for i, v in saved.items()}, {
+        k: frozenset(v) for k, v in restored.items()
+    }

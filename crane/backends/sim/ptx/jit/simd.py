@@ -185,7 +185,7 @@ class SimdRegion(LaneOperands):
         self.mask = self.imask = self.group
         self.gone = ir.Constant(ir.VectorType(I1, W), 0)
         if self.region:
-            self.restore(k.live[id(body[start - 1])])
+            self.restore(k.restore_at[id(body[start - 1])])
         self.bbs = {lead: f.append_basic_block(f"b{lead}") for lead in blocks}
         self.sched = f.append_basic_block("sched")
         self.finish = f.append_basic_block("finish")
@@ -373,8 +373,8 @@ class SimdRegion(LaneOperands):
     def stop(self, ins: Instr) -> None:
         """``bar.sync 0``: the lanes save their live registers and wait at stop n."""
         n = self.stops.index(self.body.index(ins)) + 1
-        live = self.k.live[id(ins)]
-        for uid in sorted(live - self.k.remat.keys()):
+        saved = self.k.save_at[id(ins)]  # :func:`.regions.carried`
+        for uid in sorted(saved - self.k.remat.keys()):
             v = self.rb.load(self.regs[uid])
             v = self.b.zext(v, I64) if v.type.element != I64 else v
             masked_store(self, v, self.save_ptr(uid), self.mask)
