@@ -13,6 +13,12 @@ Error rules of the data path (every call is answered by these, never by a crash)
 * anything else a backend raises is a bug: logged with its traceback, answered with
   CUDA_ERROR_UNKNOWN, and the session keeps serving.
 
+Answers go as ``ReplyBatch`` messages; a batch flagged ``SHORT_ANSWER`` whose whole answer is
+one call's result code (no detail) and fixed-size results, with nothing else to say, gets the
+short form instead (``ReplyBatch.answer``, :mod:`crane.wire.replies`): the commonest
+synchronizing call then costs the worker no protobuf message either way (its batch comes as
+records only, :func:`crane.wire.packed.records_only`).
+
 The :class:`CallLog` is how far the session has executed: the guest's last sequence number and
 the answers to its last batch that expected one, which a guest that reconnects (after a park or
 a migration) may ask for again; the state record carries it.
@@ -32,12 +38,12 @@ from google.protobuf.message import DecodeError
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.engine.dispatch import Bound, Dispatcher, Refused
-from crane.engine.runs import PackedCalls
+from crane.engine.runs import FEW, PackedCalls, record_calls
 from crane.engine.staged import BulkPort, run_staged
 from crane.v1 import guest_pb2
-from crane.wire.batch_flags import EXPECTS_REPLY, peek_flags
-from crane.wire.packed import ARGS_AT, PACKED_OPS, RECORD
-from crane.wire.replies import encode_data_reply
+from crane.wire.batch_flags import EXPECTS_REPLY, SHORT_ANSWER, peek_flags
+from crane.wire.packed import ARGS_AT, RECORD, records_only
+from crane.wire.replies import ANSWER_OUT_MAX, encode_answer, encode_data_reply
 from crane.wire.status import MAX_CHUNK
 
 __all__ = ["BatchCodec", "CallLog"]
@@ -87,9 +93,21 @@ class BatchCodec:
         packed ones (crane.wire.packed) run in seq order.
         """
         cl = self.log
+        bound = self.dispatcher.bound
         try:
-            batch = guest_pb2.CallBatch.FromString(raw)
-            packed = PackedCalls(batch.packed) if batch.packed else None
+            recs = records_only(raw)  # a batch of records only needs no message
+            if recs is None:
+                batch = guest_pb2.CallBatch.FromString(raw)
+                calls: Any = batch.calls
+                recs = batch.packed
+            elif len(recs) <= FEW * RECORD:
+                # a few records (a synchronizing call and what was queued before it): each
+                # run as a plain call is (no NumPy set-up), of the ops that travel so only
+                calls, recs = record_calls(recs), b""
+                bound = self.dispatcher.record_bound
+            else:
+                calls = ()
+            packed = PackedCalls(recs) if recs else None
         except (DecodeError, ValueError) as e:
             log.warning(
                 "session %s: malformed call batch (%d bytes): %s", self.session_id, len(raw), e
@@ -100,17 +118,17 @@ class BatchCodec:
             )
             replies.done_seq = cl.done_seq
             return [replies.SerializeToString()]
-        expects = bool(peek_flags(raw) & EXPECTS_REPLY)
-        calls = batch.calls
+        flags = peek_flags(raw)
+        expects = bool(flags & EXPECTS_REPLY)
         start = cl.done_seq  # calls at or below it ran before (a batch resent after a resume)
         if expects and _ran_before(calls, packed, start):
             # a resent batch (the guest reconnected): everything in it ran before, its answer
             # may never have arrived; answer again (the guest drops what it already has)
             replies = guest_pb2.ReplyBatch(done_seq=cl.done_seq)
             return [*cl.last_replies, replies.SerializeToString()]
-        ans = _Answers()
+        ans = _Answers(bool(flags & SHORT_ANSWER))
         device = self.dispatcher.device
-        bound, invoke = self.dispatcher.bound, self.dispatcher.invoke
+        invoke = self.dispatcher.invoke
         t = _now()  # accounting: each call's time runs from the previous call's end
         for call in calls:
             seq = call.seq  # (each field read builds an object: read once)
@@ -125,19 +143,14 @@ class BatchCodec:
             b = bound.get(op)
             try:
                 if b is None:
-                    raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, f"unknown op {op}")
+                    raise self._refusal(op)
                 if b.staged:  # its bytes are in the bulk area (crane.engine.staged)
                     result = run_staged(invoke, b, call.args, self.bulk)
                 else:
                     result = invoke(b, call.args, call.data)
-                if not b.replies:
-                    reply = None
-                elif result is None:  # most synchronizing calls: success, nothing to carry
-                    ans.replies.replies.add(seq=seq)
-                    ans.pending += 64
-                    reply = None
-                else:
-                    reply = self._reply(b, call, result)
+                reply = None
+                if b.replies:
+                    self._answer(ans, b, seq, result)
             except Exception as e:
                 reply = self._failed(seq, op, b, e)
             t = self._ran(seq, op, 1, b is not None, t)
@@ -148,8 +161,15 @@ class BatchCodec:
         if packed is not None and not device.closed:
             self._run_packed(packed, 1 << 64, start, ans, t)
         out = ans.out
-        if len(ans.replies.replies) or (not out and expects):
-            out.append(self._finish(ans.replies))
+        if ans.short is not None:  # one plain answer, nothing else so far
+            text = self.take_stdout()
+            if text:
+                out.append(self._finish(self._message(ans), text))
+            else:
+                seq, result, res = ans.short
+                out.append(encode_answer(seq, result, res, cl.done_seq))
+        elif (ans.replies is not None and len(ans.replies.replies)) or (not out and expects):
+            out.append(self._finish(self._message(ans)))
         else:
             text = self.take_stdout()
             if text:
@@ -172,9 +192,7 @@ class BatchCodec:
             op, i, end = run
             if seqs[i] <= start:
                 i = bisect.bisect_right(seqs, start, i, end)
-            b = d.bound.get(op)
-            if b is not None and op not in PACKED_OPS:
-                b = None  # (answered one by one: not an op that travels packed)
+            b = d.record_bound.get(op)  # (None: refused one by one)
             fn = d.runs.get(op) if b is not None else None
             misses = 0  # runs in a row that stopped at their first call
             while i < end:
@@ -203,7 +221,8 @@ class BatchCodec:
         self, packed: PackedCalls, op: int, b: Bound | None, i: int, end: int, ans: _Answers, t: int
     ) -> int:
         """Packed calls ``[i, end)`` of ``op`` each as a plain call runs (``b`` None: refused:
-        an unknown op, or one that does not travel packed); returns when the last ended."""
+        an unknown op, or one that does not travel packed; a synchronizing op's are answered);
+        returns when the last ended."""
         invoke = self.dispatcher.invoke
         raw, seqs = packed.raw, packed.seqs
         size = b.op.args_size if b is not None else 0
@@ -211,14 +230,12 @@ class BatchCodec:
             seq = seqs[k]
             try:
                 if b is None:
-                    known = self.dispatcher.bound.get(op)
-                    why = (
-                        f"op {known.op.name} cannot travel packed" if known else f"unknown op {op}"
-                    )
-                    raise CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, why)
+                    raise self._refusal(op)
                 at = k * RECORD + ARGS_AT
-                invoke(b, raw[at : at + size], b"")
+                result = invoke(b, raw[at : at + size], b"")
                 reply = None
+                if b.replies:
+                    self._answer(ans, b, seq, result)
             except Exception as e:
                 reply = self._failed(seq, op, b, e)
             t = self._ran(seq, op, 1, b is not None, t)
@@ -227,6 +244,13 @@ class BatchCodec:
             if self.dispatcher.device.closed:
                 break
         return t
+
+    def _refusal(self, op: int) -> CudaError:
+        """Why a call of ``op`` is not run: no such op, or one that came as a record but does
+        not travel so."""
+        known = self.dispatcher.bound.get(op)
+        why = f"op {known.op.name} cannot travel packed" if known else f"unknown op {op}"
+        return CudaError(CUresult.CUDA_ERROR_NOT_SUPPORTED, why)
 
     def _ran(self, seq: int, op: int, n: int, metered: bool, t: int) -> int:
         """Count ``n`` calls of ``op`` up to ``seq`` as run and, ``metered``, the time since
@@ -243,20 +267,65 @@ class BatchCodec:
         meter.hist[op][((t1 - t) // n).bit_length()] += n  # Meter.RAW_BUCKETS: no clamp needed
         return t1
 
+    def _answer(self, ans: _Answers, b: Bound, seq: int, result: Any) -> None:
+        """Add the answer to a call of ``b``'s op (one that replies) that returned ``result``:
+        a result code and fixed-size results go as a plain answer (:meth:`_plain`), bytes as
+        ``Reply.data`` (a bulk read: a hand-encoded message of its own)."""
+        if result is None:  # most synchronizing calls: success, nothing to carry
+            self._plain(ans, seq, 0, b"")
+        elif isinstance(result, tuple):
+            self._plain(ans, seq, 0, b.op.pack_results(*result))
+        elif isinstance(result, memoryview) and result.nbytes >= _BULK:
+            self._add(ans, encode_data_reply(seq, result, seq))
+        elif isinstance(result, bytes | bytearray | memoryview):
+            self._add(ans, guest_pb2.Reply(seq=seq, result=0, data=bytes(result)))
+        else:  # a result code (a query's CUDA_ERROR_NOT_READY), 0 for anything else
+            self._plain(ans, seq, result if isinstance(result, int) else 0, b"")
+
+    def _plain(self, ans: _Answers, seq: int, result: int, out: bytes) -> None:
+        """Add an answer without detail or data: kept aside as the batch's short answer while
+        it may be its only one, else added to the message."""
+        if (
+            ans.short is None
+            and ans.short_ok
+            and ans.replies is None
+            and not ans.out
+            and len(out) <= ANSWER_OUT_MAX
+        ):
+            ans.short = (seq, result, out)
+            return
+        if result or out:
+            self._message(ans).replies.add(seq=seq, result=result, out=out)
+        else:  # (a field set costs as much as the message's add)
+            self._message(ans).replies.add(seq=seq)
+        ans.pending += 64 + len(out)
+
+    def _message(self, ans: _Answers) -> guest_pb2.ReplyBatch:
+        """The reply message being filled, made when first needed (with the answer kept aside
+        as the short one, if any: it came first)."""
+        if ans.replies is None:
+            ans.replies = guest_pb2.ReplyBatch()
+        if ans.short is not None:
+            seq, result, out = ans.short
+            ans.short = None
+            ans.replies.replies.add(seq=seq, result=result, out=out)
+            ans.pending += 64 + len(out)
+        return ans.replies
+
     def _add(self, ans: _Answers, reply: guest_pb2.Reply | bytes) -> None:
         """Add one answer, starting a new reply message where one would grow too large."""
         if isinstance(reply, bytes):  # a bulk read, already a serialized ReplyBatch
-            if len(ans.replies.replies):
-                ans.out.append(self._finish(ans.replies))
-                ans.replies = guest_pb2.ReplyBatch()
+            if ans.short is not None or (ans.replies is not None and len(ans.replies.replies)):
+                ans.out.append(self._finish(self._message(ans)))
+                ans.replies = None
                 ans.pending = 0
             ans.out.append(reply)
         else:
-            ans.replies.replies.append(reply)
+            self._message(ans).replies.append(reply)
             ans.pending += len(reply.data) + 64
         if ans.pending >= MAX_CHUNK:
-            ans.out.append(self._finish(ans.replies))
-            ans.replies = guest_pb2.ReplyBatch()
+            ans.out.append(self._finish(self._message(ans)))
+            ans.replies = None
             ans.pending = 0
 
     def _failed(self, seq: int, op: int, b: Bound | None, e: Exception) -> guest_pb2.Reply:
@@ -273,25 +342,15 @@ class BatchCodec:
         log.error("session %s: %s failed unexpectedly", self.session_id, what, exc_info=e)
         return self._error(seq, op, b, CudaError(CUresult.CUDA_ERROR_UNKNOWN, repr(e)))
 
-    def _finish(self, replies: guest_pb2.ReplyBatch) -> bytes:
+    def _finish(self, replies: guest_pb2.ReplyBatch, text: bytes | None = None) -> bytes:
+        """``replies`` serialized with how far the session ran and the device's output since
+        the last message (``text``, when the caller took it already)."""
         replies.done_seq = self.log.done_seq
-        text = self.take_stdout()
+        if text is None:
+            text = self.take_stdout()
         if text:
             replies.stdout = text
         return replies.SerializeToString()
-
-    def _reply(self, b: Bound, call: guest_pb2.Call, result: Any) -> guest_pb2.Reply | bytes:
-        """The answer to a call that succeeded (a bulk read: a serialized ReplyBatch)."""
-        if isinstance(result, memoryview) and result.nbytes >= _BULK:
-            return encode_data_reply(call.seq, result, call.seq)
-        reply = guest_pb2.Reply(seq=call.seq, result=0)
-        if isinstance(result, tuple):
-            reply.out = b.op.pack_results(*result)
-        elif isinstance(result, bytes | bytearray | memoryview):
-            reply.data = bytes(result)
-        elif isinstance(result, int) and result:
-            reply.result = result
-        return reply
 
     def _error(
         self, seq: int, op: int, b: Bound | None, e: CudaError, quiet: bool = False
@@ -312,12 +371,17 @@ class BatchCodec:
 class _Answers:
     """The messages answering one batch, as they grow."""
 
-    __slots__ = ("out", "pending", "replies")
+    __slots__ = ("out", "pending", "replies", "short", "short_ok")
 
-    def __init__(self) -> None:
+    def __init__(self, short_ok: bool) -> None:
         self.out: list[bytes] = []
-        self.replies = guest_pb2.ReplyBatch()
+        #: the message being filled (None until an answer needs one)
+        self.replies: guest_pb2.ReplyBatch | None = None
         self.pending = 0  # bytes in ``replies`` so far
+        #: the guest reads short answers (crane.wire.replies)
+        self.short_ok = short_ok
+        #: (seq, result, results): the batch's one answer so far, while it may go short
+        self.short: tuple[int, int, bytes] | None = None
 
 
 def _ran_before(calls: Any, packed: PackedCalls | None, start: int) -> bool:

@@ -39,7 +39,7 @@ from crane.api.ops import OPS, Op
 from crane.api.results import STICKY, CudaError
 from crane.engine.meter import Meter
 from crane.engine.model import SessionDevice
-from crane.wire.packed import PACKED_OPS
+from crane.wire.packed import PACKED_OPS, RECORD_OPS
 
 __all__ = ["Bound", "Dispatcher", "Refused", "bind", "bind_runs"]
 
@@ -131,6 +131,8 @@ class Dispatcher:
         self.device = device
         self.meter = meter
         self.bound: dict[int, Bound] = {o.id: bind(device, o) for o in OPS if not o.retired}
+        #: The ops whose calls may come as records (crane.wire.packed), bound.
+        self.record_bound = {i: b for i, b in self.bound.items() if i in RECORD_OPS}
         #: Per packed op id, the handler of a run of its calls (:meth:`invoke_run`).
         self.runs = bind_runs(device)
 

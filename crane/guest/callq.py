@@ -129,9 +129,8 @@ class CQueue:
         # (a void * converts faster than the char[] it points into: put is the hot path)
         at = ffi.cast("void *", self._mem)
         self.put: Callable[..., int] = functools.partial(lib.crane_callq_put, at)
-
-    def next_seq(self) -> int:
-        return int(lib.crane_callq_next_seq(self._mem))
+        #: the next sequence number, for a plain call (the C function itself, bound)
+        self.next_seq: Callable[[], int] = functools.partial(lib.crane_callq_next_seq, at)
 
     def count(self) -> int:
         return int(lib.crane_callq_count(self._mem))

@@ -41,6 +41,7 @@ from crane.guest.transport import CallReply, Transport
 from crane.guest.va import VaAllocator, VaError
 from crane.guest.vmm import Vmm
 from crane.wire.channel import TlsFiles
+from crane.wire.packed import SYNC_OPS
 from crane.wire.status import CRANE_NEED_IMAGE, MAX_CHUNK
 
 __all__ = ["Function", "GuestSession", "KernelLayout", "Module"]
@@ -172,6 +173,14 @@ class GuestSession:
         except TransportError as e:
             raise e.as_cuda_error() from e
 
+    def _call(self, op: Op, *args: int) -> tuple[int, CallReply]:
+        """:meth:`Transport.call` (a synchronizing op that travels as a record): ``(seq,
+        reply)``, a broken transport reported as the CUDA error it means."""
+        try:
+            return self._t.call(op, *args)
+        except TransportError as e:
+            raise e.as_cuda_error() from e
+
     def _async(self, op: Op, *args: object, data: bytes = b"") -> None:
         try:  # (inline, not through _enqueue: the hot path of every asynchronous call)
             self._t.enqueue(op, op.pack(*args), data, expect=False)
@@ -179,8 +188,15 @@ class GuestSession:
             raise e.as_cuda_error() from e
 
     def _sync(self, op: Op, *args: object, data: bytes = b"") -> CallReply:
-        seq = self._enqueue(op, op.pack(*args), data, expect=True)
-        return self._settle(seq, self._wait(seq))
+        try:
+            if data or op.id not in SYNC_OPS:
+                seq = self._t.enqueue(op, op.pack(*args), data, expect=True)
+                reply = self._t.wait(seq)
+            else:  # (the transport's one call: every idle synchronize takes this path)
+                seq, reply = self._t.call(op, *args)  # type: ignore[arg-type]
+        except TransportError as e:
+            raise e.as_cuda_error() from e
+        return self._settle(seq, reply)
 
     def _settle(self, seq: int, reply: CallReply) -> CallReply:
         """Raise a pending asynchronous error first, then this call's own."""
@@ -261,9 +277,7 @@ class GuestSession:
         """Map a chunk; an earlier asynchronous error reported by this call still fails it,
         but the chunk the worker did map is unmapped first, so the allocator (which takes the
         failure as "not mapped" and reuses the range) and the worker keep agreeing."""
-        op = _O["MEM_MAP_CHUNK"]
-        seq = self._enqueue(op, op.pack(addr, size), expect=True)
-        reply = self._wait(seq)
+        seq, reply = self._call(_O["MEM_MAP_CHUNK"], addr, size)
         pending = self._t.take_async_error(seq)
         if pending is not None:
             if not reply.result:
@@ -562,10 +576,7 @@ class GuestSession:
 
     def stream_query(self, stream: int = 0) -> bool:
         """True when idle (CUDA_SUCCESS); False for CUDA_ERROR_NOT_READY."""
-        seq = self._enqueue(
-            _O["STREAM_QUERY"], _O["STREAM_QUERY"].pack(self.check_stream(stream)), expect=True
-        )
-        reply = self._wait(seq)
+        seq, reply = self._call(_O["STREAM_QUERY"], self.check_stream(stream))
         if reply.result == CUresult.CUDA_ERROR_NOT_READY:
             reply.result = 0
             self._settle(seq, reply)
@@ -599,10 +610,7 @@ class GuestSession:
             self._pull(-1)  # which streams the event covered is not known here: keep them
 
     def event_query(self, event: int) -> bool:
-        seq = self._enqueue(
-            _O["EVENT_QUERY"], _O["EVENT_QUERY"].pack(self.check_event(event)), expect=True
-        )
-        reply = self._wait(seq)
+        seq, reply = self._call(_O["EVENT_QUERY"], self.check_event(event))
         ready = reply.result != CUresult.CUDA_ERROR_NOT_READY
         if not ready:
             reply.result = 0
@@ -866,9 +874,7 @@ class _VmmDevice:
         self.s = s
 
     def commit(self, ctx: int, addr: int, size: int) -> None:
-        op = _O["MEM_MAP_CHUNK"]
-        seq = self.s._enqueue(op, op.pack(addr, size), expect=True)
-        reply = self.s._wait(seq)
+        seq, reply = self.s._call(_O["MEM_MAP_CHUNK"], addr, size)
         try:
             self.s._settle(seq, reply)  # an earlier asynchronous error is raised first
         except CudaError:

@@ -11,7 +11,12 @@ sent when
 
 Calls of the ops :mod:`crane.wire.packed` packs (asynchronous, fixed-size arguments: memsets,
 event records, stream waits, ...) go into the batch as 64-byte records instead of ``Call``
-messages, which the worker runs a run at a time.
+messages, which the worker runs a run at a time. So do synchronizing calls with fixed-size
+arguments (:meth:`Transport.call`: stream and event synchronizes and queries, ...): with no
+plain call waiting in the batch, the batch is written by hand as records only, and the worker
+answers such a call with a short answer (``ReplyBatch.answer``) when that is all there is to
+say, so the commonest synchronizing call builds and parses no protobuf message on either side.
+Both streams carry serialized messages (the gRPC one without serializers).
 
 Replies are read by whichever waiting thread gets there first (a leader): single-threaded
 programs pay no thread hand-off on the reply path, multi-threaded ones share one stream.
@@ -30,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
+from operator import contains
 
 import grpc
 
@@ -42,10 +49,11 @@ from crane.guest.ring_bulk import GuestBulk, unstage
 from crane.guest.ring_calls import RESUMABLE, RingCalls, connect_ring
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, default_address, is_vm, to_grpc_target
-from crane.wire.batch_flags import EXPECTS_REPLY
+from crane.wire.batch_flags import EXPECTS_REPLY, SHORT_ANSWER
 from crane.wire.channel import TlsFiles, open_channel
 from crane.wire.fingerprint import fingerprint
-from crane.wire.packed import RECORD
+from crane.wire.packed import RECORD, SYNC_OPS, encode_batch, record_struct, split
+from crane.wire.replies import decode_answer
 from crane.wire.ring import RingClosed, RingRefused
 from crane.wire.status import MAX_CHUNK
 
@@ -55,6 +63,12 @@ log = logging.getLogger("crane.guest")
 
 MAX_BATCH_CALLS = 1024
 _ZEROS = (0,) * 5  # the queue's put takes five arguments (crane.guest.callq)
+#: The flags of a batch the guest waits on: answer it, in the short form where it can be.
+_WAITED = EXPECTS_REPLY | SHORT_ANSWER
+#: A synchronizing op's whole record, by op id (:meth:`Transport.call`).
+_RECORDS = {i: record_struct(o).pack for i, o in SYNC_OPS.items()}
+#: The gRPC method of the call stream, carried as bytes both ways.
+_CALLS = "/crane.v1.Guest/Calls"
 FLUSH_AFTER_S = 0.001
 #: Bytes of bulk batches queued for sending before a caller blocks (bounds guest memory).
 MAX_INFLIGHT_BYTES = 64 << 20
@@ -138,12 +152,16 @@ class Transport:
         self._new_batch()
         self._batch_started = 0.0
         self._expect: set[int] = set()
-        self._requests: queue.SimpleQueue[tuple[guest_pb2.CallBatch, int] | None] = (
+        #: batches to send (messages, or bytes written by hand) and their sizes
+        self._requests: queue.SimpleQueue[tuple[guest_pb2.CallBatch | bytes, int] | None] = (
             queue.SimpleQueue()
         )
         self._inflight = 0
         self._inflight_cv = threading.Condition()
-        self._cv = threading.Condition()  # guards replies
+        #: guards replies; taken as ``with self._cv_lock`` (a Condition's own ``with`` costs
+        #: two Python calls)
+        self._cv_lock = threading.RLock()
+        self._cv = threading.Condition(self._cv_lock)
         #: threads waiting on ``_cv`` for another's reading (guarded by it): a reader notifies
         #: only when there are some (Condition.notify_all costs a synchronizing call ~1 us)
         self._waiters = 0
@@ -152,7 +170,10 @@ class Transport:
         self._reading = False
         self._broken: TransportError | None = None
         self.done_seq = 0
-        self._unacked: collections.deque[tuple[int, int, guest_pb2.CallBatch]] = collections.deque()
+        #: sent batches kept for a resend: (last seq, size, the batch or its bytes)
+        self._unacked: collections.deque[tuple[int, int, guest_pb2.CallBatch | bytes]] = (
+            collections.deque()
+        )
         self._unacked_bytes = 0
         self._ack_wanted = 0
         self._resume_deadline: float | None = None
@@ -171,13 +192,11 @@ class Transport:
         self._timer_wake = threading.Event()
         self._timer.start()
 
-    def _calls_stub(
-        self, daemon_stub: guest_pb2_grpc.GuestStub, direct: bool | None
-    ) -> guest_pb2_grpc.GuestStub:
-        """The stub to carry calls on: the worker's own endpoint when reachable, else the
-        daemon. A unix daemon's guest may be offered the worker's socket, a tcp daemon's the
-        worker's TCP port (``tcp://*:PORT``: on the host it reached the daemon by, with the
-        same TLS files); a vm:// guest reaches nothing but its one forward."""
+    def _worker_channel(self, direct: bool | None) -> grpc.Channel | None:
+        """The channel to carry calls on when it is the worker's own endpoint and reachable
+        (None: the daemon's). A unix daemon's guest may be offered the worker's socket, a tcp
+        daemon's the worker's TCP port (``tcp://*:PORT``: on the host it reached the daemon
+        by, with the same TLS files); a vm:// guest reaches nothing but its one forward."""
         target = worker_target(self.address, self.opened.direct_address)
         if self._wants_worker(direct) and target:
             # a subchannel of its own: one shared with an earlier channel to the same socket
@@ -195,8 +214,8 @@ class Transport:
             else:
                 self._direct_channel = ch
                 self.path = "direct"
-                return guest_pb2_grpc.GuestStub(ch)
-        return daemon_stub
+                return ch
+        return None
 
     def _wants_worker(self, direct: bool | None) -> bool:
         """Carry calls to the session's worker itself (not through the daemon)?"""
@@ -233,10 +252,12 @@ class Transport:
 
     def _open_calls(
         self, stub: guest_pb2_grpc.GuestStub, requests: queue.SimpleQueue
-    ) -> Iterator[guest_pb2.ReplyBatch]:
+    ) -> Iterator[bytes]:
+        """The call stream (``stub``: the daemon's): the worker's ring, the worker's own
+        endpoint or the daemon's relay; serialized ``ReplyBatch`` messages come out of it."""
         ring = self._ring_calls()
-        calls = None if ring is not None else self._calls_stub(stub, self._direct_pref)
-        if calls is not stub:
+        worker = None if ring is not None else self._worker_channel(self._direct_pref)
+        if ring is not None or worker is not None:
             # the daemon never sees our calls: a stream held open to it says we are alive, and
             # its end (this process gone) has the daemon stop a worker stuck in a kernel
             self._presence = stub.Presence(
@@ -256,8 +277,8 @@ class Transport:
                     break
                 ring.send(item[0])
             return ring
-        assert calls is not None
-        return calls.Calls(
+        calls = (worker or self._channel).stream_stream(_CALLS)  # bytes both ways
+        return calls(
             self._request_iter(requests),
             metadata=(
                 ("crane-session", self.opened.session_id),
@@ -381,7 +402,10 @@ class Transport:
             old, self._requests = self._requests, queue.SimpleQueue()
             for last, _, batch in list(self._unacked):
                 if last > self.done_seq:  # staged copies go as plain ones (crane.guest.ring_bulk)
-                    for b in unstage(batch, self.staged_sources, self.done_seq):
+                    if type(batch) is bytes:  # written by hand (records only): no staged calls
+                        self._requests.put((batch, 0))
+                        continue
+                    for b in unstage(batch, self.staged_sources, self.done_seq):  # type: ignore[arg-type]
                         self._requests.put((b, 0))
             old.put(None)
             self._responses = self._open_calls(stub, self._requests)
@@ -398,13 +422,13 @@ class Transport:
         log.info("session %s resumed on %s (%s)", opened.session_id, addr, self.path)
 
     # ---- sending ------------------------------------------------------------------------------
-    def _request_iter(self, requests: queue.SimpleQueue) -> Iterator[guest_pb2.CallBatch]:
+    def _request_iter(self, requests: queue.SimpleQueue) -> Iterator[bytes]:
         for batch, size in iter(requests.get, None):
             if size >= BULK_BATCH:
                 with self._inflight_cv:
                     self._inflight -= size
                     self._inflight_cv.notify_all()
-            yield batch
+            yield batch if type(batch) is bytes else batch.SerializeToString()
 
     def enqueue(
         self, op: Op, args: bytes, data: bytes = b"", *, expect: bool, send: bool = True
@@ -439,7 +463,7 @@ class Transport:
                 call.data = data
             if expect:
                 self._expect.add(seq)
-                self._batch.flags |= EXPECTS_REPLY
+                self._batch.flags |= _WAITED
             self._batch_bytes += len(data) + len(args) + 16
             self._batch_n = n = self._batch_n + 1
             due = (expect and send) or n >= MAX_BATCH_CALLS or self._batch_bytes >= MAX_CHUNK
@@ -500,7 +524,7 @@ class Transport:
                     self._expect.add(seq)
                 self._batch_bytes += len(a) + 16
             if op.sync or ack:
-                self._batch.flags |= EXPECTS_REPLY
+                self._batch.flags |= _WAITED
             self._flush_locked()
         return seqs
 
@@ -529,10 +553,20 @@ class Transport:
             batch.packed = recs
         last = max(self._last_plain if self._batch_n else 0, last_rec)  # its last call
         self._new_batch()
+        self._send_locked(batch, last, size)
+
+    def _send_locked(self, batch: guest_pb2.CallBatch | bytes, last: int, size: int) -> None:
+        """Keep ``batch`` (up to seq ``last``, ``size`` bytes about) for a resend and send it.
+        Bytes are a batch written by hand, one the guest waits on (the caller holds the
+        lock)."""
         self._unacked.append((last, size, batch))
         self._unacked_bytes += size
-        if self._unacked_bytes > MAX_UNACKED_BYTES and not batch.flags & EXPECTS_REPLY:
-            batch.flags |= EXPECTS_REPLY  # the worker answers it with its done_seq
+        if (
+            self._unacked_bytes > MAX_UNACKED_BYTES
+            and type(batch) is not bytes
+            and not batch.flags & EXPECTS_REPLY  # type: ignore[union-attr]
+        ):
+            batch.flags |= EXPECTS_REPLY  # type: ignore[union-attr]  # answered with done_seq
             self._ack_wanted = last  # (a record's put answers 1 next: queued() waits then)
         if self._ring is not None:
             # straight into shared memory: the ring's own space is the backpressure
@@ -549,6 +583,45 @@ class Transport:
             while self._requests.qsize() > MAX_QUEUED_BATCHES and self._broken is None:
                 time.sleep(0.0005)
         self._requests.put((batch, size))
+
+    def call(self, op: Op, *values: int) -> tuple[int, CallReply]:
+        """Make a synchronizing call of an op that travels as a record (``crane.wire.packed.
+        SYNC_OPS``: every argument one integer) and wait for its answer: ``(seq, reply)``.
+
+        The record goes after the records queued so far; with no plain call waiting in the
+        batch, the batch is the records only, written by hand (no message built), and the
+        worker's answer comes short when it can (``SHORT_ANSWER``): the path of every idle
+        ``cuStreamSynchronize``. Ordering, resends and errors are :meth:`enqueue`'s."""
+        if self._broken is not None:
+            raise self._broken
+        pack = _RECORDS[op.id]
+        with self._lock:
+            # numbered first: every record numbered before it is in the queue now (a put
+            # numbers and appends at once), so it goes with this batch, ahead of the call
+            seq = self.queue.next_seq()
+            recs, last_rec = self.queue.take()
+            rec = pack(seq, op.id, *values)
+            if last_rec > seq:  # records another thread numbered since: keep seq order
+                head, tail = split(recs, [seq])
+                recs = head + rec + tail
+            else:
+                recs += rec
+            self._expect.add(seq)
+            size = len(recs) // RECORD * (RECORD + 16)
+            last = max(seq, last_rec)
+            if self._batch_n:  # plain calls wait in the batch: the records join them
+                batch = self._batch
+                batch.packed = recs
+                batch.flags |= _WAITED
+                last = max(last, self._last_plain)
+                size += self._batch_bytes
+                self._new_batch()
+                self._send_locked(batch, last, size)
+            else:
+                self._send_locked(encode_batch(_WAITED, recs), last, size)
+        replies = self._replies
+        self._wait_until(partial(contains, replies, seq))  # (no Python frame per look)
+        return seq, replies.pop(seq)  # only this caller takes ``seq`` (a dict's pop is atomic)
 
     def _timer_loop(self) -> None:
         while not self._closed:
@@ -574,7 +647,7 @@ class Transport:
     def _wait_until(self, ready: Callable[[], bool]) -> None:
         """Read replies (one thread at a time) until ``ready()`` holds; resume on a break."""
         while True:
-            with self._cv:
+            with self._cv_lock:
                 if ready():
                     return
                 if self._broken is not None:
@@ -615,7 +688,7 @@ class Transport:
                 )
                 if not self._closed:
                     broken = self._resume(broken)
-            with self._cv:
+            with self._cv_lock:
                 self._reading = False
                 if broken is not None:
                     self._broken = broken
@@ -627,28 +700,38 @@ class Transport:
                 if broken is None and ready():  # (saves taking the lock once more)
                     return
 
-    def _absorb(self, batch: guest_pb2.ReplyBatch) -> None:
-        stdout = batch.stdout
-        if stdout:
-            write_device_output(stdout)
+    def _absorb(self, raw: bytes) -> None:
+        """Take in one serialized ``ReplyBatch`` (the caller holds ``_cv``): a short answer
+        (crane.wire.replies) without parsing a message."""
         before = self.done_seq
-        done = batch.done_seq  # (each field read builds an object: read once)
+        short = decode_answer(raw)
+        if short is not None:
+            seq, done, result, out = short
+            self._file(seq, CallReply(result, out, b"", ""), before)
+        else:
+            batch = guest_pb2.ReplyBatch.FromString(raw)
+            stdout = batch.stdout
+            if stdout:
+                write_device_output(stdout)
+            done = batch.done_seq  # (each field read builds an object: read once)
+            for r in batch.replies:
+                self._file(r.seq, CallReply(r.result, r.out, r.data, r.detail), before)
         if done > before:
             self.done_seq = done
-        expect = self._expect
-        for r in batch.replies:
-            seq = r.seq
-            if seq in expect:
-                expect.discard(seq)
-                self._replies[seq] = CallReply(r.result, r.out, r.data, r.detail)
-            elif seq > before or seq == 0:
-                self._async_errors.append((seq, CallReply(r.result, r.out, r.data, r.detail)))
-            # else: a repeated answer after a resume, already delivered
-        if done > before:
             unacked = self._unacked
             with self._lock:
                 while unacked and unacked[0][0] <= done:
                     self._unacked_bytes -= unacked.popleft()[1]
+
+    def _file(self, seq: int, reply: CallReply, before: int) -> None:
+        """File the answer to call ``seq`` (``before``: ``done_seq`` before this message):
+        for its waiter, as an asynchronous error, or dropped (a repeated answer after a
+        resume, already delivered)."""
+        if seq in self._expect:
+            self._expect.discard(seq)
+            self._replies[seq] = reply
+        elif seq > before or seq == 0:
+            self._async_errors.append((seq, reply))
 
     def take_async_error(self, before: int) -> CallReply | None:
         """The earliest failed asynchronous call with a sequence number below ``before``."""
@@ -656,7 +739,7 @@ class Transport:
             # (no lock: the reply the caller waited for was absorbed under it, after or with
             # every error before it, so an error it must see is there already)
             return None
-        with self._cv:
+        with self._cv_lock:
             for i, (seq, reply) in enumerate(self._async_errors):
                 if seq < before:
                     del self._async_errors[i]

@@ -9,9 +9,11 @@ these same bytes with this same function, so they always agree, even on a malfor
 
 from __future__ import annotations
 
-__all__ = ["EXPECTS_REPLY", "peek_flags"]
+__all__ = ["EXPECTS_REPLY", "SHORT_ANSWER", "peek_flags"]
 
 EXPECTS_REPLY = 0x1
+#: The guest reads the short form of an answer (``ReplyBatch.answer``, crane.wire.replies).
+SHORT_ANSWER = 0x2
 
 
 def peek_flags(raw: bytes | memoryview) -> int:

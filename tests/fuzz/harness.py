@@ -167,7 +167,6 @@ class Fuzzer:
         ``may_end``: the case closed its session)."""
         s = self.session
         assert s is not None
-        first = s.seq + 1
         s.packs = self.cases % 2 == 1  # every other case's small async calls as records
         try:
             replies = s.exchange(calls, CASE_TIMEOUT_S)
@@ -179,7 +178,7 @@ class Fuzzer:
                 ) from None
             self.open()
             return None
-        self.check(calls, first, replies)
+        self.check(calls, s.first, replies)
         self.after(calls, replies)
         return replies
 

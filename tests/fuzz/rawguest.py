@@ -21,10 +21,11 @@ import grpc
 from crane.api.ops import OPS_BY_NAME
 from crane.v1 import guest_pb2, guest_pb2_grpc
 from crane.wire.address import CHANNEL_OPTIONS, to_grpc_target
-from crane.wire.batch_flags import EXPECTS_REPLY
+from crane.wire.batch_flags import EXPECTS_REPLY, SHORT_ANSWER
 from crane.wire.channel import open_channel
 from crane.wire.fingerprint import fingerprint
-from crane.wire.packed import ARGS_MAX, HEADER, PACKED_OPS
+from crane.wire.packed import ARGS_MAX, HEADER, RECORD_OPS
+from crane.wire.replies import as_message
 
 __all__ = ["NoAnswer", "RawSession", "StreamEnded"]
 
@@ -33,6 +34,15 @@ _PROBE = OPS_BY_NAME["MEM_GET_INFO"]
 
 class NoAnswer(AssertionError):
     """The session did not answer within the time allowed: a hang, which fails the test."""
+
+
+class _Overtaken(Exception):
+    """The worker ran calls past ``seq`` without answering it: it took ``seq`` for a call that
+    ran before (a damaged batch carried a higher sequence number than it was given)."""
+
+    def __init__(self, done_seq: int) -> None:
+        super().__init__(f"done_seq {done_seq}")
+        self.done_seq = done_seq
 
 
 class StreamEnded(Exception):
@@ -70,7 +80,10 @@ class RawSession:
         self.path = "direct" if self._calls_channel is not self._channel else "relay"
         self._attach(self.session_id, self.opened.resume_token)
         self.seq = 0
-        #: send the calls of packed ops as records (crane.wire.packed), not Call messages
+        #: the sequence number of the last exchange's first call
+        self.first = 1
+        #: send the calls of packed ops (synchronizing ones too) as records (crane.wire.packed),
+        #: not Call messages, and ask for short answers (crane.wire.replies)
         self.packs = False
 
     @classmethod
@@ -85,6 +98,7 @@ class RawSession:
         self.path = "relay"
         self._attach(session_id, token)
         self.seq = 1 << 40  # past anything the restored session ran
+        self.first = self.seq + 1
         self.packs = False
         return self
 
@@ -92,7 +106,7 @@ class RawSession:
         calls = self._calls_channel.stream_stream(
             "/crane.v1.Guest/Calls",
             request_serializer=None,  # bytes as given: garbage included
-            response_deserializer=guest_pb2.ReplyBatch.FromString,
+            response_deserializer=as_message,  # short answers as messages
         )
         self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._in: queue.SimpleQueue[guest_pb2.ReplyBatch | StreamEnded] = queue.SimpleQueue()
@@ -134,20 +148,32 @@ class RawSession:
     ) -> dict[int, guest_pb2.Reply]:
         """Send ``calls`` then a synchronizing probe in one batch; the replies by sequence
         number once the probe's answer is in (:class:`NoAnswer` past ``timeout``,
-        :class:`StreamEnded` if the stream ends first)."""
-        b = guest_pb2.CallBatch(flags=EXPECTS_REPLY)
+        :class:`StreamEnded` if the stream ends first). The calls are numbered from
+        :attr:`first`: a damaged batch before may have carried a sequence number past the
+        fuzzer's count (a flipped bit), after which the worker skips what it takes for calls
+        it ran; they are sent again above the ``done_seq`` it reports."""
+        try:
+            return self._exchange(calls, timeout)
+        except _Overtaken as e:
+            self.seq = max(self.seq, e.done_seq)
+        return self._exchange(calls, timeout)
+
+    def _exchange(
+        self, calls: list[tuple[int, bytes, bytes]], timeout: float
+    ) -> dict[int, guest_pb2.Reply]:
+        self.first = self.seq + 1
+        b = guest_pb2.CallBatch(flags=EXPECTS_REPLY | (SHORT_ANSWER if self.packs else 0))
         recs = bytearray()
-        for op_id, args, data in calls:
+        for op_id, args, data in [*calls, (_PROBE.id, b"", b"")]:
             seq = self.next_seq()
-            o = PACKED_OPS.get(op_id)
+            o = RECORD_OPS.get(op_id)
             if self.packs and o is not None and not data and len(args) == o.args_size:
                 # a packed record (crane.wire.packed), as a guest's transport sends it
                 recs += HEADER.pack(seq, op_id) + args + bytes(ARGS_MAX - len(args))
             else:
                 b.calls.add(seq=seq, op=op_id, args=args, data=data)
         b.packed = bytes(recs)
-        probe = self.next_seq()
-        b.calls.add(seq=probe, op=_PROBE.id, args=b"")
+        probe = self.seq
         self.send(b.SerializeToString())
         return self.wait_for(probe, timeout)
 
@@ -176,6 +202,8 @@ class RawSession:
                 got[r.seq] = r
             if seq in got:
                 return got
+            if item.done_seq >= seq:  # ran past it: its answer will not come
+                raise _Overtaken(item.done_seq)
 
     def close(self) -> None:
         """End the stream (the session ends with it) and the channels."""

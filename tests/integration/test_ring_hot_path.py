@@ -122,3 +122,50 @@ def test_memsets_wait_for_an_acknowledgement_when_too_much_is_unacknowledged(
         for i in range(20_000):
             want[i & 4095] = i & 0xFF
         assert bytes(s.memcpy_dtoh(p, 4096)) == bytes(want)
+
+
+@pytest.mark.parametrize("path", ["ring", "direct", "relay"])
+def test_synchronizing_calls_travel_as_records_and_come_back_short(
+    daemon: DaemonProcess, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synchronize goes as a record after the records queued before it, in a batch written
+    by hand when no plain call waits (among the plain calls otherwise), and the worker's
+    answer is the short one, on every path; what ran before it ran, in order."""
+    monkeypatch.setenv("CRANE_RING", "require" if path == "ring" else "0")
+    answers: list[object] = []
+    real = transport_mod.decode_answer
+    monkeypatch.setattr(transport_mod, "decode_answer", lambda raw: _kept(answers, real(raw)))
+    with GuestSession(daemon.address, direct=path != "relay") as s:
+        assert s._t.path == path
+        sent: list[object] = []
+        send = s._t._send_locked
+        monkeypatch.setattr(s._t, "_send_locked", lambda b, *a: (sent.append(b), send(b, *a)))
+        p = s.mem_alloc(4096)
+        stream = s.stream_create()
+        s.synchronize()
+        s.memset_d8(p, 7, 16, stream)
+        sent.clear()
+        answers.clear()
+        s.stream_synchronize(stream)
+        (raw,) = sent
+        assert isinstance(raw, bytes)
+        recs = packed.records_only(raw)
+        assert recs is not None
+        (_, memset, _), (seq, sync, _) = packed.records(recs)
+        assert (memset, sync) == (O["MEMSET"].id, O["STREAM_SYNCHRONIZE"].id)
+        assert answers == [(seq, seq, 0, b"")]  # (seq, done_seq, result, results)
+        # a query's answer is short too; one after a plain call goes with it in its message
+        assert s.stream_query(stream)
+        s.memcpy_htod(p + 16, b"\x09" * 16)
+        sent.clear()
+        free, total = s.mem_get_info()
+        (batch,) = sent
+        assert [c.op for c in batch.calls] == [O["MEMCPY_HTOD"].id]  # type: ignore[attr-defined]
+        assert [op for _, op, _ in packed.records(batch.packed)] == [O["MEM_GET_INFO"].id]  # type: ignore[attr-defined]
+        assert 0 < free <= total and answers[-1] is not None
+        assert bytes(s.memcpy_dtoh(p, 32)) == b"\x07" * 16 + b"\x09" * 16
+
+
+def _kept(answers: list[object], answer: object) -> object:
+    answers.append(answer)
+    return answer

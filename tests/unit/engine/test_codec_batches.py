@@ -16,7 +16,9 @@ from crane.device.layout import WINDOW_SIZE, window_base
 from crane.engine.engine import Engine
 from crane.modules.store import ImageStore
 from crane.v1 import guest_pb2
-from crane.wire.batch_flags import EXPECTS_REPLY
+from crane.wire.batch_flags import EXPECTS_REPLY, SHORT_ANSWER
+from crane.wire.packed import encode_batch, record_struct, records_only
+from crane.wire.replies import decode_answer, encode_answer
 
 CTX = 0x0100_0000_0000_0001
 
@@ -130,3 +132,74 @@ def test_a_call_with_results_carries_them(engine: Engine) -> None:
     (r,) = rb.replies
     free, total = O["MEM_GET_INFO"].unpack_results(r.out)
     assert r.result == 0 and 0 < free <= total
+
+
+# ---- synchronizing calls as records, short answers ---------------------------------------------
+SYNC_FLAGS = EXPECTS_REPLY | SHORT_ANSWER
+
+
+def _records(calls: list[tuple[int, str, tuple]], flags: int = SYNC_FLAGS) -> bytes:
+    """A batch of records only, as the guest writes it for a synchronizing call."""
+    return encode_batch(
+        flags, b"".join(record_struct(O[op]).pack(s, O[op].id, *a) for s, op, a in calls)
+    )
+
+
+def test_a_synchronizing_record_gets_the_short_answer_the_guest_asked_for(engine: Engine) -> None:
+    raw = _records([(4, "STREAM_SYNCHRONIZE", (0,))])
+    assert records_only(raw) is not None  # (no message is parsed for it)
+    (msg,) = engine.run_batch(raw)
+    assert msg == encode_answer(4, 0, b"", 4) and decode_answer(msg) == (4, 4, 0, b"")
+    # what any protobuf parser reads in it: the answer and nothing else
+    rb = guest_pb2.ReplyBatch.FromString(msg)
+    assert rb.answer == msg[2:] and not rb.replies and not rb.done_seq and not rb.stdout
+    # a guest that does not ask for it gets the message, as for the call sent as a Call
+    (plain,) = engine.run_batch(_records([(5, "STREAM_SYNCHRONIZE", (0,))], EXPECTS_REPLY))
+    rb = guest_pb2.ReplyBatch.FromString(plain)
+    assert [(r.seq, r.result) for r in rb.replies] == [(5, 0)] and rb.done_seq == 5
+    assert not rb.answer
+
+
+def test_a_short_answer_carries_the_op_s_results(engine: Engine) -> None:
+    (msg,) = engine.run_batch(_records([(4, "MEM_GET_INFO", ())]))
+    seq, done, result, out = decode_answer(msg) or (0, 0, -1, b"")
+    (rb,) = _run(engine, [(5, "MEM_GET_INFO", ())], expects=True)
+    assert (seq, done, result) == (4, 4, 0) and out == rb.replies[0].out
+
+
+def test_anything_more_than_one_plain_answer_goes_as_the_message(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = engine.device.window[0]
+    # a failure carries its detail (and the sticky rule's answers are failures too)
+    (msg,) = engine.run_batch(_records([(4, "STREAM_SYNCHRONIZE", (0x0200_0000_0000_0077,))]))
+    (r,) = guest_pb2.ReplyBatch.FromString(msg).replies
+    assert r.result == CUresult.CUDA_ERROR_INVALID_HANDLE and "stream" in r.detail
+    # an asynchronous call's failure before it: both, in seq order (the guest raises the first)
+    bad_memset = (5, "MEMSET", (base + 8192, 1, 1, 1, 0))
+    (msg,) = engine.run_batch(_records([bad_memset, (6, "STREAM_SYNCHRONIZE", (0,))]))
+    rb = guest_pb2.ReplyBatch.FromString(msg)
+    assert [(r.seq, r.result) for r in rb.replies] == [
+        (5, CUresult.CUDA_ERROR_INVALID_VALUE),
+        (6, 0),
+    ]
+    assert rb.done_seq == 6 and not rb.answer
+    # two answers
+    (msg,) = engine.run_batch(_records([(7, "MEM_GET_INFO", ()), (8, "STREAM_SYNCHRONIZE", (0,))]))
+    assert [r.seq for r in guest_pb2.ReplyBatch.FromString(msg).replies] == [7, 8]
+    # a kernel's output since the last message
+    monkeypatch.setattr(engine.codec, "take_stdout", lambda: b"printf\n")
+    (msg,) = engine.run_batch(_records([(9, "STREAM_SYNCHRONIZE", (0,))]))
+    rb = guest_pb2.ReplyBatch.FromString(msg)
+    assert rb.stdout == b"printf\n" and [r.seq for r in rb.replies] == [9] and rb.done_seq == 9
+
+
+def test_a_resent_record_batch_that_ran_is_answered_again(engine: Engine) -> None:
+    base = engine.device.window[0]
+    calls = [(4, "MEMSET", (base, 5, 1, 1, 0)), (5, "STREAM_SYNCHRONIZE", (0,))]
+    first = engine.run_batch(_records(calls))
+    calls[0] = (4, "MEMSET", (base, 6, 1, 1, 0))
+    again = engine.run_batch(_records(calls))
+    assert first == [encode_answer(5, 0, b"", 5)] and again[:-1] == first
+    assert guest_pb2.ReplyBatch.FromString(again[-1]).done_seq == 5
+    assert _read(engine, 6, 1) == b"\x05"

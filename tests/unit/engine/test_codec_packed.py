@@ -3,7 +3,9 @@ messages: the same device memory, answers (seqs, codes, messages), ``done_seq``,
 dirty allocations and accounting; runs of memsets go through the simulator's run handler (a C
 loop) and every call it cannot vouch for through the single path. Each test runs one
 sequence of calls both ways on two engines and compares everything the guest or a checkpoint
-could see."""
+could see. The packed side also packs the synchronizing calls that travel as records and
+asks for short answers (``ReplyBatch.answer``), read back here as the messages they stand
+for."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from crane.engine.codec import RUN_MIN
 from crane.engine.engine import Engine
 from crane.modules.store import ImageStore
 from crane.v1 import guest_pb2
-from crane.wire.batch_flags import EXPECTS_REPLY
-from crane.wire.packed import PACKED_OPS, RECORD, record_struct
+from crane.wire.batch_flags import EXPECTS_REPLY, SHORT_ANSWER
+from crane.wire.packed import RECORD, RECORD_OPS, record_struct
+from crane.wire.replies import as_message
 
 CTX = 0x0100_0000_0000_0001
 EVENT = 0x0300_0000_0000_0001
@@ -59,10 +62,12 @@ def engines(tmp_path: Path) -> tuple[Engine, Engine]:
     return _engine(tmp_path / "a"), _engine(tmp_path / "b")
 
 
-def _batch(calls: list[tuple[int, str | int, tuple]], packed: bool, expects: bool) -> bytes:
-    """A batch of ``(seq, op, args)``; ``packed``: the packable ones as records (an int op:
-    a raw record of that id, or an empty plain call)."""
-    b = guest_pb2.CallBatch(flags=EXPECTS_REPLY if expects else 0)
+def _batch(
+    calls: list[tuple[int, str | int, tuple]], packed: bool, expects: bool, short: bool = False
+) -> bytes:
+    """A batch of ``(seq, op, args)``; ``packed``: the ones that may travel as records so (an
+    int op: a raw record of that id, or an empty plain call); ``short``: short answers."""
+    b = guest_pb2.CallBatch(flags=(EXPECTS_REPLY if expects else 0) | (SHORT_ANSWER * short))
     recs = bytearray()
     for seq, op, args in calls:
         if isinstance(op, int):
@@ -70,7 +75,7 @@ def _batch(calls: list[tuple[int, str | int, tuple]], packed: bool, expects: boo
                 recs += seq.to_bytes(8, "little") + op.to_bytes(4, "little") + bytes(52)
             else:
                 b.calls.add(seq=seq, op=op, args=b"")
-        elif packed and O[op].id in PACKED_OPS:
+        elif packed and O[op].id in RECORD_OPS:
             recs += record_struct(O[op]).pack(seq, O[op].id, *args)
         else:
             b.calls.add(seq=seq, op=O[op].id, args=O[op].pack(*args))
@@ -80,7 +85,7 @@ def _batch(calls: list[tuple[int, str | int, tuple]], packed: bool, expects: boo
 
 def _seen(e: Engine, msgs: list[bytes]) -> tuple:
     """What the guest and a checkpoint see of a batch's run."""
-    replies = [guest_pb2.ReplyBatch.FromString(m) for m in msgs]
+    replies = [as_message(m) for m in msgs]
     base = e.device.window[0]
     meter = e.meter
     assert meter is not None
@@ -98,7 +103,7 @@ def _seen(e: Engine, msgs: list[bytes]) -> tuple:
 def _both(engines: tuple[Engine, Engine], calls: list, expects: bool = True) -> tuple:
     plain, packed = engines
     a = _seen(plain, plain.run_batch(_batch(calls, packed=False, expects=expects)))
-    b = _seen(packed, packed.run_batch(_batch(calls, packed=True, expects=expects)))
+    b = _seen(packed, packed.run_batch(_batch(calls, packed=True, expects=expects, short=True)))
     assert b == a
     return a
 
@@ -206,8 +211,8 @@ def test_an_unknown_or_unpackable_op_in_the_records_fails_alone(
     engines: tuple[Engine, Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, packed = engines
-    sync_id = O["STREAM_SYNCHRONIZE"].id
-    calls = [(10, 999, ()), (11, sync_id, ()), (12, "EVENT_RECORD", (EVENT, 0))]
+    read_id = O["MEMCPY_DTOH"].id  # answers with bytes: never a record
+    calls = [(10, 999, ()), (11, read_id, ()), (12, "EVENT_RECORD", (EVENT, 0))]
     msgs = packed.run_batch(_batch(calls, packed=True, expects=False))
     (rb,) = [guest_pb2.ReplyBatch.FromString(m) for m in msgs]
     assert [(r.seq, r.result) for r in rb.replies] == [
@@ -215,7 +220,7 @@ def test_an_unknown_or_unpackable_op_in_the_records_fails_alone(
         (11, CUresult.CUDA_ERROR_NOT_SUPPORTED),
     ]
     assert "unknown op 999" in rb.replies[0].detail
-    assert "STREAM_SYNCHRONIZE cannot travel packed" in rb.replies[1].detail
+    assert "MEMCPY_DTOH cannot travel packed" in rb.replies[1].detail
     assert rb.done_seq == 12 and "cannot travel packed" in caplog.text
 
 

@@ -1,11 +1,16 @@
 """Packed calls' records (crane.wire.packed): which ops travel packed (decided from the call
 table), the bytes of a record (the header, then exactly what Op.pack writes), and the worker's
-NumPy view of them (crane.engine.runs) reading back what the guest packed."""
+NumPy view of them (crane.engine.runs) reading back what the guest packed, and a batch of
+records only written and read by hand as protobuf would."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crane.api.ops import OPS, OPS_BY_NAME, Kind, Op
 from crane.engine.runs import PackedCalls
+from crane.v1 import guest_pb2
 from crane.wire import packed
 from crane.wire.packed import HEADER, PACKED_OPS, RECORD, packable, record_struct
 
@@ -69,3 +74,30 @@ def test_split_cuts_records_at_sequence_bounds() -> None:
     recs = b"".join(record_struct(er).pack(s, er.id, 9, 0) for s in (1, 4, 5, 9))
     pieces = packed.split(recs, [4, 8])
     assert [[s for s, _, _ in packed.records(p)] for p in pieces] == [[1, 4], [5], [9]]
+
+
+@given(st.integers(0, 127), st.binary(min_size=1, max_size=70000))
+@settings(max_examples=60)
+def test_a_batch_of_records_only_is_what_protobuf_writes_and_reads(flags: int, recs: bytes) -> None:
+    raw = packed.encode_batch(flags, recs)
+    assert raw == guest_pb2.CallBatch(flags=flags, packed=recs).SerializeToString()
+    assert packed.records_only(raw) == recs
+
+
+def test_any_other_batch_is_not_taken_for_records_only() -> None:
+    with_call = guest_pb2.CallBatch(flags=1, packed=b"r" * RECORD)
+    with_call.calls.add(seq=1, op=2)
+    wide_flags = guest_pb2.CallBatch(flags=1 << 20, packed=b"r" * RECORD)
+    for raw in (with_call.SerializeToString(), wide_flags.SerializeToString(), b"", b"\x08\x01"):
+        assert packed.records_only(raw) is None
+    cut = packed.encode_batch(1, b"r" * 300)
+    assert packed.records_only(cut[:-1]) is None and packed.records_only(cut + b"\x10\x01") is None
+
+
+def test_synchronizing_calls_with_fixed_arguments_travel_as_records() -> None:
+    for name in ("STREAM_SYNCHRONIZE", "CTX_SYNCHRONIZE", "EVENT_SYNCHRONIZE", "STREAM_QUERY"):
+        assert OPS_BY_NAME[name].id in packed.SYNC_OPS, name
+    for o in OPS:
+        if o.data_in or o.data_out or o.staged or o.retired or not o.sync:
+            assert o.id not in packed.SYNC_OPS, o.name
+    assert not set(packed.SYNC_OPS) & set(PACKED_OPS)
