@@ -14,11 +14,14 @@ demo: setup
 
 # scripts/vm_deps.sh first: the Debian packages of the `vm` tests (QEMU, libvirt, and the
 # headers libvirt-python builds against, which setup then installs), when it can.
+# Two pytest processes (CRANE_TEST_PROCS): most tests wait on daemons and subprocesses, so two
+# share a 2-core machine well; tests/conftest.py keeps a file's tests (and all VM tests, all PTX
+# tests) in one process.
 test:
 	@scripts/vm_deps.sh
 	@scripts/setup.sh
 	@scripts/client_libs.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $${CRANE_TEST_PROCS:-2} --dist loadgroup
 
 lint: setup
 	.venv/bin/ruff check crane tests benchmarks vm-images

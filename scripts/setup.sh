@@ -28,7 +28,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ] || [ ! -f crane/v1/gu
     .venv/bin/python -m pip install -q --upgrade pip
     extras="test,sim$vm_extra"
     if ! command -v nvcc >/dev/null 2>&1; then
-        extras="test,sim,cuda-compiler"   # nvcc, cudart and crt headers from PyPI
+        extras="test,sim,cuda-compiler$vm_extra"   # nvcc, cudart and crt headers from PyPI
     fi
     .venv/bin/python -m pip install -q -e ".[$extras]"
     echo "$inputs" > "$stamp"

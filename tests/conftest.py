@@ -58,3 +58,27 @@ def cuda_build(nvcc: str, tmp_path_factory: pytest.TempPathFactory):  # type: ig
 
 def have(cmd: str) -> bool:
     return shutil.which(cmd) is not None
+
+
+def _xdist_group(nodeid: str) -> str:
+    """The pytest-xdist group a test runs in (``make test``: ``--dist loadgroup``).
+
+    Why grouped: a file's tests share module-scoped fixtures (a daemon, a built program) that
+    would start once per process if its tests were spread; the VM tests boot TCG guests, two
+    of which at once would starve each other (and the rest of the run) on a 2-core machine;
+    the PTX tests share a session-wide nvcc build of every kernel for three architectures
+    (about a minute), which a second process would repeat."""
+    path = nodeid.split("::", 1)[0]
+    for folder in ("tests/vm/", "tests/ptx/"):
+        if path.startswith(folder):
+            return folder.rstrip("/")
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its xdist group (before xdist reads the marks; no effect without
+    ``-n``)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid)))
