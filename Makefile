@@ -21,7 +21,7 @@ test:
 	@scripts/vm_deps.sh
 	@scripts/setup.sh
 	@scripts/client_libs.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n $${CRANE_TEST_PROCS:-2} --dist loadgroup
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $${CRANE_TEST_PROCS:-2} --dist loadscope
 
 lint: setup
 	.venv/bin/ruff check crane tests benchmarks vm-images

@@ -60,12 +60,13 @@ def have(cmd: str) -> bool:
     return shutil.which(cmd) is not None
 
 
-def _xdist_group(nodeid: str) -> str:
-    """The pytest-xdist group a test runs in (``make test``: ``--dist loadgroup``).
 
-    Why grouped: a file's tests share module-scoped fixtures (a daemon, a built program) that
-    would start once per process if its tests were spread; the VM tests boot TCG guests, two
-    of which at once would starve each other (and the rest of the run) on a 2-core machine;
+def _xdist_scope(nodeid: str) -> str:
+    """The scope pytest-xdist keeps in one process (``make test``: ``-n 2 --dist loadscope``).
+
+    Why these scopes: a file's tests share module-scoped fixtures (a daemon, a built program)
+    that would start once per process if its tests were spread; the VM tests boot TCG guests,
+    two of which at once would starve each other (and the rest of the run) on a 2-core machine;
     the PTX tests share a session-wide nvcc build of every kernel for three architectures
     (about a minute), which a second process would repeat."""
     path = nodeid.split("::", 1)[0]
@@ -75,10 +76,16 @@ def _xdist_group(nodeid: str) -> str:
     return path
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group (before xdist reads the marks; no effect without
-    ``-n``)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadscope`` with :func:`_xdist_scope`'s scopes (xdist's own are a class or a
+    module). Not ``loadgroup`` with marks: with pytest 9 its renaming of the tests' ids no
+    longer takes, and every test was scheduled alone."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_scope(nodeid)
+
+    return SuiteScopes(config, log)
