@@ -16,12 +16,14 @@ demo: setup
 # headers libvirt-python builds against, which setup then installs), when it can.
 # Two pytest processes (CRANE_TEST_PROCS): most tests wait on daemons and subprocesses, so two
 # share a 2-core machine well; tests/conftest.py keeps a file's tests (and all VM tests, all PTX
-# tests) in one process.
+# tests) in one process. A short --basetemp: xdist adds a level (popen-gwN), and the
+# daemons' unix sockets under a test's directory must stay within sun_path's 108 bytes.
 test:
 	@scripts/vm_deps.sh
 	@scripts/setup.sh
 	@scripts/client_libs.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n $${CRANE_TEST_PROCS:-2} --dist loadscope
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $${CRANE_TEST_PROCS:-2} --dist loadscope \
+		--basetemp=$$(mktemp -d /tmp/crane-test-XXXXXX)
 
 lint: setup
 	.venv/bin/ruff check crane tests benchmarks vm-images
