@@ -55,6 +55,7 @@ from ..parser import Function, Instr, Label
 from ..ptxtypes import TYPES
 from . import layout as L
 from .affine import lane_strides
+from .exits import with_exit_yields
 from .irtypes import (
     EXITED,
     FAULTED,
@@ -1699,6 +1700,7 @@ def lower_kernel(
             fn.line,
         )
     fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
+    fn = with_exit_yields(fn)  # a loop around barriers leaves its exit path to a region
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.simd = simd
     k.declare_lookup()
