@@ -124,10 +124,10 @@ def test_alloc_hit_is_exact_at_every_edge():
         assert vector(ctypes.addressof(words)) == want
 
 
-def _saxpy_lowered():
-    prog = load_ptx(SAXPY)
-    k = prog.kernels["saxpy"]
-    fn = parse_module(SAXPY).functions["saxpy"]
+def lowered(text: str, name: str):
+    """Kernel ``name`` of module ``text`` lowered (its parameters where the loader puts them)."""
+    k = load_ptx(text).kernels[name]
+    fn = parse_module(text).functions[name]
     offsets = {id(p): off for p, (off, _) in zip(fn.params, k.params, strict=True)}
     return lower_kernel(fn, offsets, lambda v: None, k.param_bytes)
 
@@ -136,7 +136,7 @@ def test_saxpy_lane_loop_compares_each_address_once():
     """The fast driver's vectorized lane loop: one 64-bit vector comparison per address
     (x; y, loaded and stored through one register and so one site) and vector width the
     vectorizer chose: two, where each access took three (six with a site per access)."""
-    low = _saxpy_lowered()
+    low = lowered(SAXPY, "saxpy")
     assert low.sites == 2  # x, and y's load and store
     driver = str(engine.optimize(low.ir_text(), (low.name,)).get_function(low.fast))
     widths = set(re.findall(r"<(\d+) x float>", driver))

@@ -149,7 +149,7 @@ class Lowered:
             in_step = fn is not None and '@"step_fast"' in fn
             if (in_step and (" = load " in s or s.startswith("store "))) or (
                 (s.startswith("store ") or " = load " in s) and '%"vresume' in s
-            ):  # the vector rounds' resume words
+            ):  # the lane loops' resume words (vector rounds, the fast driver)
                 line += f", !llvm.access.group {group}"
             elif fn is not None and s.startswith("br label"):
                 for key, tag in tags.items():
@@ -1143,7 +1143,10 @@ class KernelLowering(LaneOperands):
         zero = ir.Constant(I32, 0)
         lane = [ctx, zero, b.trunc(t, I32), zero, zero, cx, cy, cz, shared, save, *inv]
         r = b.call(self.step, [*lane, *caches, ir.Constant(I1, 1), ir.Constant(I64P, None)])
-        b.store(r, b.gep(resume, [t]))
+        # in the lanes' access group (Lowered.ir_text: each lane its own word): with every
+        # access of the loop in it, LLVM vectorizes without proving the lane's accesses apart,
+        # which it could not for nvcc's vadd_f32 (a gather-free loop it left scalar)
+        b.store(r, b.gep(resume, [t], name="vresume_fast"))
         missed.add_incoming(b.or_(missed, b.icmp_signed("==", r, ir.Constant(I32, FAULTED))), lbody)
         t.add_incoming(b.add(t, c64(1)), lbody)
         b.branch(lhead)
