@@ -55,6 +55,7 @@ from ..parser import Function, Instr, Label
 from ..ptxtypes import TYPES
 from . import layout as L
 from .affine import lane_strides
+from .exits import with_exit_yields
 from .irtypes import (
     EXITED,
     FAULTED,
@@ -148,7 +149,7 @@ class Lowered:
             in_step = fn is not None and '@"step_fast"' in fn
             if (in_step and (" = load " in s or s.startswith("store "))) or (
                 (s.startswith("store ") or " = load " in s) and '%"vresume' in s
-            ):  # the vector rounds' resume words
+            ):  # the lane loops' resume words (vector rounds, the fast driver)
                 line += f", !llvm.access.group {group}"
             elif fn is not None and s.startswith("br label"):
                 for key, tag in tags.items():
@@ -182,6 +183,7 @@ class KernelLowering(LaneOperands):
         self.mod = ir.Module(name=fn.name)
         self.texts: list[tuple[str, int]] = []
         self.sites = 0
+        self.site_of: dict[tuple, int] = {}  # a global address operand's site (site_for)
         self.ins: Instr | None = None
         body = fn.body or []
         self.has_bar = any(isinstance(s, Instr) and s.opcode.split(".")[0] in _STOPS for s in body)
@@ -261,7 +263,7 @@ class KernelLowering(LaneOperands):
         if self.fast_eligible():
             self.fast = True
             sites = self.nsites = self.sites
-            self.sites = 0  # the same sites, in the same order: they share the caches
+            self.sites, self.site_of = 0, {}  # the same sites, in the same order: shared caches
             self.build_step("step_fast")
             assert self.sites == sites
             fast = "kernfast_" + sanitize(fn.name)
@@ -275,7 +277,7 @@ class KernelLowering(LaneOperands):
         if self.vec_regions:
             self.fast = True
             sites = self.nsites = self.sites
-            self.sites = 0
+            self.sites, self.site_of = 0, {}
             self.build_step("step_fast")
             assert self.sites == sites
             self.fast_step = self.step
@@ -794,8 +796,7 @@ class KernelLowering(LaneOperands):
             self.fault_if(mis, addr, L.KIND_MISALIGNED, nbytes, L.SPACE_GLOBAL)
         if self.fast and self.commit:  # checked in the first pass
             return b.gep(self.ctx_ptr(L.MEM_BUF), [b.sub(addr, self.ctx_word(L.MEM_BASE))])
-        site = self.sites
-        self.sites += 1
+        site = self.site_for()
         if self.fast:  # the driver read the caches before the lane loop
             lo, hi = self.site_args[2 * site], self.site_args[2 * site + 1]
         else:  # the site's cache as local values (registers in loops), refreshed on a miss
@@ -824,6 +825,22 @@ class KernelLowering(LaneOperands):
         base = self.ctx_word(L.MEM_BASE)
         buf = self.ctx_ptr(L.MEM_BUF)
         return b.gep(buf, [b.sub(addr, base)])
+
+    def site_for(self) -> int:
+        """The allocation cache (site) of the global access being lowered: one per address
+        operand (base register or symbol, offset) of the kernel, else one per access. Why
+        shared: ``y[i] = a * x[i] + y[i]`` loads and stores through the same register, and
+        with one cache the two checks are the same IR (the same address against the same
+        bounds), which LLVM computes once; any cache is correct for any access (a miss looks
+        the address up, or runs the lane again in the scalar form)."""
+        key = _address_key(self.ins)
+        site = self.site_of.get(key) if key is not None else None
+        if site is None:
+            site = self.sites
+            self.sites += 1
+            if key is not None:
+                self.site_of[key] = site
+        return site
 
     def site_cache(self, site: int):
         """Local copies of access site ``site``'s cached allocation bounds, read from the
@@ -1126,7 +1143,10 @@ class KernelLowering(LaneOperands):
         zero = ir.Constant(I32, 0)
         lane = [ctx, zero, b.trunc(t, I32), zero, zero, cx, cy, cz, shared, save, *inv]
         r = b.call(self.step, [*lane, *caches, ir.Constant(I1, 1), ir.Constant(I64P, None)])
-        b.store(r, b.gep(resume, [t]))
+        # in the lanes' access group (Lowered.ir_text: each lane its own word): with every
+        # access of the loop in it, LLVM vectorizes without proving the lane's accesses apart,
+        # which it could not for nvcc's vadd_f32 (a gather-free loop it left scalar)
+        b.store(r, b.gep(resume, [t], name="vresume_fast"))
         missed.add_incoming(b.or_(missed, b.icmp_signed("==", r, ir.Constant(I32, FAULTED))), lbody)
         t.add_incoming(b.add(t, c64(1)), lbody)
         b.branch(lhead)
@@ -1670,6 +1690,22 @@ def _pure_operand(op, opcode: str) -> bool:
     return kind == "mem" and opcode == "ld"
 
 
+def _address_key(ins: Instr | None) -> tuple | None:
+    """``ins``'s memory operand as ``(base, offset)``, its base a register's uid, a symbol's
+    name or an immediate; None without one (or a register the scope does not know)."""
+    ops = ins.operands if ins is not None and isinstance(ins.operands, list) else []
+    mem = next((o for o in ops if isinstance(o, tuple) and o and o[0] == "mem"), None)
+    if mem is None or len(mem) < 3 or not isinstance(mem[1], tuple):
+        return None
+    base, off = mem[1], mem[2]
+    if base[0] == "reg":
+        r = ins.scope.reg(base[1]) if ins.scope is not None else None
+        return None if r is None else ("reg", r.uid, off)
+    if base[0] in ("name", "int"):
+        return (base[0], base[1], off)
+    return None
+
+
 def _is_generic_access(opcode: str) -> bool:
     """An ld/st without a state space: its address may fall in the shared window."""
     parts = opcode.split(".")
@@ -1699,6 +1735,7 @@ def lower_kernel(
             fn.line,
         )
     fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
+    fn = with_exit_yields(fn)  # a loop around barriers leaves its exit path to a region
     k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
     k.simd = simd
     k.declare_lookup()

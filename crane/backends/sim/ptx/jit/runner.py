@@ -1,20 +1,20 @@
 """Running a compiled kernel over a launch: the context words, the block loop, faults.
 
-The grid's blocks are split into one contiguous range per core, run by a thread pool (ctypes
-releases the GIL during the native call), each range in chunks of blocks, so a launch with a
-deadline is also checked between chunks; inside a chunk the compiled code polls a stop flag at
-every backward branch, which the watchdog thread (:mod:`.watchdog`) sets when the deadline
-passes. The first range runs on the calling thread. Within a range the blocks run one after
-the other (a block's lanes, region by region, then the next block).
+The grid's blocks are handed, a chunk at a time and in block order (:mod:`.chunks`), to one
+thread per core: the calling thread and a thread pool's (ctypes releases the GIL during the
+native call), each with its own buffers; a launch with a deadline is also checked between
+chunks, and inside a chunk the compiled code polls a stop flag at every backward branch,
+which the watchdog thread (:mod:`.watchdog`) sets when the deadline passes. Within a chunk
+the blocks run one after the other (a block's lanes, region by region, then the next block).
 Blocks are independent in CUDA's model but for atomics and ordered accesses (compiled as real
 atomic instructions, :mod:`.ops_atomic`, :mod:`.ops_order`), so running them at once is a legal
 schedule. A block may wait on another through them (CUB's decoupled look-back spins on counts
 that earlier blocks publish with ``st.volatile``): a block waits only on blocks that started
-before it (an earlier block of its range, which has finished, or a block another core runs) in
-the kernels this is written for, and a loop waiting so yields to its block's other lanes at
-every turn (:mod:`.spin`), so the wait ends when the producer runs. A kernel that waits on a
-block that never starts (a later range, with fewer cores than ranges) would wait for ever on
-a GPU too unless all blocks are resident; the stop flag ends it at the launch's deadline.
+before it (chunks go out in block order: an earlier block has finished or runs on another
+thread) in the kernels this is written for, and a loop waiting so yields to its block's other
+lanes at every turn (:mod:`.spin`), so the wait ends when the producer runs. A kernel that
+waits on a later block would wait for ever on a GPU too unless all blocks are resident; the
+stop flag ends it at the launch's deadline.
 
 A fault recorded by the compiled code becomes the interpreter's :class:`KernelFault`: the same
 CUresult, the same address message (global addresses are re-checked through
@@ -36,6 +36,7 @@ from ..errors import KernelFault, fault_code
 from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from . import buffers, watchdog
 from . import layout as L
+from .chunks import Chunks, chunk_size
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
 
@@ -56,15 +57,15 @@ def run_compiled(
     serial: bool = False,
 ) -> None:
     """Run compiled kernel ``ck`` (:class:`CompiledKernel`) over the whole grid: the blocks
-    split into one contiguous range per core (each with its own shared memory, local memory,
-    save area and caches), a fault reported from the lowest range that had one."""
+    handed in chunks to one thread per core (each with its own shared memory, local memory,
+    save area and caches), the fault of the lowest chunk that had one reported."""
     starts, ends = memory.allocation_arrays()
     symvals = np.ascontiguousarray(symvals, np.uint64)
     workers = min(_cores(), max(1, geo.blocks * geo.threads // MIN_LANES_PER_CORE), geo.blocks)
     if serial:
         workers = 1
-    bounds = [geo.blocks * i // workers for i in range(workers + 1)]
-    ranges = [(bounds[i], bounds[i + 1]) for i in range(workers)]
+    per_call = max(1, LANES_PER_CALL // max(geo.threads, 1))
+    chunks = Chunks(geo.blocks, chunk_size(geo.blocks, workers, per_call))
     # the context words every core's share has in common, filled once
     head = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
     head[L.LOCAL_SIZE] = local_stride
@@ -86,31 +87,29 @@ def run_compiled(
         max(geo.threads, 1),  # at least, even with no register live
         max(geo.threads * local_stride, 16),
     )
-    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in ranges]
+    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in range(workers)]
     timer = None
     if deadline is not None:  # one watchdog thread for all launches (a Timer costs ~40 µs)
         timer = watchdog.watch(deadline, lambda: _stop(parts))
     try:
-        # the calling thread runs the first range itself (ctypes releases the GIL): one
-        # thread hand-off fewer per launch
+        # the calling thread takes chunks itself (ctypes releases the GIL): one thread
+        # hand-off fewer per launch, and the whole grid if the pool's threads start late
         pool = _pool() if workers > 1 else None
-        futs = [
-            pool.submit(p.run, a, z, deadline)
-            for p, (a, z) in zip(parts[1:], ranges[1:], strict=True)
-        ]
-        faults = [None]
+        futs = [pool.submit(p.run, chunks, deadline) for p in parts[1:]]
+        faults = []
         try:
-            faults[0] = parts[0].run(*ranges[0], deadline)
-        finally:  # the other ranges end before their buffers go back to the pool
-            faults += [f.result() for f in futs]
+            faults.append(parts[0].run(chunks, deadline))
+        finally:  # a task that never started is dropped; the others end before their
+            # buffers go back to the pool
+            faults += [f.result() for f in futs if not f.cancel()]
     finally:
         if timer is not None:
             watchdog.cancel(timer)
         for p in parts:
             buffers.give(p.bufs)
-    for f in faults:
-        if f is not None:
-            raise f
+    found = [f for f in faults if f is not None]
+    if found:
+        raise min(found, key=lambda f: f[0])[1]
 
 
 #: grids smaller than this many lanes per core run on one core (a thread hand-off costs more)
@@ -146,21 +145,24 @@ class _Part:
         bufs = self.bufs = buffers.take(*sizes)
         ctx[L.SHARED], ctx[L.SAVE], ctx[L.RESUME], ctx[L.LOCAL] = bufs.addrs
 
-    def run(self, begin: int, end: int, deadline) -> KernelFault | None:
-        """Blocks [begin, end) in calls of about LANES_PER_CALL lanes; the fault, if any."""
+    def run(self, chunks: Chunks, deadline) -> tuple[int, KernelFault] | None:
+        """Chunks of blocks, one native call each, until none is left; after a fault (or
+        the deadline) no more for any thread, and ``(its chunk's first block, the fault)``."""
         ck, ctx, geo = self.ck, self.ctx, self.geo
         # the vectorizable form takes 1-D blocks (the lane index is %tid.x); the caller made
         # sure the general driver is compiled for any other (jit.compiled_kernel)
         fn = ck.entry_for(geo.block)
-        per_call = max(1, LANES_PER_CALL // max(geo.threads, 1))
         ptr = ctx.ctypes.data
-        for first in range(begin, end, per_call):
+        while (got := chunks.take()) is not None:
+            first, end = got
             if deadline is not None and time.monotonic() > deadline:
-                return KernelFault(702, "the launch ran past its time limit")
+                chunks.stop()
+                return first, KernelFault(702, "the launch ran past its time limit")
             ctx[L.BLOCK_BEGIN] = first
-            ctx[L.BLOCK_END] = min(first + per_call, end)
+            ctx[L.BLOCK_END] = end
             if fn(ptr):
-                return _fault(ck, ctx, self.memory, self.stride)
+                chunks.stop()
+                return first, _fault(ck, ctx, self.memory, self.stride)
         return None
 
 
