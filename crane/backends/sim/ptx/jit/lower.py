@@ -495,7 +495,9 @@ class KernelLowering(LaneOperands):
             eb.position_before(self.entry.terminator)
             kp = eb.inttoptr(self.inv[L.KPARAMS], I8P)
             p = eb.bitcast(eb.gep(kp, [c64(off)]), it.as_pointer())
-            v = self._params[key] = eb.load(p)
+            # align 1: the buffer's alignment is not promised, so that its known size alone
+            # lets LLVM read the word ahead of the branch that uses it (kparams_word)
+            v = self._params[key] = eb.load(p, align=1)
             v.set_metadata("invariant.load", self.mod.add_metadata([]))
         return v
 
@@ -1062,7 +1064,9 @@ class KernelLowering(LaneOperands):
             return v
 
         d = _Driver(f, b, ctx, word)
-        d.inv = [word(slot) for slot in _INVARIANT]
+        d.inv = [
+            word(slot) if slot != L.KPARAMS else self.kparams_word(b, ctx) for slot in _INVARIANT
+        ]
         # the symbol values the kernel reads, loaded once per call and passed like the
         # invariant words: loaded in the lane's code, LLVM sinks them into the branches that
         # use them, where the lane loops cannot hoist them (addresses computed from them
@@ -1098,6 +1102,18 @@ class KernelLowering(LaneOperands):
         if self.uses_local:
             zero_block_locals(b, d.memset, word, b.mul(b.mul(d.ntid[0], d.ntid[1]), d.ntid[2]))
         return d
+
+    def kparams_word(self, b: ir.IRBuilder, ctx):
+        """The kernel parameters' address (an i64 word, as the lane's code takes it), loaded
+        as a pointer LLVM knows it may read ``param_bytes`` from: the launch refuses fewer
+        (``PtxProgram.launch``) and pads 8 more. Why: a parameter the lane loads (once, in its
+        entry block) and uses only under a branch (``if (i < n) c[i] = a[i] + b[i]``) is sunk
+        into that branch, and a conditional load the lane loop cannot hoist unless it may read
+        the address anyway: it was a gather from one address per vector of lanes."""
+        p = b.load(b.bitcast(b.gep(ctx, [c64(L.KPARAMS)]), I8P.as_pointer()))
+        n = ir.Constant(I64, max(self.param_bytes, 8))
+        p.set_metadata("dereferenceable", self.mod.add_metadata([n]))
+        return b.ptrtoint(p, I64)
 
     def close_driver(self, d: _Driver) -> None:
         """From the current block: on to the next block; after the last, return 0."""
