@@ -66,11 +66,11 @@ SHARED = (
 LOOP = (
     HEAD
     + """
-.visible .entry t(.param .u64 out)
+.visible .entry t(.param .u64 out, .param .u32 start)
 {
     .reg .b32 %r<4>;
     .reg .pred %p<2>;
-    mov.u32 %r1, 0;
+    ld.param.u32 %r1, [start];
 $L_top:
     add.s32 %r1, %r1, 1;
     setp.ne.s32 %p1, %r1, 0;
@@ -213,11 +213,19 @@ def test_cached_by_module_hash(dev, monkeypatch):
 
 
 def test_deadline_ends_a_compiled_loop(dev, monkeypatch):
+    """A first launch that counts from 2**32 - 1 leaves the loop at once and pays the compile,
+    which the deadline must not include (under load the compile alone outran it). One lane
+    is compiled at once (``COMPILE_MIN_LANES``), so the loop the deadline ends is native."""
     monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
     prog = load_ptx(LOOP)
+    out = Ptr(dev.zeros(1, np.uint32))
+    before = len(jit.stats()["compiled"]) + len(jit.stats()["loaded"])
+    dev.launch(prog, "t", 1, 1, [out, np.uint32(0xFFFFFFFF)])
+    assert len(jit.stats()["compiled"]) + len(jit.stats()["loaded"]) == before + 1
     t = time.monotonic()
     with pytest.raises(KernelFault) as e:
-        dev.launch(prog, "t", 1, 1, [Ptr(dev.zeros(1, np.uint32))], deadline=t + 0.3)
+        dev.launch(prog, "t", 1, 1, [out, np.uint32(0)], deadline=t + 0.3)
     # 2**32 iterations would take seconds; the watchdog stops it at the backward branch
     assert e.value.code == 702
     assert "PTX line 14" in str(e.value) and "bra" in str(e.value)
