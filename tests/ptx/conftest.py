@@ -40,6 +40,17 @@ def _differential() -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def compile_every_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile a kernel at its first launch however small: the compiler's own tests
+    (``pytestmark = pytest.mark.usefixtures("compile_every_launch")``) look at compiled
+    launches, which ``on`` mode otherwise keeps for launches of ``COMPILE_MIN_LANES``
+    threads or a kernel's third launch."""
+    from crane.backends.sim.ptx import jit
+
+    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+
+
 ARCHS = ("compute_75", "compute_80", "compute_90")
 
 

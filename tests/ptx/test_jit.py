@@ -100,10 +100,7 @@ BMSK = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_launch(monkeypatch):
-    """These tests look at compiled launches however small (``on`` mode waits otherwise)."""
-    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
 
 
 def _fault(dev, prog, args, monkeypatch, mode: str, threads: int = 1) -> KernelFault:

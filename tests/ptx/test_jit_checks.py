@@ -59,9 +59,7 @@ DONE:
 M64 = (1 << 64) - 1
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_launch(monkeypatch):
-    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
 
 
 def _hit_fn(lanes: int):

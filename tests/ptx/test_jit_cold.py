@@ -11,7 +11,6 @@ import pytest
 from test_jit_affine import TILES
 from test_jit_warp import WARPSUM
 
-from crane.backends.sim.ptx import jit
 from crane.backends.sim.ptx.jit import engine
 from crane.backends.sim.ptx.jit.coldsplit import split
 from crane.backends.sim.ptx.jit.lower import lower_kernel
@@ -42,9 +41,7 @@ entry:
 """
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_launch(monkeypatch):
-    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
 
 
 def test_split_declares_each_part_in_the_other():

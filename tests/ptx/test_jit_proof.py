@@ -53,9 +53,7 @@ PROVEN = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_launch(monkeypatch):
-    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
 
 
 def _lowering(src: str, name: str, offsets) -> KernelLowering:

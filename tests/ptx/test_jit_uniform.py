@@ -57,9 +57,7 @@ ROW = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_launch(monkeypatch):
-    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
 
 
 def test_row_uniform_registers():

@@ -62,9 +62,7 @@ SAXPY_REORDERED = SAXPY.replace(
 )
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_launch(monkeypatch):
-    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1)
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
 
 
 @pytest.mark.parametrize("text,name", [(VADD, "vadd_f32"), (SAXPY_REORDERED, "saxpy")])
