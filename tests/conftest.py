@@ -60,7 +60,6 @@ def have(cmd: str) -> bool:
     return shutil.which(cmd) is not None
 
 
-
 def _xdist_scope(nodeid: str) -> str:
     """The scope pytest-xdist keeps in one process (``make test``: ``-n 2 --dist loadscope``).
 
