@@ -11,6 +11,9 @@ One craned on the simulated GPU, one guest program (static cudart, unmodified) t
 * ``sync_rtt``: median ``cudaStreamSynchronize`` of an idle stream through the whole stack
   (cudart → libcuda.so.1 → Python → gRPC → worker) vs the bare gRPC Echo ping-pong on the
   daemon's Diagnostics service in the same run.
+* ``memset_*_rate``: one-byte ``cudaMemsetAsync`` calls into one 1 KiB buffer per second, as
+  the guest sees them (enqueue) and until a synchronize after the last one returns (end to
+  end); the buffer's final bytes are checked. Target (issue 17's async rate): >= 1M/s.
 """
 
 from __future__ import annotations
@@ -62,9 +65,29 @@ int main(int argc, char **argv) {
         rtt.push_back(now() - a);
     }
     std::sort(rtt.begin(), rtt.end());
+    // one-byte memsets into one buffer, then what they left there checked
+    unsigned char *buf; cudaMalloc(&buf, 1024);
+    cudaMemsetAsync(buf, 0, 1024, s);
+    cudaStreamSynchronize(s);
+    double m0 = now();
+    for (int i = 0; i < n; i++) cudaMemsetAsync(buf + (i & 1023), i & 0xff, 1, s);
+    double m1 = now();
+    cudaError_t me = cudaStreamSynchronize(s);
+    double m2 = now();
+    unsigned char host[1024];
+    cudaMemcpy(host, buf, 1024, cudaMemcpyDeviceToHost);
+    int wrong = 0;
+    for (int j = 0; j < 1024; j++) {
+        int last = -1;  // the last i < n with (i & 1023) == j
+        if (j < n) last = j + ((n - 1 - j) / 1024) * 1024;
+        if (host[j] != (last < 0 ? 0 : (last & 0xff))) wrong++;
+    }
+    if (me == cudaSuccess && wrong) me = cudaErrorUnknown;
     printf("{\"launches\": %d, \"enqueue_s\": %.6f, \"total_s\": %.6f, \"sync_median_s\": %.9f, "
-           "\"error\": \"%s\"}\n", n, t1 - t0, t2 - t0, rtt[m / 2], cudaGetErrorName(e));
-    return e != cudaSuccess;
+           "\"memset_enqueue_s\": %.6f, \"memset_total_s\": %.6f, \"memset_wrong\": %d, "
+           "\"error\": \"%s\"}\n", n, t1 - t0, t2 - t0, rtt[m / 2], m1 - m0, m2 - m0, wrong,
+           cudaGetErrorName(e != cudaSuccess ? e : me));
+    return e != cudaSuccess || me != cudaSuccess;
 }
 """
 
@@ -102,6 +125,9 @@ def run(quick: bool) -> dict:
         "sync_rtt_us": round(sync * 1e6, 1),
         "bare_grpc_ping_pong_us": round(ping * 1e6, 1),
         "sync_rtt_ratio": round(sync / ping, 2),
+        "memset_enqueue_rate_per_s": round(n / g["memset_enqueue_s"]),
+        "memset_end_to_end_rate_per_s": round(n / g["memset_total_s"]),
+        "memset_target_per_s": 1_000_000,
     }
 
 

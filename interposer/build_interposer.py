@@ -53,6 +53,13 @@ void crane_ctx_forget(void *ctx);
 int crane_c_cuCtxPushCurrent_4000(void *ctx);
 int crane_reserve_window(unsigned long long base, unsigned long long size);
 const char *crane_self_path(void);
+int crane_fast_arm(uint64_t q, uint64_t put_addr, uint64_t capacity, uint32_t memset_op,
+                   uint32_t event_record_op, uint32_t stream_wait_op);
+uint64_t crane_fast_gen(void);
+void crane_fast_forget(void);
+void crane_fast_learn(uint64_t g, uint64_t start, uint64_t end, uint64_t stream,
+                      uint64_t event);
+uint64_t crane_fast_calls(void);
 """
 
 
@@ -63,7 +70,7 @@ def _python_callable() -> str:
     return text[text.index("\n", begin) + 1 : text.index("/* python-callable end */")]
 
 
-EXTRA_API = "int crane_py_primary_reset(int dev);\n"
+EXTRA_API = "int crane_py_primary_reset(int dev);\nint crane_py_fast_queued(long long n);\n"
 
 # cffi's init code: by the time it runs, interposer/src/pygate.c has put Crane's paths in place
 # and imported the guest side (BOOT below), so this only wires the handlers.

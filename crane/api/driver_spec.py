@@ -21,6 +21,11 @@ variants follow their base entry automatically (the generator maps a NULL stream
 CU_STREAM_PER_THREAD). The ``local`` flag documents calls answered in the
 guest without a round trip (from the session's snapshot or local tables).
 
+:data:`FAST` names the entries whose calls the library's own C may queue as packed records
+without entering Python (interposer/src/fastlane.c), once the Python side has served such a
+call itself and taught the C side what it checked (crane/interposer/fastlane.py); the call goes
+the Python way whenever the C side does not know.
+
 Rules: entries are keyed by name and version, so adding one never renumbers anything; the
 wire-level op ids live in :mod:`crane.api.ops` (append-only).
 """
@@ -30,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["SPEC", "Entry", "How", "spec_key", "teardown"]
+__all__ = ["FAST", "SPEC", "Entry", "Fast", "How", "spec_key", "teardown"]
 
 
 class How(Enum):
@@ -48,6 +53,34 @@ class Entry:
     teardown: bool = False
     #: For teardown entries: the wire ops (crane.api.ops names) the call may send.
     sends: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fast:
+    """An entry's fast form: ``fn`` (interposer/src/fastlane.c) called with ``args``, C
+    expressions over the entry's parameter names (a stream parameter gets the ``_ptsz``
+    mapping as in the Python call; ``NULL`` for an entry without a stream). It answers
+    CUDA_SUCCESS when it queued the call, or -1: the Python handler serves it."""
+
+    fn: str
+    args: tuple[str, ...]
+
+
+def _memsets() -> dict[str, Fast]:
+    out = {}
+    for bits, value in ((8, "uc"), (16, "us"), (32, "ui")):
+        elem = str(bits // 8)
+        for name, stream in ((f"cuMemsetD{bits}", "NULL"), (f"cuMemsetD{bits}Async", "hStream")):
+            out[f"{name}@3020"] = Fast("crane_fast_memset", ("dstDevice", value, elem, "N", stream))
+    return out
+
+
+#: Entries with a fast form, by ``name@version`` (each must be a Python entry of :data:`SPEC`).
+FAST: dict[str, Fast] = {
+    **_memsets(),
+    "cuEventRecord@2000": Fast("crane_fast_event_record", ("hEvent", "hStream")),
+    "cuStreamWaitEvent@3020": Fast("crane_fast_stream_wait", ("hStream", "hEvent", "Flags")),
+}
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ Inputs: :mod:`crane.api.driver_spec` (who answers each entry point) and
 * ``impl.h`` — prototypes of the handlers: ``crane_py_*`` (Python, via cffi's embedding API;
   the same text is the ``embedding_api``) and ``crane_c_*`` (hand-written C in interposer/src).
 * ``entries.c`` — one exported C function per driver symbol. Served ones call their handler and
-  trace the call under ``CRANE_TRACE=1``; ``_ptsz`` variants map a NULL stream to
-  CU_STREAM_PER_THREAD and ``_ptds`` ones mark the call as per-thread; every other symbol returns
-  CUDA_ERROR_NOT_SUPPORTED with one log line naming it.
+  trace the call under ``CRANE_TRACE=1``; an entry with a fast form (``driver_spec.FAST``)
+  tries it first and calls its Python handler only when that declines; ``_ptsz`` variants map
+  a NULL stream to CU_STREAM_PER_THREAD and ``_ptds`` ones mark the call as per-thread; every
+  other symbol returns CUDA_ERROR_NOT_SUPPORTED with one log line naming it.
 * ``procs.c`` — the sorted (name, version) table that ``cuGetProcAddress`` searches.
 
     python -m crane.codegen.gen_interposer [--check]
@@ -23,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from crane.api.driver_spec import SPEC, How
+from crane.api.driver_spec import FAST, SPEC, How, spec_key
 from crane.api.generated.driver_protos import PROTOS
 
 __all__ = ["Variant", "embedding_api", "generate", "main", "variants"]
@@ -144,16 +145,24 @@ def _entry(v: Variant) -> str:
     if v.target is None:
         return f'CUresult {v.symbol}(void) {{ return crane_unsupported("{v.symbol}"); }}\n'
     base, ver, how = v.target
-    args = [n for _, n in v.params]
+    names = {n for _, n in v.params}
+    ptsz = v.variant == "_ptsz" and bool(names & _STREAM_NAMES)
+
+    def mapped(n: str) -> str:
+        return f"({n} ? {n} : CRANE_STREAM_PER_THREAD)" if ptsz and n in _STREAM_NAMES else n
+
+    args = [mapped(n) for _, n in v.params]
     pre = post = ""
-    if v.variant == "_ptsz" and any(n in _STREAM_NAMES for n in args):
-        args = [f"({n} ? {n} : CRANE_STREAM_PER_THREAD)" if n in _STREAM_NAMES else n for n in args]
-    elif v.variant:
+    if v.variant and not ptsz:
         pre, post = "crane_ptds_enter(); ", " crane_ptds_leave();"
     fmt, vals = _trace_args(v.params)
     if not fmt:
         fmt, vals = "%s", ', ""'
     call = f"{_impl_name(base, ver, how)}({', '.join(args)})"
+    fast = FAST.get(spec_key(base, ver))
+    if fast is not None:  # interposer/src/fastlane.c: -1 sends the call the Python way
+        fargs = ", ".join(mapped(a) for a in fast.args)
+        call = f"{fast.fn}({fargs});\n    if (r < 0) r = {call}"
     gate = ""
     if how is How.PY:  # interposer/src/pygate.c: start-up lock, finalized interpreter
         teardown = int(_SPEC_BY_KEY[(base, ver)].teardown)
@@ -167,6 +176,25 @@ def _entry(v: Variant) -> str:
     )
 
 
+def _fast_protos() -> list[str]:
+    """Prototypes of the fast forms (interposer/src/fastlane.c), checked against the spec."""
+    py = {spec_key(e.name, e.version) for e in SPEC if e.how is How.PY}
+    for key in FAST:
+        if key not in py:
+            raise SystemExit(f"driver_spec.FAST names {key}, which is not a Python entry")
+    return sorted({_FAST_PROTOS[f.fn] for f in FAST.values()})
+
+
+#: The C signature of each fast form (interposer/src/fastlane.c defines them).
+_FAST_PROTOS = {
+    "crane_fast_memset": "int crane_fast_memset(uint64_t dst, uint64_t value, uint32_t elem, "
+    "uint64_t count, void *hstream);",
+    "crane_fast_event_record": "int crane_fast_event_record(void *hevent, void *hstream);",
+    "crane_fast_stream_wait": "int crane_fast_stream_wait(void *hstream, void *hevent, "
+    "unsigned flags);",
+}
+
+
 def generate() -> dict[str, str]:
     vs = variants()
     impl = (
@@ -176,6 +204,8 @@ def generate() -> dict[str, str]:
         + "\n".join(_protos_for(How.PY))
         + "\n\n/* hand-written C handlers (interposer/src) */\n"
         + "\n".join(_protos_for(How.C))
+        + "\n\n/* fast forms (interposer/src/fastlane.c) */\n"
+        + "\n".join(_fast_protos())
         + "\n\n#endif\n"
     )
     entries = HEADER + '#include "crane_cuda.h"\n#include "impl.h"\n\n'

@@ -144,6 +144,13 @@ class CQueue:
     def attend(self, on: bool) -> None:
         lib.crane_callq_attend(self._mem, 1 if on else 0)
 
+    def handles(self) -> tuple[int, int]:
+        """(the queue's memory, the address of ``crane_callq_put``), for C elsewhere in the
+        process that appends records itself (the interposer's fast lane). The memory lives as
+        long as this object; the transport keeps it for the process's life."""
+        put = ffi.cast("uintptr_t", ffi.addressof(lib, "crane_callq_put"))
+        return int(ffi.cast("uintptr_t", self._mem)), int(put)
+
     def __del__(self) -> None:
         if lib is not None and getattr(self, "_mem", None) is not None:
             lib.crane_callq_destroy(self._mem)

@@ -121,6 +121,10 @@ class HostMirrors:
         self._host_starts: list[int] = []
         #: streams with device work issued since they were last synchronized
         self.pending: set[int] = set()
+        #: Called when a block starts being mirrored: a call on any stream may then owe the
+        #: mirrors a push, which only the session's own path does (the interposer's C fast
+        #: lane drops what it learnt).
+        self.on_add: Callable[[], None] = lambda: None
 
     def __bool__(self) -> bool:
         return bool(self.mirrored)
@@ -131,6 +135,7 @@ class HostMirrors:
         m.shadow = m.view().copy()
         self._write(m.dev, memoryview(m.shadow), stream)
         self.mirrored[m.dev] = m
+        self.on_add()
         bisect.insort(self._dev_starts, m.dev)
         self._by_host[m.host] = m
         bisect.insort(self._host_starts, m.host)

@@ -21,7 +21,7 @@ import itertools
 import json
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,6 +141,9 @@ class GuestSession:
         #: Mapped and managed host memory kept coherent with its device mirror.
         self.mirrors = HostMirrors(self._raw_htod, self._raw_dtoh)
         self._mirrored = self.mirrors.mirrored
+        #: Who keeps a copy of what this session's checks accepted (:meth:`on_forget`).
+        self._forget_hooks: list[Callable[[], None]] = []
+        self.va.on_forget = self.mirrors.on_add = self._forget
         #: Set by the interposer once this process reserved the device window (PROT_NONE), so
         #: shared-address host memory may replace the reservation's pages.
         self.window_reserved = False
@@ -256,6 +259,7 @@ class GuestSession:
     def ctx_destroy(self, ctx: int) -> None:
         self._ctx(ctx)
         self.vmm.forget_context(ctx)
+        self._forget()  # (its memory and streams go with it on the worker)
         self._async(_O["CTX_DESTROY"], ctx)
         self._objs.contexts.discard(ctx)
 
@@ -536,6 +540,31 @@ class GuestSession:
         if n == 1 or n >= _BATCH or n < 0:
             self._queued(n, _MEMSET, dst, value, elem, count, stream)
 
+    # ---- what callers outside this session may keep of its checks (the interposer's C) ------
+    def on_forget(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` whenever something this session's checks accepted may stop holding: a
+        range freed or unmapped, a stream or context destroyed, a block mirrored."""
+        self._forget_hooks.append(fn)
+
+    def _forget(self) -> None:
+        for fn in self._forget_hooks:
+            fn()
+
+    def queue_handles(self) -> tuple[int, int, int] | None:
+        """The transport's C call queue for callers that append records themselves: (its
+        memory, the address of its put function, its capacity), or None (no C queue). Such a
+        caller reports every put that answered 1 or the capacity to :meth:`queued`."""
+        handles = getattr(self._t.queue, "handles", None)
+        return None if handles is None else (*handles(), _BATCH)
+
+    def queued(self, n: int) -> None:
+        """A record appended from outside this session made the queue hold ``n``: arm the
+        flush timer (1) or send the batch (the capacity)."""
+        try:
+            self._t.queued(n)
+        except TransportError as e:
+            raise e.as_cuda_error() from e
+
     def _queued(self, n: int, op: Op, *args: int) -> None:
         """After ``queue.put`` answered ``n`` for a call of ``op``: what the transport then
         does (arm its timer, send the batch), or, refused, the call the generic way."""
@@ -566,6 +595,7 @@ class GuestSession:
     def stream_destroy(self, stream: int) -> None:
         if stream not in self._objs.streams:
             raise CudaError(CUresult.CUDA_ERROR_INVALID_HANDLE, f"unknown stream {stream:#x}")
+        self._forget()
         self._async(_O["STREAM_DESTROY"], stream)
         self._objs.streams.discard(stream)
 
@@ -598,6 +628,7 @@ class GuestSession:
         return h
 
     def event_destroy(self, event: int) -> None:
+        self._forget()
         self._async(_O["EVENT_DESTROY"], self.check_event(event))
         self._objs.events.discard(event)
 

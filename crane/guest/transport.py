@@ -762,6 +762,7 @@ class Transport:
         if self._closed:
             return
         self._closed = True
+        self.queue.attend(True)  # (C appending records itself goes enqueue's way from now on)
         self._timer_wake.set()
         ring = self._ring
         if ring is not None:  # what does not fit in the ring soon is not worth a hang at exit

@@ -30,6 +30,10 @@ __all__ = ["Chunk", "FreeList", "VaAllocator", "VaError"]
 _NO_HIT = (1 << 65, 0)
 
 
+def _nothing() -> None:
+    """The default :attr:`VaAllocator.on_forget`."""
+
+
 class VaError(Exception):
     """Bad request to the allocator (zero size, unknown address, window exhausted)."""
 
@@ -156,6 +160,9 @@ class VaAllocator:
         #: an unmap): the next check of the same buffer (a loop's memsets) is two comparisons;
         #: callers on the hottest path compare with it inline.
         self.hit = _NO_HIT
+        #: Called whenever a range may be gone (a free, an unmap): whoever keeps its own copy
+        #: of what :meth:`check` accepted (the interposer's C fast lane) drops it.
+        self.on_forget: Callable[[], None] = _nothing
 
     # ---- public --------------------------------------------------------------------------
     def alloc(self, size: int, align: int = 0) -> int:
@@ -183,6 +190,7 @@ class VaAllocator:
         if entry is None:
             raise VaError(f"{addr:#x} is not the start of an allocation")
         self.hit = _NO_HIT
+        self.on_forget()
         size, reserved, caddr = entry
         del self._alloc_starts[bisect.bisect_left(self._alloc_starts, addr)]
         chunk = self.chunks[caddr]
@@ -279,6 +287,7 @@ class VaAllocator:
         if size is None:
             raise VaError(f"{addr:#x} is not the start of a mapped range")
         self.hit = _NO_HIT
+        self.on_forget()
         del self._map_starts[bisect.bisect_left(self._map_starts, addr)]
         return size
 

@@ -34,6 +34,7 @@ from crane.interposer import (  # noqa: F401 - imported for their registrations
     h_texture,
     h_vmm,
 )
+from crane.interposer.fastlane import FAST
 from crane.interposer.registry import HANDLERS
 from crane.interposer.runtime import RT
 
@@ -79,3 +80,8 @@ def install(ffi: Any, lib: Any) -> None:
     ffi.def_extern(name="crane_py_primary_reset")(
         wrap("primary_reset", h_context.primary_reset, local=True)
     )
+    # interposer/src/fastlane.c: a record it queued filled the queue or began a batch
+    ffi.def_extern(name="crane_py_fast_queued")(
+        wrap("fast_queued", lambda n: RT.session().queued(n))
+    )
+    FAST.attach(lib)

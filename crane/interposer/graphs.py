@@ -30,6 +30,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import Function
+from crane.interposer.fastlane import FAST
 from crane.interposer.runtime import RT
 
 __all__ = [
@@ -663,6 +664,7 @@ def begin(stream: int, mode: int, into: Graph | None = None, deps: Iterable[Node
         c = Capture(g, k, mode, threading.get_ident())
         c.frontier[k] = list(deps)
         STREAMS[k] = c
+        FAST.forget()  # (calls on capturing streams are recorded: the Python side's work)
 
 
 def _end(c: Capture) -> None:
@@ -721,6 +723,13 @@ def status(stream: int) -> tuple[int, Capture | None]:
         return (STATUS_NONE, None) if c is None else (c.status, c)
 
 
+def fast_ok() -> bool:
+    """Whether a call served outside any capture may teach the C fast lane
+    (crane.interposer.fastlane): no stream captures, no event holds a capture's frontier (each
+    makes later calls the Python side's), no sticky fault stands."""
+    return not STREAMS and not EVENTS and RT.sticky is None
+
+
 def event_recorded(event: int, stream: int) -> bool:
     """cuEventRecord: in a capturing stream the event remembers the frontier (True: nothing
     to execute); elsewhere it is a real record again."""
@@ -732,6 +741,7 @@ def event_recorded(event: int, stream: int) -> bool:
             EVENTS.pop(event, None)
             return False
         EVENTS[event] = (c, list(c.frontier.get(key(stream), ())))
+        FAST.forget()
         return True
 
 
@@ -761,6 +771,7 @@ def wait_event(stream: int, event: int) -> bool:
                     _E.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "legacy stream joins a capture", [c]
                 )
             STREAMS[k] = c  # fork: the stream joins the capture
+            FAST.forget()
             c.frontier[k] = list(nodes)
             return True
         if here is not c:

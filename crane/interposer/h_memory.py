@@ -23,6 +23,7 @@ from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.guest.session import GuestSession
 from crane.interposer import graphs
+from crane.interposer.fastlane import FAST
 from crane.interposer.h_pools import free_now
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT
@@ -267,14 +268,20 @@ _ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 def memset(dst: int, value: int, elem: int, n: int, stream: int, what: str) -> None:
     """A memset of ``n`` elements of ``elem`` bytes: captured, done by the device, or (pinned
-    host memory under unified addressing) done here after the stream's earlier work."""
-    if n and not is_device(RT.session(), dst) and pinned_host(dst, elem * n):
+    host memory under unified addressing) done here after the stream's earlier work. A device
+    memset done teaches the C fast lane its allocation and stream (crane.interposer.fastlane),
+    so the next ones there need no Python."""
+    g = FAST.gen()
+    session = RT.session()
+    if n and not is_device(session, dst) and pinned_host(dst, elem * n):
         _host_side(stream, what)
         buf = RT.ffi.buffer(RT.ffi.cast("char *", dst), elem * n)
         np.frombuffer(buf, dtype=_ELEMENT[elem])[:] = value & ((1 << (8 * elem)) - 1)
         return
     if not captured_memset(dst, value, elem, n, stream):
-        getattr(RT.session(), f"memset_d{8 * elem}")(dst, value, n, stream)
+        getattr(session, f"memset_d{8 * elem}")(dst, value, n, stream)
+        if graphs.fast_ok():
+            FAST.learn(g, session, stream, dst, elem * n)
 
 
 @handles("cuMemsetD8@3020")

@@ -10,6 +10,7 @@ from crane.api.generated.cuda_enums import CUdevice_attribute as DA
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import CudaError
 from crane.interposer import graphs
+from crane.interposer.fastlane import FAST
 from crane.interposer.registry import handles
 from crane.interposer.runtime import RT, StreamInfo
 
@@ -67,13 +68,17 @@ def stream_wait_event(stream: Any, event: Any, flags: int) -> None:
     s, e = RT.stream(stream), RT.ptr(event)
     if flags & ~_EVENT_WAIT_EXTERNAL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad wait flags {flags:#x}")
-    RT.session().check_event(e)
+    g = FAST.gen()
+    session = RT.session()
+    session.check_event(e)
     if flags & _EVENT_WAIT_EXTERNAL:
         if graphs.record(s, graphs.WAIT_EVENT, graphs.EventParams(e)):
             return
     elif graphs.wait_event(s, e):
         return
-    RT.session().stream_wait_event(s, e, 0)
+    session.stream_wait_event(s, e, 0)
+    if not flags and graphs.fast_ok():
+        FAST.learn(g, session, s, event=e)
 
 
 def _info(stream: Any) -> StreamInfo | None:
@@ -223,9 +228,13 @@ def event_destroy(event: Any) -> None:
 @handles("cuEventRecord@2000")
 def event_record(event: Any, stream: Any) -> None:
     e, s = RT.ptr(event), RT.stream(stream)
-    RT.session().check_event(e)
+    g = FAST.gen()
+    session = RT.session()
+    session.check_event(e)
     if not graphs.event_recorded(e, s):
-        RT.session().event_record(e, s)
+        session.event_record(e, s)
+        if graphs.fast_ok():
+            FAST.learn(g, session, s, event=e)
 
 
 @handles("cuEventRecordWithFlags@11010")

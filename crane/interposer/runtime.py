@@ -24,6 +24,7 @@ from typing import Any
 from crane.api.generated.cuda_enums import CUresult
 from crane.api.results import STICKY, CudaError
 from crane.guest.session import Function, GuestSession, Module
+from crane.interposer.fastlane import FAST
 
 __all__ = ["RT", "Runtime", "StreamInfo"]
 
@@ -96,6 +97,7 @@ class Runtime:
         """Remember a hardware fault: the context is unusable until it is reset."""
         if e.code in STICKY:
             self.sticky = e
+            FAST.forget()  # (every call must now answer the fault: the Python side's work)
 
     # ---- handles ------------------------------------------------------------------------------
     def ptr(self, cdata: Any) -> int:

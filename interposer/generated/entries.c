@@ -567,7 +567,8 @@ CUresult cuEventQuery(void * hEvent) {
 CUresult cuEventRecord(void * hEvent, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuEventRecord_2000(hEvent, hStream);
+    CUresult r = crane_fast_event_record(hEvent, hStream);
+    if (r < 0) r = crane_py_cuEventRecord_2000(hEvent, hStream);
     if (crane_trace_on) crane_trace("cuEventRecord", r, "hEvent=%p hStream=%p", (const void *)hEvent, (const void *)hStream);
     return r;
 }
@@ -575,7 +576,8 @@ CUresult cuEventRecord(void * hEvent, void * hStream) {
 CUresult cuEventRecord_ptsz(void * hEvent, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuEventRecord_2000(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    CUresult r = crane_fast_event_record(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (r < 0) r = crane_py_cuEventRecord_2000(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuEventRecord_ptsz", r, "hEvent=%p hStream=%p", (const void *)hEvent, (const void *)hStream);
     return r;
 }
@@ -2515,7 +2517,8 @@ CUresult cuMemsetD16(void) { return crane_unsupported("cuMemsetD16"); }
 CUresult cuMemsetD16_v2(unsigned long long dstDevice, unsigned short us, size_t N) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD16_3020(dstDevice, us, N);
+    CUresult r = crane_fast_memset(dstDevice, us, 2, N, NULL);
+    if (r < 0) r = crane_py_cuMemsetD16_3020(dstDevice, us, N);
     if (crane_trace_on) crane_trace("cuMemsetD16_v2", r, "dstDevice=%#llx us=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N);
     return r;
 }
@@ -2523,7 +2526,8 @@ CUresult cuMemsetD16_v2(unsigned long long dstDevice, unsigned short us, size_t 
 CUresult cuMemsetD16_v2_ptds(unsigned long long dstDevice, unsigned short us, size_t N) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    crane_ptds_enter(); CUresult r = crane_py_cuMemsetD16_3020(dstDevice, us, N); crane_ptds_leave();
+    crane_ptds_enter(); CUresult r = crane_fast_memset(dstDevice, us, 2, N, NULL);
+    if (r < 0) r = crane_py_cuMemsetD16_3020(dstDevice, us, N); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemsetD16_v2_ptds", r, "dstDevice=%#llx us=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N);
     return r;
 }
@@ -2531,7 +2535,8 @@ CUresult cuMemsetD16_v2_ptds(unsigned long long dstDevice, unsigned short us, si
 CUresult cuMemsetD16Async(unsigned long long dstDevice, unsigned short us, size_t N, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD16Async_3020(dstDevice, us, N, hStream);
+    CUresult r = crane_fast_memset(dstDevice, us, 2, N, hStream);
+    if (r < 0) r = crane_py_cuMemsetD16Async_3020(dstDevice, us, N, hStream);
     if (crane_trace_on) crane_trace("cuMemsetD16Async", r, "dstDevice=%#llx us=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N, (const void *)hStream);
     return r;
 }
@@ -2539,7 +2544,8 @@ CUresult cuMemsetD16Async(unsigned long long dstDevice, unsigned short us, size_
 CUresult cuMemsetD16Async_ptsz(unsigned long long dstDevice, unsigned short us, size_t N, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD16Async_3020(dstDevice, us, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    CUresult r = crane_fast_memset(dstDevice, us, 2, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (r < 0) r = crane_py_cuMemsetD16Async_3020(dstDevice, us, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemsetD16Async_ptsz", r, "dstDevice=%#llx us=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)us, (size_t)N, (const void *)hStream);
     return r;
 }
@@ -2651,7 +2657,8 @@ CUresult cuMemsetD32(void) { return crane_unsupported("cuMemsetD32"); }
 CUresult cuMemsetD32_v2(unsigned long long dstDevice, unsigned int ui, size_t N) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD32_3020(dstDevice, ui, N);
+    CUresult r = crane_fast_memset(dstDevice, ui, 4, N, NULL);
+    if (r < 0) r = crane_py_cuMemsetD32_3020(dstDevice, ui, N);
     if (crane_trace_on) crane_trace("cuMemsetD32_v2", r, "dstDevice=%#llx ui=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N);
     return r;
 }
@@ -2659,7 +2666,8 @@ CUresult cuMemsetD32_v2(unsigned long long dstDevice, unsigned int ui, size_t N)
 CUresult cuMemsetD32_v2_ptds(unsigned long long dstDevice, unsigned int ui, size_t N) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    crane_ptds_enter(); CUresult r = crane_py_cuMemsetD32_3020(dstDevice, ui, N); crane_ptds_leave();
+    crane_ptds_enter(); CUresult r = crane_fast_memset(dstDevice, ui, 4, N, NULL);
+    if (r < 0) r = crane_py_cuMemsetD32_3020(dstDevice, ui, N); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemsetD32_v2_ptds", r, "dstDevice=%#llx ui=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N);
     return r;
 }
@@ -2667,7 +2675,8 @@ CUresult cuMemsetD32_v2_ptds(unsigned long long dstDevice, unsigned int ui, size
 CUresult cuMemsetD32Async(unsigned long long dstDevice, unsigned int ui, size_t N, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD32Async_3020(dstDevice, ui, N, hStream);
+    CUresult r = crane_fast_memset(dstDevice, ui, 4, N, hStream);
+    if (r < 0) r = crane_py_cuMemsetD32Async_3020(dstDevice, ui, N, hStream);
     if (crane_trace_on) crane_trace("cuMemsetD32Async", r, "dstDevice=%#llx ui=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N, (const void *)hStream);
     return r;
 }
@@ -2675,7 +2684,8 @@ CUresult cuMemsetD32Async(unsigned long long dstDevice, unsigned int ui, size_t 
 CUresult cuMemsetD32Async_ptsz(unsigned long long dstDevice, unsigned int ui, size_t N, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD32Async_3020(dstDevice, ui, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    CUresult r = crane_fast_memset(dstDevice, ui, 4, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (r < 0) r = crane_py_cuMemsetD32Async_3020(dstDevice, ui, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemsetD32Async_ptsz", r, "dstDevice=%#llx ui=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)ui, (size_t)N, (const void *)hStream);
     return r;
 }
@@ -2685,7 +2695,8 @@ CUresult cuMemsetD8(void) { return crane_unsupported("cuMemsetD8"); }
 CUresult cuMemsetD8_v2(unsigned long long dstDevice, unsigned char uc, size_t N) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD8_3020(dstDevice, uc, N);
+    CUresult r = crane_fast_memset(dstDevice, uc, 1, N, NULL);
+    if (r < 0) r = crane_py_cuMemsetD8_3020(dstDevice, uc, N);
     if (crane_trace_on) crane_trace("cuMemsetD8_v2", r, "dstDevice=%#llx uc=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N);
     return r;
 }
@@ -2693,7 +2704,8 @@ CUresult cuMemsetD8_v2(unsigned long long dstDevice, unsigned char uc, size_t N)
 CUresult cuMemsetD8_v2_ptds(unsigned long long dstDevice, unsigned char uc, size_t N) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    crane_ptds_enter(); CUresult r = crane_py_cuMemsetD8_3020(dstDevice, uc, N); crane_ptds_leave();
+    crane_ptds_enter(); CUresult r = crane_fast_memset(dstDevice, uc, 1, N, NULL);
+    if (r < 0) r = crane_py_cuMemsetD8_3020(dstDevice, uc, N); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemsetD8_v2_ptds", r, "dstDevice=%#llx uc=%u N=%zu", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N);
     return r;
 }
@@ -2701,7 +2713,8 @@ CUresult cuMemsetD8_v2_ptds(unsigned long long dstDevice, unsigned char uc, size
 CUresult cuMemsetD8Async(unsigned long long dstDevice, unsigned char uc, size_t N, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD8Async_3020(dstDevice, uc, N, hStream);
+    CUresult r = crane_fast_memset(dstDevice, uc, 1, N, hStream);
+    if (r < 0) r = crane_py_cuMemsetD8Async_3020(dstDevice, uc, N, hStream);
     if (crane_trace_on) crane_trace("cuMemsetD8Async", r, "dstDevice=%#llx uc=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N, (const void *)hStream);
     return r;
 }
@@ -2709,7 +2722,8 @@ CUresult cuMemsetD8Async(unsigned long long dstDevice, unsigned char uc, size_t 
 CUresult cuMemsetD8Async_ptsz(unsigned long long dstDevice, unsigned char uc, size_t N, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemsetD8Async_3020(dstDevice, uc, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    CUresult r = crane_fast_memset(dstDevice, uc, 1, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (r < 0) r = crane_py_cuMemsetD8Async_3020(dstDevice, uc, N, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemsetD8Async_ptsz", r, "dstDevice=%#llx uc=%u N=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned int)uc, (size_t)N, (const void *)hStream);
     return r;
 }
@@ -3317,7 +3331,8 @@ CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(void * hStream, void ** depen
 CUresult cuStreamWaitEvent(void * hStream, void * hEvent, unsigned int Flags) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuStreamWaitEvent_3020(hStream, hEvent, Flags);
+    CUresult r = crane_fast_stream_wait(hStream, hEvent, Flags);
+    if (r < 0) r = crane_py_cuStreamWaitEvent_3020(hStream, hEvent, Flags);
     if (crane_trace_on) crane_trace("cuStreamWaitEvent", r, "hStream=%p hEvent=%p Flags=%u", (const void *)hStream, (const void *)hEvent, (unsigned int)Flags);
     return r;
 }
@@ -3325,7 +3340,8 @@ CUresult cuStreamWaitEvent(void * hStream, void * hEvent, unsigned int Flags) {
 CUresult cuStreamWaitEvent_ptsz(void * hStream, void * hEvent, unsigned int Flags) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuStreamWaitEvent_3020((hStream ? hStream : CRANE_STREAM_PER_THREAD), hEvent, Flags);
+    CUresult r = crane_fast_stream_wait((hStream ? hStream : CRANE_STREAM_PER_THREAD), hEvent, Flags);
+    if (r < 0) r = crane_py_cuStreamWaitEvent_3020((hStream ? hStream : CRANE_STREAM_PER_THREAD), hEvent, Flags);
     if (crane_trace_on) crane_trace("cuStreamWaitEvent_ptsz", r, "hStream=%p hEvent=%p Flags=%u", (const void *)hStream, (const void *)hEvent, (unsigned int)Flags);
     return r;
 }

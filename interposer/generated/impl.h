@@ -313,4 +313,9 @@ int crane_c_cuMemHostGetFlags_2030(unsigned int * pFlags, void * p);
 int crane_c_cuMemPrefetchAsync_12020(unsigned long long devPtr, size_t count, CUmemLocation_v1 location, unsigned int flags, void * hStream);
 int crane_c_cuMemAdvise_12020(unsigned long long devPtr, size_t count, int advice, CUmemLocation_v1 location);
 
+/* fast forms (interposer/src/fastlane.c) */
+int crane_fast_event_record(void *hevent, void *hstream);
+int crane_fast_memset(uint64_t dst, uint64_t value, uint32_t elem, uint64_t count, void *hstream);
+int crane_fast_stream_wait(void *hstream, void *hevent, unsigned flags);
+
 #endif
