@@ -56,9 +56,14 @@ class DirtyTracker:
         self.refs: dict[int, set[int]] = {}  # allocation -> allocations it holds pointers into
         #: allocations that memory outside every allocation (module variables) points into
         self.global_refs: set[int] = set()
+        #: parameter buffers :meth:`launch` marked for since anything it follows last changed
+        #: (the allocations, the pointers learnt, a mark): the same launch again marks nothing
+        #: new, and a loop launches the same parameters thousands of times
+        self._launched: set[bytes] = set()
 
     def add(self, addr: int, size: int, whole_chunk: bool = False) -> None:
         """A new allocation: dirty (its contents are whatever the device held)."""
+        self._launched.clear()
         i = bisect.bisect_left(self._starts, addr)
         self._starts.insert(i, addr)
         self._sizes.insert(i, size)
@@ -67,6 +72,7 @@ class DirtyTracker:
             self._whole.add(addr)
 
     def remove(self, addr: int) -> None:
+        self._launched.clear()
         i = bisect.bisect_left(self._starts, addr)
         if i < len(self._starts) and self._starts[i] == addr:
             del self._starts[i]
@@ -126,6 +132,7 @@ class DirtyTracker:
         every allocation: a module variable, whose pointers every launch may follow)."""
         if not values:
             return
+        self._launched.clear()
         holder = self.find(addr)
         found = self.global_refs if holder is None else self.refs.setdefault(holder, set())
         for v in values:
@@ -150,6 +157,7 @@ class DirtyTracker:
         """A device-to-device copy: the destination may now hold the source's pointers."""
         s, d = self.find(src), self.find(dst)
         if s is not None and d is not None and self.refs.get(s):
+            self._launched.clear()
             self.refs.setdefault(d, set()).update(self.refs[s])
 
     def _kernel_write(self, ptr: int) -> None:
@@ -198,8 +206,11 @@ class DirtyTracker:
         """Mark every allocation a kernel parameter points into, all module variables, and
         what the module variables point into."""
         self.globals_dirty = True
-        if not self._starts:
+        params = bytes(params)  # (a no-op for bytes)
+        if not self._starts or params in self._launched:
             return
+        if len(self._launched) < 256:
+            self._launched.add(params)
         for a in list(self.global_refs):
             self._follow(a)
         lo, hi = self._starts[0], self._starts[-1] + self._sizes[-1]
@@ -217,6 +228,7 @@ class DirtyTracker:
     def mark(self) -> tuple[set[int], bool]:
         """(allocations written since the last mark, module variables written); starts anew."""
         out, g = self.dirty, self.globals_dirty
+        self._launched.clear()
         self.dirty = set()
         self.globals_dirty = False
         return out, g

@@ -116,6 +116,10 @@ class ModuleArea:
         self.chunk_end = chunk_end
 
 
+#: launch configurations a session keeps as checked (beyond it, new ones are checked each time)
+_LAUNCHES_OK = 4096
+
+
 class SessionDevice:
     """One session's device state over its backend."""
 
@@ -134,6 +138,9 @@ class SessionDevice:
         #: function -> [dynamic shared bytes, threads per block, CTAs per cluster, cooperative]:
         #: the largest each launch asked for, what a pre-flight weighs as the session's need
         self.launch_peaks: dict[int, list[int]] = {}
+        #: launch configurations checked (and folded into the peaks) once, and the kernel they
+        #: were checked for: launching one again skips the driver's checks
+        self._launches_ok: dict[tuple, object] = {}
         self.allocations: dict[int, tuple[int, int]] = {}  # addr -> (ctx, size)
         self.chunks: dict[int, int] = {}  # addr -> size, guest-mapped
         self._chunk_bytes = 0
@@ -481,6 +488,7 @@ class SessionDevice:
 
     def module_unload(self, module: int) -> None:
         owned = self.modules.pop(module)
+        self._launches_ok.clear()  # (its functions' peaks go: a reload must fold them again)
         for h in [h for h in self.functions if self.functions.get(h).meta == module]:
             self.functions.pop(h)
             self.launch_peaks.pop(h, None)
@@ -565,22 +573,27 @@ class SessionDevice:
                 f"{fn.obj}: parameter buffer is {len(params)} bytes, kernel takes "
                 f"{kernel.param_bytes}",
             )
-        limits = {
-            "static_shared": kernel.static_shared_bytes or 0,
-            "max_threads": kernel.max_threads_per_block,
-        }
-        attrs = self.backend.snapshot.attributes
         max_dyn = self.max_dynamic_shared.get(function)
         grid, block, shared = config
-        check_launch(attrs, grid, block, shared, max_dynamic_shared=max_dyn, **limits)
-        if cooperative:
-            check_cooperative(attrs, grid, block, shared, **limits)
+        key = (function, grid, block, shared, max_dyn, cooperative, cluster, non_portable_cluster)
+        if self._launches_ok.get(key) is not kernel:  # (a configuration checked once is fine)
+            limits = {
+                "static_shared": kernel.static_shared_bytes or 0,
+                "max_threads": kernel.max_threads_per_block,
+            }
+            attrs = self.backend.snapshot.attributes
+            check_launch(attrs, grid, block, shared, max_dynamic_shared=max_dyn, **limits)
+            if cooperative:
+                check_cooperative(attrs, grid, block, shared, **limits)
+            if cluster is not None:
+                check_cluster(attrs, grid, cluster, non_portable=non_portable_cluster)
+            ctas = cluster[0] * cluster[1] * cluster[2] if cluster is not None else 0
+            self._peak(function, (shared, block[0] * block[1] * block[2], ctas, int(cooperative)))
+            if len(self._launches_ok) < _LAUNCHES_OK:
+                self._launches_ok[key] = kernel
         extra = {}
         if cluster is not None:
-            check_cluster(attrs, grid, cluster, non_portable=non_portable_cluster)
             extra = {"cluster": cluster, "non_portable_cluster": non_portable_cluster}
-        ctas = cluster[0] * cluster[1] * cluster[2] if cluster is not None else 0
-        self._peak(function, (shared, block[0] * block[1] * block[2], ctas, int(cooperative)))
         self.backend.launch(
             loaded,
             fn.obj,

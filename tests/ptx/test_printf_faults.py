@@ -309,3 +309,30 @@ def test_declarations_no_device_holds_are_refused_at_load(space, size, most):
         load_ptx(text)
     assert f"uses too much {space} data ({size:#x} bytes, {most:#x} max)" in str(e.value)
     load_ptx(text.replace(f"[{size}]", f"[{most}]"))  # the limit itself is fine
+
+
+def test_a_launch_configuration_checked_once_is_checked_again_when_it_changes(program, dev):
+    """Launch configurations the checks accepted are remembered (a loop's launches skip the
+    driver's checks); a refused one is refused every time, and one that differs in anything
+    the checks read (the opt-in limit, the dynamic shared size, the block) is checked anew."""
+    prog = program("shared_dyn", "compute_80")
+    n = 64
+    x = dev.upload(np.arange(n, dtype=np.int32))
+    out = dev.zeros(n, np.int32)
+    args = [x, out, i32(n)]
+    for _ in range(2):  # refused both times: no plan is kept for it
+        with pytest.raises(KernelFault) as e:
+            dev.launch(prog, "reverse_dyn", 1, n, args, shared=100 * 1024)
+        assert e.value.code == 1  # CUDA_ERROR_INVALID_VALUE
+    for _ in range(2):
+        dev.launch(prog, "reverse_dyn", 1, n, args, shared=100 << 10, max_dynamic_shared=100 << 10)
+    with pytest.raises(KernelFault):  # the same size under a lower opt-in limit
+        dev.launch(prog, "reverse_dyn", 1, n, args, shared=100 * 1024, max_dynamic_shared=64 << 10)
+    with pytest.raises(KernelFault):  # a block past the device's limit
+        dev.launch(prog, "reverse_dyn", 1, 2048, args, shared=1024)
+    dev.launch(prog, "reverse_dyn", 1, n, args, shared=n * 4)
+    prog.launch(  # dimensions as lists
+        "reverse_dyn", [1, 1, 1], [n, 1, 1], n * 4, dev.pack(prog, "reverse_dyn", args),
+        dev.mem, dev.symbols(prog), dev.profile,
+    )  # fmt: skip
+    assert np.array_equal(dev.download(out, n, np.int32), np.arange(n)[::-1])

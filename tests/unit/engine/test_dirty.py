@@ -157,3 +157,35 @@ def test_a_surface_object_launch_marks_the_array_behind_it() -> None:
     d.mark()
     d.launch(struct.pack("<Q", desc))
     assert d.mark() == ({array, desc}, True)
+
+
+def test_the_same_launch_again_marks_what_it_marked_after_every_change() -> None:
+    """A launch's marks are remembered per parameter buffer (a loop launches the same one
+    thousands of times) only until something they follow changes: a mark, an allocation, a
+    pointer learnt or copied."""
+    d = DirtyTracker()
+    d.add(0x1000, 0x100)
+    d.add(0x3000, 0x100)
+    d.add(0x5000, 0x100)
+    d.mark()
+    params = struct.pack("<Q", 0x1010)
+    d.launch(params)
+    d.launch(params)
+    assert d.mark() == ({0x1000}, True)
+    d.launch(params)  # after a mark: marked again
+    assert d.mark()[0] == {0x1000}
+    d.launch(params)
+    d.learn(0x1000, [0x3000])  # the buffer now holds a pointer: the launch reaches it too
+    d.launch(params)
+    assert d.mark()[0] == {0x1000, 0x3000}
+    d.launch(params)
+    d.copied(0x1000, 0x5000)  # (a copy from an allocation without pointers changes nothing)
+    d.remove(0x3000)
+    d.add(0x3000, 0x80)
+    d.mark()
+    d.launch(params)
+    d.launch(bytearray(params))  # (any bytes-like buffer)
+    assert d.mark()[0] == {0x1000, 0x3000}  # (the new 0x3000 too: a stale pointer over-marks)
+    d.remove(0x1000)
+    d.launch(params)
+    assert d.mark()[0] == set()

@@ -16,6 +16,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -130,6 +131,12 @@ class PtxProgram:
         self.source_hash = ""
         #: launches per kernel name (the compiler waits for a kernel to earn its compile)
         self._launch_counts: dict[str, int] = {}
+        #: what each launch configuration's checks and sizes came to (:class:`_Plan`)
+        self._plans: dict[tuple, _Plan] = {}
+        #: each kernel's symbol values, and the symbol table they were read from
+        self._symvals_of: dict[str, tuple[Mapping[str, int], int, np.ndarray]] = {}
+        #: the compiled kernel each (kernel, block shape) runs, once it has one
+        self._natives: dict[tuple[str, tuple[int, int, int]], object] = {}
         self.target = dec.module.target
         #: calls device malloc/free: launches need the context's device heap (heap.py)
         #: launches kernels from the device (dynamic parallelism, device_launch.py)
@@ -196,17 +203,24 @@ class PtxProgram:
         malloc/free; its blocks outlive the launch. The grids the kernel launches from the
         device run after it (see :mod:`.device_launch`), ``depth`` levels deep.
         """
-        k = self.kernels.get(name)
-        if k is None:
-            raise KernelFault(
-                int(CUresult.CUDA_ERROR_NOT_FOUND), f"no kernel named {name!r} in this module"
-            )
-        grid3 = _dims(grid, "grid")
-        block3 = _dims(block, "block")
-        _check_launch(k, grid3, block3, dynamic_shared, profile, max_dynamic_shared)
-        if cooperative:
-            _check_cooperative(k, grid3, block3, dynamic_shared, profile, grid_workspace)
-        cdims = _check_cluster(k, grid3, cluster, profile, non_portable_cluster)
+        key = (
+            name, grid, block, dynamic_shared, max_dynamic_shared, cluster,
+            non_portable_cluster, id(profile),
+        )  # fmt: skip
+        try:
+            plan = None if cooperative else self._plans.get(key)
+        except TypeError:  # (dimensions given as lists)
+            key = tuple(tuple(x) if isinstance(x, list) else x for x in key)
+            plan = self._plans.get(key)
+        if plan is None or plan.profile is not profile:
+            plan = self._plan(
+                name, grid, block, dynamic_shared, profile, max_dynamic_shared, cluster,
+                non_portable_cluster, cooperative, grid_workspace,
+            )  # fmt: skip
+            if not cooperative and len(self._plans) < _PLANS:
+                self._plans[key] = plan
+        k, geo, cdims, per_batch = plan.k, plan.geo, plan.cdims, plan.per_batch
+        shared_stride, local_stride = plan.shared_stride, plan.local_stride
         params = bytes(params)
         if len(params) < k.param_bytes:
             raise KernelFault(
@@ -217,58 +231,15 @@ class PtxProgram:
             raise KernelFault(
                 int(CUresult.CUDA_ERROR_INVALID_VALUE), "launch without device memory"
             )
-        symbols = symbols or {}
-        symvals = np.zeros(max(len(self._dec.slots), 1), np.uint64)
-        for slot, val in k.slot_values.items():
-            symvals[slot] = val
-        symvals_dyn = k.dynamic_shared_offset
-        for slot, key in enumerate(self._dec.slots):
-            if key == ("dynshared",):
-                symvals[slot] = symvals_dyn
-        for slot, var in k.global_slots.items():
-            addr = symbols.get(var)
-            if addr is None:
-                raise KernelFault(
-                    int(CUresult.CUDA_ERROR_NOT_FOUND),
-                    f"module variable {var!r} used by kernel {name} has no device address",
-                )
-            symvals[slot] = addr
-        geo = LaunchGeometry(grid3, block3)
-        t = geo.threads
-        per_lane, shared_stride, local_stride = _batch_costs(k, dynamic_shared)
-        by_mem = max(1, BATCH_BYTES // max(per_lane * t + shared_stride, 1))
-        per_batch = max(1, min(geo.blocks, max(1, LANES_PER_BATCH // t), by_mem))
-        csize = math.prod(cdims) if cdims else 1
-        if csize > 1:  # whole clusters per batch
-            need = (per_lane * t + shared_stride) * csize
-            if need > BATCH_BYTES:
-                raise KernelFault(
-                    int(CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),
-                    f"a cluster of {csize} blocks x {t} threads of {name} would hold {need} "
-                    f"bytes of lane state in the simulated GPU, above its limit of "
-                    f"{BATCH_BYTES} bytes",
-                )
-            per_batch = max(csize, per_batch // csize * csize)
+        symvals = self._symvals(k, symbols if symbols is not None else _NO_SYMBOLS)
         if cooperative:
-            most = self.cooperative_max_blocks(name, t, dynamic_shared)
-            if geo.blocks > most:
-                need = (per_lane * t + shared_stride) * geo.blocks
-                raise KernelFault(
-                    int(CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE),
-                    f"cooperative launch of {geo.blocks} blocks x {t} threads of {name}: the "
-                    f"simulated GPU runs a cooperative grid as one batch, which would hold "
-                    f"{need} bytes of lane state, above its limit of {BATCH_BYTES} bytes "
-                    f"(at most {most} such blocks)",
-                )
-            per_batch = geo.blocks
             try:
                 memory.write(grid_workspace, bytes(GRID_SYNC_BYTES))
             except MemoryFault as e:
                 raise KernelFault(
                     int(CUresult.CUDA_ERROR_INVALID_VALUE), f"grid-sync workspace: {e}"
                 ) from None
-        reg_counts = {fid: tuple(self._dec.by_fid[fid].counts) for fid in k.reachable}
-        pm_sizes = {fid: self._dec.by_fid[fid].pm_size for fid in k.reachable}
+        reg_counts, pm_sizes = plan.reg_counts, plan.pm_sizes
         # 8 bytes of padding (over-wide scalar reads) and whole 8-byte words, so the buffer can be
         # viewed as any scalar type by loads through a .param address
         kparams = np.frombuffer(params + bytes(8 + (-len(params)) % 8), np.uint8)
@@ -342,6 +313,81 @@ class PtxProgram:
             # device memory would keep the session's mapping from being closed
             raise fault
 
+    def _symvals(self, k: PtxKernel, symbols: Mapping[str, int]) -> np.ndarray:
+        """Kernel ``k``'s symbol slots' values (read-only to launches), kept while the module's
+        symbol table is the same object of the same size (it is filled at load)."""
+        got = self._symvals_of.get(k.name)
+        if got is not None and got[0] is symbols and got[1] == len(symbols):
+            return got[2]
+        symvals = np.zeros(max(len(self._dec.slots), 1), np.uint64)
+        for slot, val in k.slot_values.items():
+            symvals[slot] = val
+        for slot, key in enumerate(self._dec.slots):
+            if key == ("dynshared",):
+                symvals[slot] = k.dynamic_shared_offset
+        for slot, var in k.global_slots.items():
+            addr = symbols.get(var)
+            if addr is None:
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_NOT_FOUND),
+                    f"module variable {var!r} used by kernel {k.name} has no device address",
+                )
+            symvals[slot] = addr
+        symvals.flags.writeable = False
+        self._symvals_of[k.name] = (symbols, len(symbols), symvals)
+        return symvals
+
+    def _plan(
+        self, name, grid, block, dynamic_shared, profile, max_dynamic_shared, cluster,
+        non_portable_cluster, cooperative, grid_workspace,
+    ) -> _Plan:  # fmt: skip
+        """A launch configuration checked as the driver checks it, and its batch sizes (raises
+        :class:`KernelFault` where the driver refuses it)."""
+        k = self.kernels.get(name)
+        if k is None:
+            raise KernelFault(
+                int(CUresult.CUDA_ERROR_NOT_FOUND), f"no kernel named {name!r} in this module"
+            )
+        grid3 = _dims(grid, "grid")
+        block3 = _dims(block, "block")
+        _check_launch(k, grid3, block3, dynamic_shared, profile, max_dynamic_shared)
+        if cooperative:
+            _check_cooperative(k, grid3, block3, dynamic_shared, profile, grid_workspace)
+        cdims = _check_cluster(k, grid3, cluster, profile, non_portable_cluster)
+        geo = LaunchGeometry(grid3, block3)
+        t = geo.threads
+        per_lane, shared_stride, local_stride = _batch_costs(k, dynamic_shared)
+        by_mem = max(1, BATCH_BYTES // max(per_lane * t + shared_stride, 1))
+        per_batch = max(1, min(geo.blocks, max(1, LANES_PER_BATCH // t), by_mem))
+        csize = math.prod(cdims) if cdims else 1
+        if csize > 1:  # whole clusters per batch
+            need = (per_lane * t + shared_stride) * csize
+            if need > BATCH_BYTES:
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE),
+                    f"a cluster of {csize} blocks x {t} threads of {name} would hold {need} "
+                    f"bytes of lane state in the simulated GPU, above its limit of "
+                    f"{BATCH_BYTES} bytes",
+                )
+            per_batch = max(csize, per_batch // csize * csize)
+        if cooperative:
+            most = self.cooperative_max_blocks(name, t, dynamic_shared)
+            if geo.blocks > most:
+                need = (per_lane * t + shared_stride) * geo.blocks
+                raise KernelFault(
+                    int(CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE),
+                    f"cooperative launch of {geo.blocks} blocks x {t} threads of {name}: the "
+                    f"simulated GPU runs a cooperative grid as one batch, which would hold "
+                    f"{need} bytes of lane state, above its limit of {BATCH_BYTES} bytes "
+                    f"(at most {most} such blocks)",
+                )
+            per_batch = geo.blocks
+        return _Plan(
+            k, profile, geo, cdims, per_batch, shared_stride, local_stride,
+            {fid: tuple(self._dec.by_fid[fid].counts) for fid in k.reachable},
+            {fid: self._dec.by_fid[fid].pm_size for fid in k.reachable},
+        )  # fmt: skip
+
     def cooperative_max_blocks(self, name: str, threads: int, dynamic_shared: int = 0) -> int:
         """Most blocks of ``threads`` threads the interpreter runs in one cooperative launch of
         kernel ``name``: all their lanes' state (registers, local memory, per-lane scratch) and
@@ -412,11 +458,15 @@ class PtxProgram:
         plain = plain and max(geo.block) <= jit_layout.MAX_BLOCK_DIM
         plain = plain and shared_stride < jit_layout.MAX_SHARED
         if mode != "off" and plain and not k.cluster_barrier and len(k.reachable) == 1:
-            n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
-            if mode == "diff" or jit.worth_compiling(
-                self.source_hash, k.name, geo.blocks * geo.threads, n
-            ):
-                ck = self._compiled(k, geo.block)
+            ck = self._natives.get((k.name, geo.block))
+            if ck is None:
+                n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
+                if mode == "diff" or jit.worth_compiling(
+                    self.source_hash, k.name, geo.blocks * geo.threads, n
+                ):
+                    ck = self._compiled(k, geo.block)
+                    if ck is not None:
+                        self._natives[(k.name, geo.block)] = ck
         if ck is None:
             interpret()
             return
@@ -465,6 +515,30 @@ class PtxProgram:
         return jit.compiled_kernel(
             self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes, tuple(block)
         )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one launch configuration's checks and sizes came to: the same configuration
+    launched again (a library's kernels, a training loop's) skips the driver's checks, which
+    cost more than a small kernel's run. Only configurations the checks accepted are kept; a
+    refused one is checked, and refused, every time."""
+
+    k: PtxKernel
+    profile: object  # the device profile it was checked against (kept: its id is the key's)
+    geo: LaunchGeometry
+    cdims: tuple[int, int, int] | None
+    per_batch: int
+    shared_stride: int
+    local_stride: int
+    reg_counts: dict
+    pm_sizes: dict
+
+
+#: the symbol table of a launch given none (one object: :meth:`PtxProgram._symvals` keys on it)
+_NO_SYMBOLS: Mapping[str, int] = MappingProxyType({})
+#: launch configurations kept per module (beyond it, new ones are checked every time)
+_PLANS = 4096
 
 
 _TRAP = int(CUresult.CUDA_ERROR_LAUNCH_FAILED)

@@ -66,20 +66,30 @@ def run_compiled(
         workers = 1
     per_call = max(1, LANES_PER_CALL // max(geo.threads, 1))
     chunks = Chunks(geo.blocks, chunk_size(geo.blocks, workers, per_call))
-    # the context words every core's share has in common, filled once
-    head = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
-    head[L.LOCAL_SIZE] = local_stride
-    head[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
-    head[L.MEM_BUF] = memory.buf.ctypes.data
+    # the context words every core's share has in common, filled once: a launch's shape
+    # gives most of them (kept per shape), the rest are this launch's
+    shape = (id(ck), geo.grid, geo.block, local_stride, len(kparams), shared_stride)
+    got = _heads.get(shape)
+    if got is not None and got[0] is ck:
+        head = got[1]
+    else:
+        head = np.zeros(L.FIXED + 2 * max(ck.sites, 1), np.int64)
+        head[L.LOCAL_SIZE] = local_stride
+        head[L.KPARAM_SIZE] = len(kparams) - 8  # the launch appends 8 bytes of padding
+        head[L.SHARED_SIZE] = shared_stride
+        head[L.GRID : L.GRID + 3] = geo.grid
+        head[L.NTID : L.NTID + 3] = geo.block
+        if len(_heads) >= 256:
+            _heads.clear()
+        _heads[shape] = (ck, head)  # (ck kept: its id is the key's)
+    head = head.copy()
+    head[L.MEM_BUF] = _addr(memory.buf)
     head[L.MEM_BASE] = memory.base
-    head[L.ALLOC_STARTS] = starts.ctypes.data
-    head[L.ALLOC_ENDS] = ends.ctypes.data
+    head[L.ALLOC_STARTS] = _addr(starts)
+    head[L.ALLOC_ENDS] = _addr(ends)
     head[L.NALLOC] = len(starts)
     head[L.KPARAMS] = kparams.ctypes.data
-    head[L.SHARED_SIZE] = shared_stride
-    head[L.SYMVALS] = symvals.ctypes.data
-    head[L.GRID : L.GRID + 3] = geo.grid
-    head[L.NTID : L.NTID + 3] = geo.block
+    head[L.SYMVALS] = _addr(symvals)
     keep = (starts, ends, symvals, kparams)  # alive while the code runs
     sizes = (
         max(shared_stride, 16),
@@ -112,6 +122,26 @@ def run_compiled(
         raise min(found, key=lambda f: f[0])[1]
 
 
+#: the launch-shape part of the context words (:func:`run_compiled`), by shape
+_heads: dict[tuple, tuple[object, np.ndarray]] = {}
+#: arrays whose address :func:`_addr` knows, by id (each kept alive, so its id stays its own)
+_addrs: dict[int, tuple[np.ndarray, int]] = {}
+
+
+def _addr(a: np.ndarray) -> int:
+    """``a.ctypes.data``, remembered for arrays launches hand over again and again (device
+    memory, the allocation table until it changes, a kernel's symbol values): asking numpy
+    costs 1-2 µs each, a good part of a small launch."""
+    got = _addrs.get(id(a))
+    if got is not None and got[0] is a:
+        return got[1]
+    if len(_addrs) >= 64:
+        _addrs.clear()
+    addr = a.ctypes.data
+    _addrs[id(a)] = (a, addr)
+    return addr
+
+
 #: grids smaller than this many lanes per core run on one core (a thread hand-off costs more)
 MIN_LANES_PER_CORE = 1 << 15
 _pool_lock = threading.Lock()
@@ -119,10 +149,18 @@ _executor: ThreadPoolExecutor | None = None
 
 
 def _cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    """The cores this process may run on (asked once: a system call per launch cost more
+    than a small kernel's run)."""
+    global _ncores
+    if _ncores is None:
+        try:
+            _ncores = max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:
+            _ncores = max(1, os.cpu_count() or 1)
+    return _ncores
+
+
+_ncores: int | None = None
 
 
 def _pool() -> ThreadPoolExecutor:
