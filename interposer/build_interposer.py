@@ -54,7 +54,7 @@ int crane_c_cuCtxPushCurrent_4000(void *ctx);
 int crane_reserve_window(unsigned long long base, unsigned long long size);
 const char *crane_self_path(void);
 int crane_fast_arm(uint64_t q, uint64_t put_addr, uint64_t capacity, uint32_t memset_op,
-                   uint32_t event_record_op, uint32_t stream_wait_op);
+                   uint32_t event_record_op, uint32_t stream_wait_op, uint32_t copy_op);
 uint64_t crane_fast_gen(void);
 void crane_fast_forget(void);
 void crane_fast_learn(uint64_t g, uint64_t start, uint64_t end, uint64_t stream,

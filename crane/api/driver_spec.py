@@ -80,6 +80,12 @@ FAST: dict[str, Fast] = {
     **_memsets(),
     "cuEventRecord@2000": Fast("crane_fast_event_record", ("hEvent", "hStream")),
     "cuStreamWaitEvent@3020": Fast("crane_fast_stream_wait", ("hStream", "hEvent", "Flags")),
+    "cuMemcpyDtoD@3020": Fast(
+        "crane_fast_memcpy_dtod", ("dstDevice", "srcDevice", "ByteCount", "NULL")
+    ),
+    "cuMemcpyDtoDAsync@3020": Fast(
+        "crane_fast_memcpy_dtod", ("dstDevice", "srcDevice", "ByteCount", "hStream")
+    ),
 }
 
 

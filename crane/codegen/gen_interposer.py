@@ -192,6 +192,8 @@ _FAST_PROTOS = {
     "crane_fast_event_record": "int crane_fast_event_record(void *hevent, void *hstream);",
     "crane_fast_stream_wait": "int crane_fast_stream_wait(void *hstream, void *hevent, "
     "unsigned flags);",
+    "crane_fast_memcpy_dtod": "int crane_fast_memcpy_dtod(uint64_t dst, uint64_t src, "
+    "uint64_t n, void *hstream);",
 }
 
 

@@ -61,7 +61,8 @@ class FastLane:
             self._session = session
             session.on_forget(self.forget)
             q, put, cap = handles
-            ids = (OPS_BY_NAME[n].id for n in ("MEMSET", "EVENT_RECORD", "STREAM_WAIT_EVENT"))
+            ops = ("MEMSET", "EVENT_RECORD", "STREAM_WAIT_EVENT", "MEMCPY_DTOD")
+            ids = (OPS_BY_NAME[n].id for n in ops)
             lib.crane_fast_arm(q, put, cap, *ids)
         start = end = 0
         if size:

@@ -224,17 +224,31 @@ def engine_copy(
 
 @handles("cuMemcpyDtoD@3020")
 def memcpy_dtod(dst: int, src: int, n: int) -> None:
+    g = FAST.gen()
     stream = sync_call("cuMemcpyDtoD")
     if n:
         engine_copy(dst, src, n, stream, "cuMemcpyDtoD", device=(True, True))
+        _teach_copy(g, dst, src, n, stream)
 
 
 @handles("cuMemcpyDtoDAsync@3020")
 def memcpy_dtod_async(dst: int, src: int, n: int, stream: Any) -> None:
+    g = FAST.gen()
     if captured_copy(dst, src, n, RT.stream(stream)):
         return
     if n:
         engine_copy(dst, src, n, RT.stream(stream), "cuMemcpyDtoDAsync", device=(True, True))
+        _teach_copy(g, dst, src, n, RT.stream(stream))
+
+
+def _teach_copy(g: int, dst: int, src: int, n: int, stream: int) -> None:
+    """After a device-to-device copy served here: the C fast lane may take the next ones
+    between the same allocations (crane.interposer.fastlane), when both ends were device
+    memory (not page-locked host memory under unified addressing)."""
+    s = RT.session()
+    if graphs.fast_ok() and is_device(s, dst) and is_device(s, src):
+        FAST.learn(g, s, stream, dst, n)
+        FAST.learn(g, s, stream, src, n)
 
 
 def _peer_contexts(*ctxs: Any) -> None:

@@ -2341,7 +2341,8 @@ CUresult cuMemcpyDtoD(void) { return crane_unsupported("cuMemcpyDtoD"); }
 CUresult cuMemcpyDtoD_v2(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemcpyDtoD_3020(dstDevice, srcDevice, ByteCount);
+    CUresult r = crane_fast_memcpy_dtod(dstDevice, srcDevice, ByteCount, NULL);
+    if (r < 0) r = crane_py_cuMemcpyDtoD_3020(dstDevice, srcDevice, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpyDtoD_v2", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
 }
@@ -2349,7 +2350,8 @@ CUresult cuMemcpyDtoD_v2(unsigned long long dstDevice, unsigned long long srcDev
 CUresult cuMemcpyDtoD_v2_ptds(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    crane_ptds_enter(); CUresult r = crane_py_cuMemcpyDtoD_3020(dstDevice, srcDevice, ByteCount); crane_ptds_leave();
+    crane_ptds_enter(); CUresult r = crane_fast_memcpy_dtod(dstDevice, srcDevice, ByteCount, NULL);
+    if (r < 0) r = crane_py_cuMemcpyDtoD_3020(dstDevice, srcDevice, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpyDtoD_v2_ptds", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount);
     return r;
 }
@@ -2359,7 +2361,8 @@ CUresult cuMemcpyDtoDAsync(void) { return crane_unsupported("cuMemcpyDtoDAsync")
 CUresult cuMemcpyDtoDAsync_v2(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemcpyDtoDAsync_3020(dstDevice, srcDevice, ByteCount, hStream);
+    CUresult r = crane_fast_memcpy_dtod(dstDevice, srcDevice, ByteCount, hStream);
+    if (r < 0) r = crane_py_cuMemcpyDtoDAsync_3020(dstDevice, srcDevice, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyDtoDAsync_v2", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
@@ -2367,7 +2370,8 @@ CUresult cuMemcpyDtoDAsync_v2(unsigned long long dstDevice, unsigned long long s
 CUresult cuMemcpyDtoDAsync_v2_ptsz(unsigned long long dstDevice, unsigned long long srcDevice, size_t ByteCount, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemcpyDtoDAsync_3020(dstDevice, srcDevice, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    CUresult r = crane_fast_memcpy_dtod(dstDevice, srcDevice, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (r < 0) r = crane_py_cuMemcpyDtoDAsync_3020(dstDevice, srcDevice, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyDtoDAsync_v2_ptsz", r, "dstDevice=%#llx srcDevice=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dstDevice, (unsigned long long)srcDevice, (size_t)ByteCount, (const void *)hStream);
     return r;
 }

@@ -38,7 +38,7 @@ static int disabled;    /* CRANE_FAST=0: never armed (the A/B switch; read once)
 static void *queue;     /* crane/guest/callqcore.c's struct callq, owned by the Python side */
 static put_fn put;
 static uint64_t cap;    /* the queue's capacity: a put answering it must be sent */
-static uint32_t op_memset, op_event_record, op_stream_wait;
+static uint32_t op_memset, op_event_record, op_stream_wait, op_copy;
 static uint64_t gen;    /* bumped by every forget */
 static uint64_t lo[RANGES], hi[RANGES];
 static unsigned next_range;
@@ -56,7 +56,7 @@ static int is_off(void) {
 /* Hand over the queue (its memory and its put) and the wire ops' ids; 1 when the lane may
  * now be used, 0 when CRANE_FAST=0 keeps it off. */
 int crane_fast_arm(uint64_t q, uint64_t put_addr, uint64_t capacity, uint32_t memset_op,
-                   uint32_t event_record_op, uint32_t stream_wait_op) {
+                   uint32_t event_record_op, uint32_t stream_wait_op, uint32_t copy_op) {
     pthread_mutex_lock(&mu);
     static int checked;
     if (!checked) {
@@ -70,6 +70,7 @@ int crane_fast_arm(uint64_t q, uint64_t put_addr, uint64_t capacity, uint32_t me
         op_memset = memset_op;
         op_event_record = event_record_op;
         op_stream_wait = stream_wait_op;
+        op_copy = copy_op;
         armed = 1;
     }
     pthread_mutex_unlock(&mu);
@@ -202,4 +203,20 @@ int crane_fast_event_record(void *hevent, void *hstream) {
 int crane_fast_stream_wait(void *hstream, void *hevent, unsigned flags) {
     uint64_t e = (uint64_t)(uintptr_t)hevent, s = stream_of(hstream);
     return flags ? -1 : put_handles(1, s, e, s, e, 0);
+}
+
+/* cuMemcpyDtoD(Async): ``n`` bytes from ``src`` to ``dst``, each range inside one learnt
+ * allocation (so the Python side would not split the copy either). */
+int crane_fast_memcpy_dtod(uint64_t dst, uint64_t src, uint64_t n, void *hstream) {
+    if (!__atomic_load_n(&armed, __ATOMIC_RELAXED) || !n) return -1;
+    uint64_t stream = stream_of(hstream);
+    pthread_mutex_lock(&mu);
+    int ok = armed && known_locked(dst, n, stream) && known_locked(src, n, stream);
+    void *q = queue;
+    put_fn f = put;
+    uint32_t op = op_copy;
+    pthread_mutex_unlock(&mu);
+    if (!ok) return -1;
+    int64_t k = f(q, op, dst, src, n, stream, 0);
+    return k > 0 ? after_put(k) : -1;
 }
