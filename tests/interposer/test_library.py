@@ -225,3 +225,37 @@ def test_guest_and_worker_share_one_sticky_set() -> None:
 
     assert runtime.STICKY is STICKY and dispatch.STICKY is STICKY
     assert {int(c) for c in STICKY} >= {700, 710, 716, 719}
+
+
+def test_every_fast_form_names_its_entrys_parameters_and_a_packed_op() -> None:
+    """driver_spec.FAST: each entry is a Python entry whose every ABI variant (``_ptds``,
+    ``_ptsz``) gets the fast form too; its arguments are the entry's own parameter names or
+    literals; and the wire ops the fast lane queues are packed ops the C queue serves, with
+    the arguments in the order the C side writes them (interposer/src/fastlane.c)."""
+    from crane.api.driver_spec import FAST, How, spec_key
+    from crane.api.ops import OPS_BY_NAME
+    from crane.guest.callq import SERVED
+
+    py = {spec_key(e.name, e.version) for e in SPEC if e.how is How.PY}
+    entries = (gen_interposer.ROOT / "interposer" / "generated" / "entries.c").read_text()
+    for key, fast in FAST.items():
+        assert key in py, key
+        vs = [v for v in variants() if v.target and spec_key(v.target[0], v.target[1]) == key]
+        assert vs, key
+        names = {n for _, n in vs[0].params}
+        for a in fast.args:
+            assert a in names or a == "NULL" or a.isdigit(), (key, a)
+        for v in vs:
+            body = entries.split(f" {v.symbol}(", 1)[1].split("\n}\n", 1)[0]
+            assert f"{fast.fn}(" in body, v.symbol
+    # what crane_fast_arm is handed (crane/interposer/fastlane.py), and each op's arguments
+    layout = {
+        "MEMSET": ["dst", "value", "elem_size", "count", "stream"],
+        "EVENT_RECORD": ["event", "stream"],
+        "STREAM_WAIT_EVENT": ["stream", "event", "flags"],
+        "MEMCPY_DTOD": ["dst", "src", "size", "stream"],
+    }
+    for name, args in layout.items():
+        op = OPS_BY_NAME[name]
+        assert op.id in SERVED, name
+        assert [p.name for p in op.args] == args, name
