@@ -46,6 +46,14 @@ class Host:
         return libvirt.open(self.libvirt.uri)
 
 
+#: A guest kernel's own report that it crashed (x86 oops, BUG, panic).
+KERNEL_CRASH = re.compile(r"\] (Oops: |BUG: |Kernel panic - )")
+
+
+class GuestCrashed(AssertionError):
+    """The guest's kernel crashed: its program will never report an exit."""
+
+
 @dataclass
 class Guest:
     """A started domain and its serial log, followed with host timestamps."""
@@ -78,9 +86,18 @@ class Guest:
         return [(t, ln) for t, ln in self.lines if ln.startswith("tick ")]
 
     def wait_for(self, pattern: str, timeout: float) -> None:
+        """Until a console line matches ``pattern``; a guest kernel that crashed (an oops or
+        a panic: nothing more will come) fails at once, saying so, not at the timeout."""
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         while not any(rx.search(ln) for _, ln in self.lines):
+            crash = next((ln for _, ln in self.lines if KERNEL_CRASH.search(ln)), None)
+            if crash is not None:
+                time.sleep(1)  # (the rest of the report)
+                raise GuestCrashed(
+                    f"{self.name}'s kernel crashed ({crash.strip()}) before {pattern!r}; "
+                    f"its console:\n{self.text()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"no {pattern!r} in {self.name}'s console:\n{self.text()[-3000:]}"
