@@ -80,6 +80,9 @@ FAST: dict[str, Fast] = {
     **_memsets(),
     "cuEventRecord@2000": Fast("crane_fast_event_record", ("hEvent", "hStream")),
     "cuStreamWaitEvent@3020": Fast("crane_fast_stream_wait", ("hStream", "hEvent", "Flags")),
+    # the unified copies go this way only when both ends are device allocations it was taught
+    "cuMemcpy@4000": Fast("crane_fast_memcpy_dtod", ("dst", "src", "ByteCount", "NULL")),
+    "cuMemcpyAsync@4000": Fast("crane_fast_memcpy_dtod", ("dst", "src", "ByteCount", "hStream")),
     "cuMemcpyDtoD@3020": Fast(
         "crane_fast_memcpy_dtod", ("dstDevice", "srcDevice", "ByteCount", "NULL")
     ),

@@ -161,14 +161,21 @@ def mem_get_address_range(pbase: Any, psize: Any, dptr: int) -> None:
 # ---- linear copies -------------------------------------------------------------------------
 @handles("cuMemcpy@4000")
 def memcpy(dst: int, src: int, n: int) -> None:
-    copy(dst, src, n, sync_call("cuMemcpy"))
+    g = FAST.gen()
+    stream = sync_call("cuMemcpy")
+    copy(dst, src, n, stream)
+    if n:
+        _teach_copy(g, dst, src, n, stream)
 
 
 @handles("cuMemcpyAsync@4000")
 def memcpy_async(dst: int, src: int, n: int, stream: Any) -> None:
+    g = FAST.gen()
     s = RT.stream(stream)
     if not captured_copy(dst, src, n, s):
         copy(dst, src, n, s)
+        if n:
+            _teach_copy(g, dst, src, n, s)
 
 
 @handles("cuMemcpyHtoD@3020")

@@ -2103,7 +2103,8 @@ CUresult cuMemUnmap(unsigned long long ptr, size_t size) {
 CUresult cuMemcpy(unsigned long long dst, unsigned long long src, size_t ByteCount) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemcpy_4000(dst, src, ByteCount);
+    CUresult r = crane_fast_memcpy_dtod(dst, src, ByteCount, NULL);
+    if (r < 0) r = crane_py_cuMemcpy_4000(dst, src, ByteCount);
     if (crane_trace_on) crane_trace("cuMemcpy", r, "dst=%#llx src=%#llx ByteCount=%zu", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount);
     return r;
 }
@@ -2111,7 +2112,8 @@ CUresult cuMemcpy(unsigned long long dst, unsigned long long src, size_t ByteCou
 CUresult cuMemcpy_ptds(unsigned long long dst, unsigned long long src, size_t ByteCount) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    crane_ptds_enter(); CUresult r = crane_py_cuMemcpy_4000(dst, src, ByteCount); crane_ptds_leave();
+    crane_ptds_enter(); CUresult r = crane_fast_memcpy_dtod(dst, src, ByteCount, NULL);
+    if (r < 0) r = crane_py_cuMemcpy_4000(dst, src, ByteCount); crane_ptds_leave();
     if (crane_trace_on) crane_trace("cuMemcpy_ptds", r, "dst=%#llx src=%#llx ByteCount=%zu", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount);
     return r;
 }
@@ -2225,7 +2227,8 @@ CUresult cuMemcpy3DPeerAsync_ptsz(void) { return crane_unsupported("cuMemcpy3DPe
 CUresult cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t ByteCount, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemcpyAsync_4000(dst, src, ByteCount, hStream);
+    CUresult r = crane_fast_memcpy_dtod(dst, src, ByteCount, hStream);
+    if (r < 0) r = crane_py_cuMemcpyAsync_4000(dst, src, ByteCount, hStream);
     if (crane_trace_on) crane_trace("cuMemcpyAsync", r, "dst=%#llx src=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
@@ -2233,7 +2236,8 @@ CUresult cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t By
 CUresult cuMemcpyAsync_ptsz(unsigned long long dst, unsigned long long src, size_t ByteCount, void * hStream) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuMemcpyAsync_4000(dst, src, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    CUresult r = crane_fast_memcpy_dtod(dst, src, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
+    if (r < 0) r = crane_py_cuMemcpyAsync_4000(dst, src, ByteCount, (hStream ? hStream : CRANE_STREAM_PER_THREAD));
     if (crane_trace_on) crane_trace("cuMemcpyAsync_ptsz", r, "dst=%#llx src=%#llx ByteCount=%zu hStream=%p", (unsigned long long)dst, (unsigned long long)src, (size_t)ByteCount, (const void *)hStream);
     return r;
 }
