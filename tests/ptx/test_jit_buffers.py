@@ -149,6 +149,6 @@ def test_pool_is_bounded():
     for s in sets:
         buffers.give(s)
     with buffers._lock:
-        assert len(buffers._free[(64, 3, 1, 16)]) <= buffers._PER_KEY
+        assert len(buffers._free[(64, 3, 1, 16, 0)]) <= buffers._PER_KEY
     again = buffers.take(64, 3, 1, 16)
     assert again in sets  # a pooled set, not a new one

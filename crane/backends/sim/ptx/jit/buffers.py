@@ -29,29 +29,37 @@ _PER_KEY = 4
 class Buffers:
     """One core's buffers for one launch shape."""
 
-    __slots__ = ("addrs", "key", "local", "nbytes", "resume", "save", "shared")
+    __slots__ = (
+        "addrs", "ctx", "ctx_addr", "key", "local", "nbytes", "resume", "save", "shared",
+    )  # fmt: skip
 
-    def __init__(self, key: tuple[int, int, int, int]) -> None:
-        shared_bytes, save_words, resume_words, local_bytes = key
+    def __init__(self, key: tuple[int, int, int, int, int]) -> None:
+        shared_bytes, save_words, resume_words, local_bytes, ctx_words = key
         self.key = key
         self.shared = np.zeros(shared_bytes, np.uint8)
         self.save = np.zeros(save_words, np.int64)
         self.resume = np.zeros(resume_words, np.int32)
         self.local = np.zeros(local_bytes, np.uint8)
-        self.nbytes = shared_bytes + 8 * save_words + 4 * resume_words + local_bytes
+        #: the context words' array (the launch fills it whole), and its address: asking
+        #: numpy for an address costs 1-2 µs, a part of a small launch worth keeping
+        self.ctx = np.zeros(ctx_words, np.int64)
+        self.ctx_addr = self.ctx.ctypes.data
+        self.nbytes = shared_bytes + 8 * save_words + 4 * resume_words + local_bytes + 8 * ctx_words
         #: the buffers' addresses (shared, save, resume, local), for the context words
         self.addrs = tuple(a.ctypes.data for a in (self.shared, self.save, self.resume, self.local))
 
 
 _lock = threading.Lock()
-_free: OrderedDict[tuple[int, int, int, int], list[Buffers]] = OrderedDict()
+_free: OrderedDict[tuple[int, int, int, int, int], list[Buffers]] = OrderedDict()
 _pooled = 0
 
 
-def take(shared_bytes: int, save_words: int, resume_words: int, local_bytes: int) -> Buffers:
+def take(
+    shared_bytes: int, save_words: int, resume_words: int, local_bytes: int, ctx_words: int = 0
+) -> Buffers:
     """A buffer set of these sizes: a pooled one (contents left from an earlier launch) or a
     new, zeroed one."""
-    key = (shared_bytes, save_words, resume_words, local_bytes)
+    key = (shared_bytes, save_words, resume_words, local_bytes, ctx_words)
     global _pooled
     with _lock:
         sets = _free.get(key)

@@ -96,6 +96,9 @@ def run_compiled(
         geo.threads * max(ck.nregs, 1),  # as many words as the driver clears: one per lane
         max(geo.threads, 1),  # at least, even with no register live
         max(geo.threads * local_stride, 16),
+        # the context words in the pooled set too, unless a watchdog may still write to them
+        # (its stop flag) after the set went back to the pool
+        len(head) if deadline is None else 0,
     )
     parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in range(workers)]
     timer = None
@@ -177,10 +180,16 @@ class _Part:
     def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep) -> None:
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
         self._keep = keep
-        ctx = self.ctx = head.copy()
         # shared memory, save area, resume words and every lane's local area: the driver
         # clears each before a block uses it, so a pooled set serves (jit/buffers.py)
         bufs = self.bufs = buffers.take(*sizes)
+        if sizes[4]:
+            ctx = self.ctx = bufs.ctx
+            ctx[:] = head
+            self.ptr = bufs.ctx_addr
+        else:
+            ctx = self.ctx = head.copy()
+            self.ptr = ctx.ctypes.data
         ctx[L.SHARED], ctx[L.SAVE], ctx[L.RESUME], ctx[L.LOCAL] = bufs.addrs
 
     def run(self, chunks: Chunks, deadline) -> tuple[int, KernelFault] | None:
@@ -190,7 +199,7 @@ class _Part:
         # the vectorizable form takes 1-D blocks (the lane index is %tid.x); the caller made
         # sure the general driver is compiled for any other (jit.compiled_kernel)
         fn = ck.entry_for(geo.block)
-        ptr = ctx.ctypes.data
+        ptr = self.ptr
         while (got := chunks.take()) is not None:
             first, end = got
             if deadline is not None and time.monotonic() > deadline:
