@@ -38,3 +38,14 @@ def test_memsets_give_the_same_answers_and_bytes_with_the_fast_lane_on_and_off(
     assert lines[-1] == "fast yes", on.stderr
     assert off.stdout.splitlines()[:-1] == lines[:-1]
     assert off.stdout.splitlines()[-1] == "fast no"
+
+
+@pytest.mark.parametrize("how", ["park-restore", "migrate"])
+def test_the_fast_lane_carries_on_across_a_move(program, run_moved, how) -> None:  # type: ignore[no-untyped-def]
+    """Calls the lane queued just before the move (not yet synchronized) reach the device, and
+    after it the lane keeps taking the program's calls: the session's allocations, streams and
+    events keep their addresses and handles on the destination."""
+    m = run_moved(program("fast_moved.cu", "-ldl"), how)
+    assert m.first.strip() == "before same=1", m.stderr
+    assert m.returncode == 0, m.stdout + m.stderr
+    assert m.stdout.splitlines() == ["after same=1 error=cudaSuccess", "fast yes"], m.stderr
