@@ -77,10 +77,13 @@ def test_an_async_failure_is_raised_once_at_the_next_synchronizing_call(
 
 
 def test_small_asynchronous_calls_travel_packed_in_their_place(
-    daemon: DaemonProcess, transport: str
+    daemon: DaemonProcess, transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Memsets and event records go as records of the batch (crane.wire.packed), the copy
     with bytes as a Call, and the worker runs them all in the order they were made."""
+    # one batch, sent by the flush below: the flush timer (1 ms after a batch's first call)
+    # split it once on a loaded machine, the loop preempted for longer than that
+    monkeypatch.setattr(transport_mod, "FLUSH_AFTER_S", 60.0)
     with GuestSession(daemon.address, direct=True) as s:
         p = s.mem_alloc(4096)
         e = s.event_create()
