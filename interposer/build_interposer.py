@@ -59,7 +59,6 @@ uint64_t crane_fast_gen(void);
 void crane_fast_forget(void);
 void crane_fast_learn(uint64_t g, uint64_t start, uint64_t end, uint64_t stream,
                       uint64_t event);
-uint64_t crane_fast_calls(void);
 """
 
 

@@ -75,9 +75,5 @@ class FastLane:
         if self._lib is not None:
             self._lib.crane_fast_forget()
 
-    def calls(self) -> int:
-        """Calls the C side queued itself so far."""
-        return int(self._lib.crane_fast_calls()) if self._lib is not None else 0
-
 
 FAST = FastLane()

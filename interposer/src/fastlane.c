@@ -157,10 +157,21 @@ static uint64_t stream_of(void *hstream) {
     return stream;
 }
 
+/* Queue one record of ``op`` when ``ok`` (judged with ``mu`` held, which this releases):
+ * CUDA_SUCCESS when queued here, -1 to go the Python way. */
+static int put_unlock(int ok, uint32_t op, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
+                      uint64_t a4) {
+    void *q = queue;
+    put_fn f = put;
+    pthread_mutex_unlock(&mu);
+    if (!ok) return -1;
+    int64_t n = f(q, op, a0, a1, a2, a3, a4);
+    return n > 0 ? after_put(n) : -1;
+}
+
 /* cuMemsetD8/D16/D32 (and their Async forms): ``count`` elements of ``elem`` bytes of ``value``
  * at ``dst`` on ``stream`` (the application's handle: NULL is the legacy stream, or the
- * per-thread one inside a _ptds entry). CUDA_SUCCESS when queued here, -1 to go the Python
- * way. */
+ * per-thread one inside a _ptds entry). */
 int crane_fast_memset(uint64_t dst, uint64_t value, uint32_t elem, uint64_t count, void *hstream) {
     if (!__atomic_load_n(&armed, __ATOMIC_RELAXED) || !count) return -1;
     uint64_t stream = stream_of(hstream);
@@ -168,55 +179,37 @@ int crane_fast_memset(uint64_t dst, uint64_t value, uint32_t elem, uint64_t coun
     if (size / elem != count) return -1;
     pthread_mutex_lock(&mu);
     int ok = armed && known_locked(dst, size, stream);
-    void *q = queue;
-    put_fn f = put;
-    uint32_t op = op_memset;
-    pthread_mutex_unlock(&mu);
-    if (!ok) return -1;
-    int64_t n = f(q, op, dst, value, elem, count, stream);
-    return n > 0 ? after_put(n) : -1;
+    return put_unlock(ok, op_memset, dst, value, elem, count, stream);
 }
 
-/* The queue's put of an op on (stream, event) or (event, stream) when both were learnt. */
-static int put_handles(uint32_t which, uint64_t stream, uint64_t event, uint64_t a0, uint64_t a1,
-                       uint64_t a2) {
-    if (!__atomic_load_n(&armed, __ATOMIC_RELAXED)) return -1;
-    pthread_mutex_lock(&mu);
-    int ok = armed && (stream <= 2 || has(&streams, stream)) && has(&events, event);
-    void *q = queue;
-    put_fn f = put;
-    uint32_t op = which == 0 ? op_event_record : op_stream_wait;
-    pthread_mutex_unlock(&mu);
-    if (!ok) return -1;
-    int64_t n = f(q, op, a0, a1, a2, 0, 0);
-    return n > 0 ? after_put(n) : -1;
+/* Whether ``stream`` (a default one or learnt) and ``event`` were learnt; with ``mu`` held. */
+static int handles_known_locked(uint64_t stream, uint64_t event) {
+    return armed && (stream <= 2 || has(&streams, stream)) && has(&events, event);
 }
 
-/* cuEventRecord(event, stream): CUDA_SUCCESS when queued here, -1 to go the Python way. */
+/* cuEventRecord(event, stream). */
 int crane_fast_event_record(void *hevent, void *hstream) {
+    if (!__atomic_load_n(&armed, __ATOMIC_RELAXED)) return -1;
     uint64_t e = (uint64_t)(uintptr_t)hevent, s = stream_of(hstream);
-    return put_handles(0, s, e, e, s, 0);
+    pthread_mutex_lock(&mu);
+    return put_unlock(handles_known_locked(s, e), op_event_record, e, s, 0, 0, 0);
 }
 
 /* cuStreamWaitEvent(stream, event, flags): only flags 0 (an external wait is the Python
  * side's: it may be a graph node). */
 int crane_fast_stream_wait(void *hstream, void *hevent, unsigned flags) {
+    if (!__atomic_load_n(&armed, __ATOMIC_RELAXED) || flags) return -1;
     uint64_t e = (uint64_t)(uintptr_t)hevent, s = stream_of(hstream);
-    return flags ? -1 : put_handles(1, s, e, s, e, 0);
+    pthread_mutex_lock(&mu);
+    return put_unlock(handles_known_locked(s, e), op_stream_wait, s, e, 0, 0, 0);
 }
 
-/* cuMemcpyDtoD(Async): ``n`` bytes from ``src`` to ``dst``, each range inside one learnt
- * allocation (so the Python side would not split the copy either). */
+/* cuMemcpyDtoD(Async), cuMemcpy(Async): ``n`` bytes from ``src`` to ``dst``, each range
+ * inside one learnt allocation (so the Python side would not split the copy either). */
 int crane_fast_memcpy_dtod(uint64_t dst, uint64_t src, uint64_t n, void *hstream) {
     if (!__atomic_load_n(&armed, __ATOMIC_RELAXED) || !n) return -1;
     uint64_t stream = stream_of(hstream);
     pthread_mutex_lock(&mu);
     int ok = armed && known_locked(dst, n, stream) && known_locked(src, n, stream);
-    void *q = queue;
-    put_fn f = put;
-    uint32_t op = op_copy;
-    pthread_mutex_unlock(&mu);
-    if (!ok) return -1;
-    int64_t k = f(q, op, dst, src, n, stream, 0);
-    return k > 0 ? after_put(k) : -1;
+    return put_unlock(ok, op_copy, dst, src, n, stream, 0);
 }

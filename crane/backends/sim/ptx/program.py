@@ -207,11 +207,13 @@ class PtxProgram:
             name, grid, block, dynamic_shared, max_dynamic_shared, cluster,
             non_portable_cluster, id(profile),
         )  # fmt: skip
-        try:
-            plan = None if cooperative else self._plans.get(key)
-        except TypeError:  # (dimensions given as lists)
-            key = tuple(tuple(x) if isinstance(x, list) else x for x in key)
-            plan = self._plans.get(key)
+        plan = None
+        if not cooperative:  # (a cooperative launch is checked every time)
+            try:
+                plan = self._plans.get(key)
+            except TypeError:  # (dimensions given as lists)
+                key = tuple(tuple(x) if isinstance(x, list) else x for x in key)
+                plan = self._plans.get(key)
         if plan is None or plan.profile is not profile:
             plan = self._plan(
                 name, grid, block, dynamic_shared, profile, max_dynamic_shared, cluster,
