@@ -87,9 +87,18 @@ VM_RESUME_GRACE_S = 120.0
 VM_CONNECT_S = 15.0
 #: How long a closing guest waits for room in a full call ring for its last batch.
 CLOSE_FLUSH_S = 2.0
+#: How many times in a row a guest resumes whose new stream breaks before any reply.
+MAX_BARE_RESUMES = 16
 #: gRPC codes after which the session may still exist elsewhere (parked, moved): try Resume.
+#: NOT_FOUND too: a stream opened just after a Resume answered finds no session when the
+#: daemon reaped it in between (its worker died a moment before); Resume then says why.
 _RESUMABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.NOT_FOUND,
+    }
 )
 
 
@@ -177,6 +186,7 @@ class Transport:
         self._unacked_bytes = 0
         self._ack_wanted = 0
         self._resume_deadline: float | None = None
+        self._bare_resumes = 0  # resumes in a row whose new stream broke before any reply
         self.resumes = 0
         self._direct_channel: grpc.Channel | None = None
         #: the call stream when it goes through the worker's shared-memory ring
@@ -302,6 +312,14 @@ class Transport:
             self._resume_deadline = time.monotonic() + self.resume_timeout
             self._vm_deadline = time.monotonic() + self.vm_grace
             log.info("session %s: call stream broke (%s); resuming", sid, cause.message)
+            self._bare_resumes = 0
+        else:
+            # resumed, and the new stream broke too before a reply came: don't go round forever
+            self._bare_resumes += 1
+            if self._bare_resumes > MAX_BARE_RESUMES:
+                return TransportError(
+                    cause.result, f"{cause.message}; session {sid} did not stay resumed"
+                )
         if self._direct_channel is not None:
             # its worker is gone or refused us: a later session worker at the same socket path
             # must get a fresh connection, not this channel's reconnection back-off
