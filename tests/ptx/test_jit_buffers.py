@@ -152,3 +152,43 @@ def test_pool_is_bounded():
         assert len(buffers._free[(64, 3, 1, 16, 0)]) <= buffers._PER_KEY
     again = buffers.take(64, 3, 1, 16)
     assert again in sets  # a pooled set, not a new one
+
+
+#: each thread stores the last 8 bytes of a by-value struct parameter of ``N`` bytes plus its
+#: thread index: kernel parameters that fit the pooled set's area go through it, larger ones
+#: from the launch's own array (jit/runner.py ``_run_alone``)
+PARAM_TAIL = (
+    HEAD
+    + """
+.visible .entry t(.param .u64 out, .param .align 8 .b8 blob[N])
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u64 %rd2, [blob+M];
+    mov.u32 %r1, %tid.x;
+    cvt.u64.u32 %rd3, %r1;
+    add.s64 %rd4, %rd2, %rd3;
+    mul.wide.u32 %rd5, %r1, 8;
+    add.s64 %rd6, %rd1, %rd5;
+    st.global.u64 [%rd6], %rd4;
+    ret;
+}
+"""
+)
+
+
+@pytest.mark.parametrize("size", [8, buffers.KPARAM_AREA - 16, buffers.KPARAM_AREA + 64])
+def test_each_launch_sees_its_own_parameters(dev, size):
+    """Launches one after another with different parameter values, through the pooled area
+    (which keeps what the last launch copied there) and past its end: each lane reads this
+    launch's values."""
+    prog = load_ptx(PARAM_TAIL.replace("[N]", f"[{size}]").replace("+M]", f"+{size - 8}]"))
+    threads = 64
+    outs = [dev.zeros(threads, np.uint64) for _ in range(2)]
+    for i in range(6):
+        blob = bytes(size - 8) + (1000 * (i + 1)).to_bytes(8, "little")
+        dev.launch(prog, "t", 1, threads, [Ptr(outs[i % 2]), blob])
+        assert "t" in {n for n, _ in jit.stats()["compiled"]}
+        got = dev.download(outs[i % 2], threads, np.uint64)
+        assert (got == 1000 * (i + 1) + np.arange(threads)).all(), (i, got[:4])

@@ -246,10 +246,10 @@ class PtxProgram:
         # viewed as any scalar type by loads through a .param address
         kparams = np.frombuffer(params + bytes(8 + (-len(params)) % 8), np.uint8)
         sink = printf if printf is not None else _stdout
-        nsm = getattr(profile, "sm_count", 132) if profile is not None else 132
+        nsm = plan.nsm
         launch_env = {
-            "clock_khz": getattr(profile, "clock_khz", DEFAULT_CLOCK_KHZ),
-            "nwarps_per_sm": getattr(profile, "max_threads_per_sm", 2048) // 32,
+            "clock_khz": plan.clock_khz,
+            "nwarps_per_sm": plan.nwarps_per_sm,
             "gridid": _next_gridid(),
             "cluster": cdims,
             "cluster_barrier": k.cluster_barrier,
@@ -388,6 +388,9 @@ class PtxProgram:
             k, profile, geo, cdims, per_batch, shared_stride, local_stride,
             {fid: tuple(self._dec.by_fid[fid].counts) for fid in k.reachable},
             {fid: self._dec.by_fid[fid].pm_size for fid in k.reachable},
+            getattr(profile, "sm_count", 132) if profile is not None else 132,
+            getattr(profile, "max_threads_per_sm", 2048) // 32,
+            getattr(profile, "clock_khz", DEFAULT_CLOCK_KHZ),
         )  # fmt: skip
 
     def cooperative_max_blocks(self, name: str, threads: int, dynamic_shared: int = 0) -> int:
@@ -535,6 +538,11 @@ class _Plan:
     local_stride: int
     reg_counts: dict
     pm_sizes: dict
+    #: the profile's SM count, warps per SM and clock (%nsmid, %nwarpid's bound, %clock):
+    #: read once, each a look-up in its attribute table
+    nsm: int
+    nwarps_per_sm: int
+    clock_khz: int
 
 
 #: the symbol table of a launch given none (one object: :meth:`PtxProgram._symvals` keys on it)

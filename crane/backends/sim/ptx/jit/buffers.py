@@ -18,10 +18,13 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["MAX_POOLED_BYTES", "Buffers", "give", "pooled_bytes", "take"]
+__all__ = ["KPARAM_AREA", "MAX_POOLED_BYTES", "Buffers", "give", "pooled_bytes", "take"]
 
 #: bytes of buffers the pool keeps at most (least recently used sizes are dropped first)
 MAX_POOLED_BYTES = 64 << 20
+#: bytes of kernel parameters (with the launch's padding) a pooled set holds; CUDA's own limit
+#: is 32764 bytes, but kernels take a few dozen: larger ones go from their own array
+KPARAM_AREA = 4096 + 16
 #: sets kept per size (one per core of a launch, and a second launch beside it)
 _PER_KEY = 4
 
@@ -30,7 +33,8 @@ class Buffers:
     """One core's buffers for one launch shape."""
 
     __slots__ = (
-        "addrs", "ctx", "ctx_addr", "key", "local", "nbytes", "resume", "save", "shared",
+        "addrs", "ctx", "ctx_addr", "ctx_words", "key", "kparams", "kparams_addr", "local",
+        "nbytes", "resume", "save", "shared",
     )  # fmt: skip
 
     def __init__(self, key: tuple[int, int, int, int, int]) -> None:
@@ -44,7 +48,18 @@ class Buffers:
         #: numpy for an address costs 1-2 µs, a part of a small launch worth keeping
         self.ctx = np.zeros(ctx_words, np.int64)
         self.ctx_addr = self.ctx.ctypes.data
-        self.nbytes = shared_bytes + 8 * save_words + 4 * resume_words + local_bytes + 8 * ctx_words
+        #: the same words through a memoryview: a launch sets a dozen of them, and setting an
+        #: item through it costs half what numpy's item assignment does
+        self.ctx_words = memoryview(self.ctx)
+        #: a launch's kernel parameters copied here when they fit (a set with context words:
+        #: one core's launch), whose address is known: numpy's ``.ctypes.data`` on the
+        #: launch's own parameter array costs 1-3 µs
+        kp = KPARAM_AREA if ctx_words else 0
+        self.kparams = memoryview(np.zeros(kp, np.uint8))
+        self.kparams_addr = np.frombuffer(self.kparams, np.uint8).ctypes.data if kp else 0
+        self.nbytes = (
+            shared_bytes + 8 * save_words + 4 * resume_words + local_bytes + 8 * ctx_words + kp
+        )
         #: the buffers' addresses (shared, save, resume, local), for the context words
         self.addrs = tuple(a.ctypes.data for a in (self.shared, self.save, self.resume, self.local))
 
