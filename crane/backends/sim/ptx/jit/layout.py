@@ -25,6 +25,7 @@ __all__ = [
     "KIND_ILLEGAL",
     "KIND_MISALIGNED",
     "KIND_TIMEOUT",
+    "KIND_TRAP",
     "KPARAMS",
     "KPARAM_SIZE",
     "LOCAL",
@@ -80,7 +81,7 @@ FIXED = 28  # first per-site cache slot
 MAX_BLOCK_DIM = 1 << 20
 MAX_SHARED = 1 << 30
 
-KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT = 1, 2, 3
+KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT, KIND_TRAP = 1, 2, 3, 4
 SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL, SPACE_PARAM, SPACE_PARAM_STORE = 0, 1, 2, 3, 4
 
 #: context words that stay the same for a whole call: the driver loads them once and passes

@@ -16,13 +16,14 @@ from ..memspace import LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from ..parser import Label
 from ..ptxtypes import TYPES, PtxType
 from . import layout as L
-from .irtypes import F32, F64, FAULTED, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
+from .irtypes import F32, F64, FAULTED, I1, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
 from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
-from .ops_cvt import DIRECTED, int_to_float_directed, narrow_directed
+from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
+from .ops_sfu import SFU_HANDLERS, ftz32, ftz_f32, sat_float
 from .param import param_ptr
 from .spin import YIELD_OP
 from .warp import YIELD
@@ -106,10 +107,19 @@ def _arith(name: str):
             allowed = ("rn",) if name in ("add", "sub", "mul") else ()
             if name == "div":
                 allowed = ("rn", "approx", "full") if t.bits == 32 else ("rn",)
-            k.only(mods, allowed)
+            sat = ("sat",) if name in ("add", "sub", "mul", "div") else ()
+            k.only(mods, (*allowed, "ftz", *sat))
             if name == "div" and not mods_has(mods, ("rn", "approx", "full")):
                 raise k.refuse("div.f without rounding")
-            v = _float_binop(k, name, k.get(ops[1], t), k.get(ops[2], t))
+            ftz = ftz_f32(k, t, mods)
+            a, c = k.get(ops[1], t), k.get(ops[2], t)
+            if ftz:
+                a, c = ftz32(k, a), ftz32(k, c)
+            v = _float_binop(k, name, a, c)
+            if ftz:
+                v = ftz32(k, v)
+            if "sat" in mods:
+                v = sat_float(k, v)
         else:
             if t.kind == "pred":
                 raise k.refuse(f"{name}.pred")
@@ -183,10 +193,10 @@ def _h_mad(k: KernelLowering, types, mods, ops) -> None:
     if len(ops) != 4:
         raise k.refuse("operand count")
     if t.kind == "f":
-        k.only(mods, ("rn",))
-        if "rn" not in mods:
+        k.only(mods, ("rn", *DIRECTED, "ftz", "sat"))
+        if not mods_has(mods, ("rn", *DIRECTED)):
             raise k.refuse("mad.f without rounding (unfused legacy form)")
-        _fma(k, t, ops)
+        _fma(k, t, ops, mods)
         return
     mode = [m for m in mods if m in ("lo", "hi", "wide")]
     k.only(mods, ("lo", "hi", "wide"))
@@ -196,19 +206,31 @@ def _h_mad(k: KernelLowering, types, mods, ops) -> None:
     k.put(ops[0], rt, b.add(p, k.get(ops[3], rt)))
 
 
-def _fma(k: KernelLowering, t: PtxType, ops) -> None:
+def _fma(k: KernelLowering, t: PtxType, ops, mods=()) -> None:
     vt = vty(t)
     f = k.intrinsic(f"llvm.fma.{k.fname(vt)}", vt, [vt, vt, vt])
-    v = k.b.call(f, [k.get(ops[1], t), k.get(ops[2], t), k.get(ops[3], t)])
-    k.put(ops[0], t, v)
+    args = [k.get(o, t) for o in ops[1:4]]
+    ftz = ftz_f32(k, t, mods)
+    if ftz:  # (operands and result, as the interpreter's ``.ftz``; ``.sat`` after it)
+        args = [ftz32(k, a) for a in args]
+    directed = [m for m in mods if m in DIRECTED]
+    if directed:
+        if t.bits != 32:
+            raise k.refuse(f"fma.{directed[0]}.{t.name}")
+        v = fma_directed_f32(k, *args, directed[0])
+    else:
+        v = k.b.call(f, args)
+    if ftz:
+        v = ftz32(k, v)
+    k.put(ops[0], t, sat_float(k, v) if "sat" in mods else v)
 
 
 def _h_fma(k: KernelLowering, types, mods, ops) -> None:
     t = k.one_type(types)
-    k.only(mods, ("rn",))
-    if t.kind != "f" or "rn" not in mods or len(ops) != 4:
+    k.only(mods, ("rn", *DIRECTED, "ftz", "sat"))
+    if t.kind != "f" or not mods_has(mods, ("rn", *DIRECTED)) or len(ops) != 4:
         raise k.refuse("fma form")
-    _fma(k, t, ops)
+    _fma(k, t, ops, mods)
 
 
 def _h_unary(name: str):
@@ -217,14 +239,19 @@ def _h_unary(name: str):
         b = k.b
         if len(ops) != 2:
             raise k.refuse("operand count")
-        k.only(mods)
+        k.only(mods, ("ftz",) if t.kind == "f" else ())
         a = k.get(ops[1], t)
         if t.kind == "f":
             vt = vty(t)
+            ftz = ftz_f32(k, t, mods)
+            if ftz:
+                a = ftz32(k, a)
             if name == "neg":
                 v = b.fneg(a)
             else:
                 v = b.call(k.intrinsic(f"llvm.fabs.{k.fname(vt)}", vt, [vt]), [a])
+            if ftz:
+                v = ftz32(k, v)
         elif t.kind == "s":
             zero = ir.Constant(a.type, 0)
             neg = b.sub(zero, a)
@@ -283,7 +310,9 @@ def _h_setp(k: KernelLowering, types, mods, ops) -> None:
     b = k.b
     cmp = [m for m in mods if m in _FCMP or m in _ICMP_X]
     bop = [m for m in mods if m in ("and", "or", "xor")]
-    k.only(mods, tuple(cmp) + tuple(bop))
+    # ``.ftz`` on floats: accepted and not applied, as the interpreter does (it changes only
+    # comparisons of subnormals, which it does not model)
+    k.only(mods, tuple(cmp) + tuple(bop) + (("ftz",) if t.kind == "f" else ()))
     if len(cmp) != 1 or len(bop) > 1:
         raise k.refuse("setp form")
     c = cmp[0]
@@ -334,11 +363,17 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
         raise k.refuse("cvt form")
     dt, st = types
     rnd = [m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")]
-    k.only(mods, tuple(rnd))
+    k.only(mods, (*rnd, "ftz", "sat"))
     for t in (dt, st):
         if t.kind not in ("u", "s", "b", "f") or (t.bits == 8 and t is dt):
             raise k.refuse(f"cvt with .{t.name}")
     r = rnd[0] if rnd else None
+    # ``.ftz`` flushes a float32 source (and a narrowed float32 result), as the interpreter's
+    # cvt does; ``.sat`` only on conversions between floats of one width (others refused)
+    f32 = (st.kind == "f" and st.bits == 32) or (dt.kind == "f" and dt.bits == 32)
+    ftz = "ftz" in mods and f32
+    if "sat" in mods and not (dt.kind == st.kind == "f" and dt.bits == st.bits):
+        raise k.refuse("cvt.sat other than between floats of one width")
     if dt.kind != "f" and st.kind != "f":  # integer <-> integer
         if r is not None:
             raise k.refuse("rounding on an integer cvt")
@@ -356,6 +391,8 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
         k.put(ops[0], dt, b.sitofp(a, vt) if st.kind == "s" else b.uitofp(a, vt))
         return
     a = k.get(ops[1], st)
+    if ftz and st.bits == 32:
+        a = ftz32(k, a)
     if dt.kind == "f":  # float -> float
         if dt.bits > st.bits:
             if r is not None:
@@ -364,14 +401,16 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
         elif dt.bits < st.bits:
             if r not in ("rn", *DIRECTED):
                 raise k.refuse("narrowing float cvt without .rn/.rz/.rm/.rp")
-            if r != "rn":
-                k.put(ops[0], dt, narrow_directed(k, a, r))
-                return
-            k.put(ops[0], dt, b.fptrunc(a, vty(dt)))
+            v = narrow_directed(k, a, r) if r != "rn" else b.fptrunc(a, vty(dt))
+            k.put(ops[0], dt, ftz32(k, v) if ftz else v)
         else:
-            if r not in ("rni", "rzi", "rmi", "rpi"):
+            if r is None and ("ftz" in mods or "sat" in mods):
+                v = a  # cvt.ftz / cvt.sat of one width: the flush, the clamp
+            elif r not in ("rni", "rzi", "rmi", "rpi"):
                 raise k.refuse("float cvt of one width without integer rounding")
-            k.put(ops[0], dt, _round_int(k, a, r))
+            else:
+                v = _round_int(k, a, r)
+            k.put(ops[0], dt, sat_float(k, v) if "sat" in mods else v)
         return
     if r not in ("rni", "rzi", "rmi", "rpi"):  # float -> integer: saturating, NaN -> 0
         raise k.refuse("float to integer cvt without integer rounding")
@@ -590,6 +629,30 @@ def _h_exit(k: KernelLowering, types, mods, ops) -> None:
     k.ret_exited()
 
 
+def _h_trap(k: KernelLowering, types, mods, ops) -> None:
+    """``trap``: the launch fails with CUDA_ERROR_LAUNCH_FAILED naming the instruction, as the
+    interpreter fails it (a lane that reaches it faults; ``@p trap`` is the guard's). Kernels
+    carry one on paths that never run in a correct program (``__trap()`` in a library's bounds
+    check, cooperative groups' grid sync outside a cooperative launch): refusing them sent the
+    whole kernel to the interpreter."""
+    k.only(mods)
+    k.fault_if(ir.Constant(I1, 1), c64(0), L.KIND_TRAP, 0, 0)
+    if not k.b.block.is_terminated:
+        k.ret_exited()
+
+
+def _h_copysign(k: KernelLowering, types, mods, ops) -> None:
+    """``copysign d, a, b``: the magnitude of ``b`` with the sign of ``a`` (as the
+    interpreter's ``np.copysign(b, a)``; NaNs keep their payload, the sign bit is copied)."""
+    t = k.one_type(types)
+    k.only(mods)
+    if t.kind != "f" or len(ops) != 3:
+        raise k.refuse("copysign form")
+    vt = vty(t)
+    f = k.intrinsic(f"llvm.copysign.{k.fname(vt)}", vt, [vt, vt])
+    k.put(ops[0], t, k.b.call(f, [k.get(ops[2], t), k.get(ops[1], t)]))
+
+
 def _h_bar(k: KernelLowering, types, mods, ops) -> None:
     if "red" in mods:
         lower_bar_red(k, types, mods, ops, _stop)
@@ -648,34 +711,45 @@ def _stop(k: KernelLowering, tag: int, arrive=None) -> None:
 
 def _h_rcp(k: KernelLowering, types, mods, ops) -> None:
     t = k.one_type(types)
-    k.only(mods, ("rn", "approx"))
+    k.only(mods, ("rn", "approx", "ftz"))
     if t.kind != "f" or len(ops) != 2 or not mods_has(mods, ("rn", "approx")):
         raise k.refuse("rcp form")
     vt = vty(t)
-    k.put(ops[0], t, k.b.fdiv(ir.Constant(vt, 1.0), k.get(ops[1], t)))
+    _put_flushed(k, ops, t, mods, lambda a: k.b.fdiv(ir.Constant(vt, 1.0), a))
 
 
 def _h_sqrt(k: KernelLowering, types, mods, ops) -> None:
     t = k.one_type(types)
-    k.only(mods, ("rn", "approx"))
+    k.only(mods, ("rn", "approx", "ftz"))
     if t.kind != "f" or len(ops) != 2 or not mods_has(mods, ("rn", "approx")):
         raise k.refuse("sqrt form")
     vt = vty(t)
     f = k.intrinsic(f"llvm.sqrt.{k.fname(vt)}", vt, [vt])
-    k.put(ops[0], t, k.b.call(f, [k.get(ops[1], t)]))
+    _put_flushed(k, ops, t, mods, lambda a: k.b.call(f, [a]))
 
 
 def _h_rsqrt(k: KernelLowering, types, mods, ops) -> None:
     t = k.one_type(types)
-    k.only(mods, ("approx",))
+    k.only(mods, ("approx", "ftz"))
     if t.kind != "f" or len(ops) != 2 or "approx" not in mods:
         raise k.refuse("rsqrt form")
     b = k.b
+
+    def rsqrt(a):
+        a64 = b.fpext(a, F64) if t.bits == 32 else a
+        s = b.call(k.intrinsic("llvm.sqrt.f64", F64, [F64]), [a64])
+        r = b.fdiv(ir.Constant(F64, 1.0), s)
+        return b.fptrunc(r, F32) if t.bits == 32 else r
+
+    _put_flushed(k, ops, t, mods, rsqrt)
+
+
+def _put_flushed(k: KernelLowering, ops, t: PtxType, mods, f) -> None:
+    """``ops[0] = f(ops[1])``, operand and result flushed under ``.ftz`` (float32)."""
+    ftz = ftz_f32(k, t, mods)
     a = k.get(ops[1], t)
-    a64 = b.fpext(a, F64) if t.bits == 32 else a
-    s = b.call(k.intrinsic("llvm.sqrt.f64", F64, [F64]), [a64])
-    r = b.fdiv(ir.Constant(F64, 1.0), s)
-    k.put(ops[0], t, b.fptrunc(r, F32) if t.bits == 32 else r)
+    v = f(ftz32(k, a) if ftz else a)
+    k.put(ops[0], t, ftz32(k, v) if ftz else v)
 
 
 HANDLERS = {
@@ -706,6 +780,8 @@ HANDLERS = {
     "bra": _h_bra,
     "ret": _h_exit,
     "exit": _h_exit,
+    "trap": _h_trap,
+    "copysign": _h_copysign,
     "bar": _h_bar,
     "barrier": _h_bar,
     YIELD_OP: _h_yield,
@@ -714,5 +790,6 @@ HANDLERS = {
     "rsqrt": _h_rsqrt,
 }
 HANDLERS.update(ATOMIC_HANDLERS)
+HANDLERS.update(SFU_HANDLERS)
 HANDLERS.update(BIT_HANDLERS)
 HANDLERS.update(ORDER_HANDLERS)

@@ -29,6 +29,7 @@ from llvmlite import ir
 
 from ..parser import Instr
 from .irtypes import F32, I32, vty
+from .ops_sfu import ftz32
 
 if TYPE_CHECKING:
     from ..ptxtypes import PtxType
@@ -41,7 +42,6 @@ _OPS = ("and", "or", "xor", "cas", "exch", "add", "inc", "dec", "min", "max")
 _RMW = {"add": "add", "and": "and", "or": "or", "xor": "xor", "exch": "xchg"}
 _SPACES = ("global", "shared")
 #: the smallest normal float32: smaller magnitudes are flushed to zero by add.f32
-_F32_TINY = 1.17549435e-38
 
 
 def is_atomic(ins) -> bool:
@@ -123,20 +123,11 @@ def _rmw(b: ir.IRBuilder, name: str, p, v, order: str, t: PtxType):
     return b.atomic_rmw(name, p, v, order)
 
 
-def _ftz32(k: KernelLowering, x):
-    """Flush a float32 subnormal to a zero of its sign (the interpreter's ``fp.ftz``)."""
-    b = k.b
-    fabs = k.intrinsic("llvm.fabs.f32", F32, [F32])
-    tiny = b.fcmp_ordered("<", b.call(fabs, [x]), ir.Constant(F32, _F32_TINY))
-    cs = k.intrinsic("llvm.copysign.f32", F32, [F32, F32])
-    return b.select(tiny, b.call(cs, [ir.Constant(F32, 0.0), x]), x)
-
-
 def _add_f32_ftz(k: KernelLowering, old_bits, v_bits):
     b = k.b
-    a = _ftz32(k, b.bitcast(old_bits, F32))
-    c = _ftz32(k, b.bitcast(v_bits, F32))
-    return b.bitcast(_ftz32(k, b.fadd(a, c)), I32)
+    a = ftz32(k, b.bitcast(old_bits, F32))
+    c = ftz32(k, b.bitcast(v_bits, F32))
+    return b.bitcast(ftz32(k, b.fadd(a, c)), I32)
 
 
 def _cas_loop(k: KernelLowering, p, v, order: str, new_of):

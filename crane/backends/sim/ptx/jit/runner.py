@@ -268,6 +268,8 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
     where = f"`{text}` (PTX line {line})"
     if kind == L.KIND_TIMEOUT:
         return KernelFault(702, f"the launch ran past its time limit at {where}")
+    if kind == L.KIND_TRAP:  # worded as the interpreter's (executor._trap)
+        return KernelFault(719, f"trap executed at {where}")
     addr = int(ctx[L.FAULT_ADDR]) & (2**64 - 1)
     n = int(ctx[L.FAULT_BYTES])
     space = int(ctx[L.FAULT_SPACE])

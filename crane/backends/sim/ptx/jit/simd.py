@@ -271,6 +271,8 @@ class SimdRegion(LaneOperands):
             self.branch(ins)
         elif op in ("exit", "ret"):
             self.exit(ins)
+        elif op == "trap":  # (rare, and a fault: the region's scalar rounds take it)
+            raise self.refuse("trap (vector form)")
         elif op in ("bar", "barrier"):
             self.stop(ins)
         elif op in ("ld", "st"):

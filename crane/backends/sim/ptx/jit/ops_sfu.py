@@ -1,0 +1,89 @@
+"""Special-function instructions (``ex2``, ``lg2``, ``sin``, ``cos``, ``tanh``), ``.ftz`` and
+float ``.sat``, lowered as the interpreter computes them (``ptx/ops_sfu.py``, ``ptx/fp.py``,
+``ptx/ops_float.py``).
+
+Why: nvcc's ``expf``, ``logf``, ``powf``, ``tanhf`` and the fast-math intrinsics compile to
+``ex2.approx.ftz.f32`` and ``lg2.approx.ftz.f32`` (libdevice), and ``-use_fast_math`` puts
+``.ftz`` on every float32 instruction, so any kernel with a softmax, a sigmoid, a GELU or an
+option-pricing formula ran interpreted. The interpreter computes an ``.approx`` function in
+float64 and rounds it to float32 (more accurate than the hardware's unit, within its ~2 ulp);
+here the same: the float64 function (LLVM's intrinsic: the C library's ``exp2``, ``log2``,
+``sin``, ``cos``, ``tanh``), then one rounding. ``.ftz`` flushes float32 subnormal operands and
+results to a zero of their sign, as ``fp.ftz`` does; ``.sat`` clamps a float result to
+[0, 1] (``__saturatef``, ``cvt.sat.f32.f32``), NaN to +0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llvmlite import ir
+
+from .irtypes import F32, F64, lane_type
+
+if TYPE_CHECKING:
+    from .lower import KernelLowering
+
+__all__ = ["SFU_HANDLERS", "ftz32", "ftz_f32", "sat_float"]
+
+#: the smallest normal float32 (2**-126): below it in magnitude, ``.ftz`` flushes
+F32_TINY = 2.0**-126
+
+
+def ftz32(k: KernelLowering, x):
+    """Flush a float32 subnormal (scalar or the lanes of a vector) to a zero of its sign (the
+    interpreter's ``fp.ftz``); NaNs, zeros and normal values pass unchanged."""
+    b = k.b
+    fabs = k.intrinsic("llvm.fabs.f32", F32, [F32])
+    tiny = b.fcmp_ordered("<", b.call(fabs, [x]), ir.Constant(F32, F32_TINY))
+    cs = k.intrinsic("llvm.copysign.f32", F32, [F32, F32])
+    return b.select(tiny, b.call(cs, [ir.Constant(F32, 0.0), x]), x)
+
+
+def ftz_f32(k: KernelLowering, t, mods) -> bool:
+    """Whether an instruction of type ``t`` with ``mods`` flushes (``.ftz`` on float32; the
+    interpreter ignores it on other types, as PTX defines it only for .f32)."""
+    return "ftz" in mods and t.kind == "f" and t.bits == 32
+
+
+def sat_float(k: KernelLowering, v):
+    """The interpreter's ``_sat`` of a float (scalar or vector): NaN and values below 0 give
+    +0, values above 1 give 1, the rest (-0.0 included) pass unchanged."""
+    b = k.b
+    ty = lane_type(v.type)
+    zero, one = ir.Constant(ty, 0.0), ir.Constant(ty, 1.0)
+    r = b.select(b.fcmp_ordered(">", v, one), one, v)
+    r = b.select(b.fcmp_ordered("<", v, zero), zero, r)
+    return b.select(b.fcmp_unordered("uno", v, v), zero, r)
+
+
+#: the float64 function each instruction is computed with (an LLVM intrinsic: a call into the
+#: C library, per lane in a vector form)
+_F64 = {
+    "ex2": "llvm.exp2.f64",
+    "lg2": "llvm.log2.f64",
+    "sin": "llvm.sin.f64",
+    "cos": "llvm.cos.f64",
+    "tanh": "llvm.tanh.f64",
+}
+
+
+def _sfu(name: str):
+    def h(k: KernelLowering, types, mods, ops) -> None:
+        t = k.one_type(types)
+        k.only(mods, ("approx", "ftz"))
+        if t.kind != "f" or t.bits != 32 or len(ops) != 2:
+            raise k.refuse(f"{name} form")
+        b = k.b
+        ftz = "ftz" in mods
+        a = k.get(ops[1], t)
+        if ftz:
+            a = ftz32(k, a)
+        f = k.intrinsic(_F64[name], F64, [F64])
+        r = b.fptrunc(b.call(f, [b.fpext(a, F64)]), F32)
+        k.put(ops[0], t, ftz32(k, r) if ftz else r)
+
+    return h
+
+
+SFU_HANDLERS = {name: _sfu(name) for name in _F64}
