@@ -10,7 +10,8 @@ Measures, in the backend (``PtxProgram.launch`` on a SimMemory, no RPC):
   through a texture object over a float array), checked against a NumPy bilinear reference;
 * load (parse + decode) time of the benchmark module;
 * the PTX compiler (``crane/backends/sim/ptx/jit``) against the interpreter and NumPy, runs
-  interleaved (compiled, interpreted, NumPy, again): 1M-element saxpy, a 16M-float sum (a
+  interleaved (compiled, interpreted, NumPy, again): 1M-element saxpy, a softmax's elementwise
+  ``expf`` step over 1M floats, a 16M-float sum (a
   shared-memory tree with ``__syncthreads``, one partial per block, the partials summed by
   NumPy inside the timing), the 512x512 tiled matmul, and the compile time of each kernel.
   The interpreter metrics above run with ``CRANE_PTX_JIT=0``;
@@ -58,6 +59,12 @@ SOURCE = r"""
 extern "C" __global__ void saxpy(int n, float a, const float* x, float* y) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a * x[i] + y[i];
+}
+
+// A softmax's elementwise step: expf (libdevice's ex2.approx.ftz, cvt.sat) per element.
+extern "C" __global__ void softmax_exp(const float* x, float* y, float m, float inv, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = expf(x[i] - m) * inv;
 }
 
 #define TILE 16
@@ -432,6 +439,13 @@ def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: boo
         g = ((n + 255) // 256, 1, 1)
         return b.run("saxpy", g, (256, 1, 1), np.int32(n), np.float32(2.0), x, y)
 
+    ex = b.upload(np.zeros(n, np.float32))
+
+    def softmax_exp() -> float:
+        g = ((n + 255) // 256, 1, 1)
+        args = (x, ex, np.float32(0.5), np.float32(0.25), np.int32(n))
+        return b.run("softmax_exp", g, (256, 1, 1), *args)
+
     r = 1 << 24 if not quick else 1 << 18
     data = rng.random(r, dtype=np.float32)
     pin, part = b.upload(data), b.upload(np.zeros(1024, np.float32))
@@ -452,6 +466,12 @@ def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: boo
 
     cases = (
         ("saxpy_1m", saxpy, lambda: np.float32(2.0) * hx + hy, (y, n * 4)),
+        (
+            "softmax_exp_1m",
+            softmax_exp,
+            lambda: np.exp(hx - np.float32(0.5)) * np.float32(0.25),
+            (ex, n * 4),
+        ),
         ("reduce_16m", reduce_tree, lambda: data.sum(), (part, 1024 * 4)),
         ("matmul_512", matmul, lambda: A @ B, (pc, m * m * 4)),
     )
@@ -476,7 +496,7 @@ def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: boo
         metrics[f"jit_{name}_speedup_vs_interp"] = int_s / jit_s
     os.environ["CRANE_PTX_JIT"] = "1"
     compiled = dict(jit.stats()["compiled"])
-    for k in ("saxpy", "reduce_tree", "matmul"):
+    for k in ("saxpy", "softmax_exp", "reduce_tree", "matmul"):
         if k not in compiled:
             raise SystemExit(f"the PTX compiler did not take {k}: {jit.stats()['refused']}")
         metrics[f"jit_compile_{k}_ms"] = compiled[k]
