@@ -8,6 +8,7 @@ Semantics follow the interpreter where PTX leaves a choice (see :mod:`.lower`).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from llvmlite import ir
@@ -21,6 +22,7 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
+from .ops_half import is_half, lower_half
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
 from .ops_sfu import SFU_HANDLERS, ftz32, ftz_f32, sat_float
@@ -100,6 +102,9 @@ def _float_binop(k: KernelLowering, name: str, a, c):
 
 def _arith(name: str):
     def h(k: KernelLowering, types, mods, ops) -> None:
+        if is_half(types):
+            lower_half(k, name, types, mods, ops, _host_converts_halves())
+            return
         t = k.one_type(types)
         if len(ops) != 3:
             raise k.refuse("operand count")
@@ -226,6 +231,9 @@ def _fma(k: KernelLowering, t: PtxType, ops, mods=()) -> None:
 
 
 def _h_fma(k: KernelLowering, types, mods, ops) -> None:
+    if is_half(types):
+        lower_half(k, "fma", types, mods, ops, _host_converts_halves())
+        return
     t = k.one_type(types)
     k.only(mods, ("rn", *DIRECTED, "ftz", "sat"))
     if t.kind != "f" or not mods_has(mods, ("rn", *DIRECTED)) or len(ops) != 4:
@@ -235,6 +243,9 @@ def _h_fma(k: KernelLowering, types, mods, ops) -> None:
 
 def _h_unary(name: str):
     def h(k: KernelLowering, types, mods, ops) -> None:
+        if is_half(types):
+            lower_half(k, name, types, mods, ops, _host_converts_halves())
+            return
         t = k.one_type(types)
         b = k.b
         if len(ops) != 2:
@@ -364,10 +375,12 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
     dt, st = types
     rnd = [m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")]
     k.only(mods, (*rnd, "ftz", "sat"))
+    r = rnd[0] if rnd else None
+    if _cvt_half(k, dt, st, r, mods, ops):
+        return
     for t in (dt, st):
         if t.kind not in ("u", "s", "b", "f") or (t.bits == 8 and t is dt):
             raise k.refuse(f"cvt with .{t.name}")
-    r = rnd[0] if rnd else None
     # ``.ftz`` flushes a float32 source (and a narrowed float32 result), as the interpreter's
     # cvt does; ``.sat`` only on conversions between floats of one width (others refused)
     f32 = (st.kind == "f" and st.bits == 32) or (dt.kind == "f" and dt.bits == 32)
@@ -419,6 +432,43 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
     sat = "fptosi" if dt.kind == "s" else "fptoui"
     f = k.intrinsic(f"llvm.{sat}.sat.i{dt.bits}.{k.fname(a.type)}", it, [a.type])
     k.put(ops[0], dt, b.call(f, [a]))
+
+
+def _cvt_half(k: KernelLowering, dt: PtxType, st: PtxType, r, mods, ops) -> bool:
+    """``cvt.f32.f16`` and ``cvt.rn.f16.f32`` (``__half2float``, ``__float2half``: kernels that
+    keep halves in memory and compute in float32), lowered and True; False for any other cvt.
+    Widening is exact; narrowing rounds once to nearest even, as the interpreter's
+    ``fp.f64_to_f16`` of the exactly widened source (the host's F16C conversion). A float32
+    source is flushed under ``.ftz`` first. Other half conversions (f64, integers, directed
+    rounding, bf16, ``.sat``, ``.relu``) are refused."""
+    half = TYPES["f16"]
+    if dt.kind != "h" and st.kind != "h":
+        return False
+    if not _host_converts_halves():
+        raise k.refuse("half conversions (the host CPU has no F16C)")
+    b = k.b
+    f32 = TYPES["f32"]
+    if dt.name == "f32" and st.name == "f16" and r is None and "sat" not in mods:
+        v = b.fpext(b.bitcast(k.get(ops[1], half), ir.HalfType()), F32)
+        k.put(ops[0], f32, v)
+        return True
+    if dt.name == "f16" and st.name == "f32" and r == "rn" and "sat" not in mods:
+        a = k.get(ops[1], f32)
+        if "ftz" in mods:
+            a = ftz32(k, a)
+        k.put(ops[0], half, b.bitcast(b.fptrunc(a, ir.HalfType()), ity(16)))
+        return True
+    raise k.refuse(f"cvt between .{dt.name} and .{st.name} (half types: only f32 <-> f16 .rn)")
+
+
+@functools.cache
+def _host_converts_halves() -> bool:
+    """Whether this CPU converts between float32 and half in hardware (F16C, or AVX512-FP16):
+    elsewhere LLVM would call a runtime helper the loaded kernel cannot resolve."""
+    import llvmlite.binding as llvm
+
+    feats = llvm.get_host_cpu_features()
+    return bool(feats.get("f16c") or feats.get("avx512fp16"))
 
 
 def _cvt_src_int(k: KernelLowering, op, st: PtxType):
