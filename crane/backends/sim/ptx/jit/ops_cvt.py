@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from ..ptxtypes import PtxType
     from .lower import KernelLowering
 
-__all__ = ["DIRECTED", "fma_directed_f32", "int_to_float_directed", "narrow_directed"]
+__all__ = [
+    "DIRECTED",
+    "fma_directed_f32",
+    "fma_two_sum",
+    "int_to_float_directed",
+    "narrow_directed",
+]
 
 DIRECTED = ("rz", "rm", "rp")
 
@@ -55,6 +61,17 @@ def narrow_directed(k: KernelLowering, a, mode: str):
     return _step(k, r, mode, b.fcmp_ordered(">", rd, a), b.fcmp_ordered("<", rd, a))
 
 
+def fma_two_sum(k: KernelLowering, a, c, d):
+    """float32 (or narrower, widened) ``a * c + d`` exactly as float64 ``(s, e)``: ``s`` the
+    nearest float64 to it, ``e`` the rest (the product is exact in float64; TwoSum)."""
+    b = k.b
+    p = b.fmul(b.fpext(a, F64), b.fpext(c, F64))
+    d64 = b.fpext(d, F64)
+    s = b.fadd(p, d64)
+    bb = b.fsub(s, p)
+    return s, b.fadd(b.fsub(p, b.fsub(s, bb)), b.fsub(d64, bb))
+
+
 def fma_directed_f32(k: KernelLowering, a, c, d, mode: str):
     """float32 ``a * c + d`` rounded once in ``mode`` (``fma.rz/rm/rp.f32``; sinf's and
     cosf's range reduction use ``fma.rm``), as the interpreter's ``fp.fma_f32``: the product is
@@ -62,11 +79,7 @@ def fma_directed_f32(k: KernelLowering, a, c, d, mode: str):
     and the float32 nearest to ``s`` moves one ulp where it lies on the wrong side of
     ``s + e`` (``(r - s) - e``: ``r - s`` is exact, so the sign is right)."""
     b = k.b
-    p = b.fmul(b.fpext(a, F64), b.fpext(c, F64))
-    d64 = b.fpext(d, F64)
-    s = b.fadd(p, d64)
-    bb = b.fsub(s, p)
-    e = b.fadd(b.fsub(p, b.fsub(s, bb)), b.fsub(d64, bb))
+    s, e = fma_two_sum(k, a, c, d)
     r = b.fptrunc(s, ir.FloatType())
     diff = b.fsub(b.fsub(b.fpext(r, F64), s), e)
     zero = ir.Constant(F64, 0.0)

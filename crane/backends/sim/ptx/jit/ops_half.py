@@ -21,6 +21,7 @@ from llvmlite import ir
 
 from ..ptxtypes import TYPES
 from .irtypes import F32, F64, I16, I32, I64
+from .ops_cvt import fma_two_sum
 from .ops_sfu import sat_float
 
 if TYPE_CHECKING:
@@ -93,11 +94,7 @@ def _fma_odd(k: KernelLowering, a, c, d):
     """float32 ``a * c + d`` (halves widened) rounded to odd: exact float64 product, TwoSum,
     round to odd in float64, then to odd in float32. Non-finite sums pass unchanged."""
     b = k.b
-    p = b.fmul(b.fpext(a, F64), b.fpext(c, F64))
-    d64 = b.fpext(d, F64)
-    s = b.fadd(p, d64)
-    bb = b.fsub(s, p)
-    e = b.fadd(b.fsub(p, b.fsub(s, bb)), b.fsub(d64, bb))
+    s, e = fma_two_sum(k, a, c, d)
     fabs64 = k.intrinsic("llvm.fabs.f64", F64, [F64])
     finite = b.fcmp_ordered("<", b.call(fabs64, [s]), ir.Constant(F64, float("inf")))
     zero = ir.Constant(F64, 0.0)
