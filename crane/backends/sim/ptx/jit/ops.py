@@ -8,7 +8,6 @@ Semantics follow the interpreter where PTX leaves a choice (see :mod:`.lower`).
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 from llvmlite import ir
@@ -22,10 +21,10 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
-from .ops_half import is_half, lower_half
+from .ops_half import host_converts_halves, is_half, lower_half
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
-from .ops_sfu import SFU_HANDLERS, ftz32, ftz_f32, sat_float
+from .ops_sfu import SFU_HANDLERS, flushed, ftz32, sat_float
 from .param import param_ptr
 from .spin import YIELD_OP
 from .warp import YIELD
@@ -103,7 +102,7 @@ def _float_binop(k: KernelLowering, name: str, a, c):
 def _arith(name: str):
     def h(k: KernelLowering, types, mods, ops) -> None:
         if is_half(types):
-            lower_half(k, name, types, mods, ops, _host_converts_halves())
+            lower_half(k, name, types, mods, ops)
             return
         t = k.one_type(types)
         if len(ops) != 3:
@@ -116,13 +115,8 @@ def _arith(name: str):
             k.only(mods, (*allowed, "ftz", *sat))
             if name == "div" and not mods_has(mods, ("rn", "approx", "full")):
                 raise k.refuse("div.f without rounding")
-            ftz = ftz_f32(k, t, mods)
             a, c = k.get(ops[1], t), k.get(ops[2], t)
-            if ftz:
-                a, c = ftz32(k, a), ftz32(k, c)
-            v = _float_binop(k, name, a, c)
-            if ftz:
-                v = ftz32(k, v)
+            v = flushed(k, t, mods, lambda x, y: _float_binop(k, name, x, y), a, c)
             if "sat" in mods:
                 v = sat_float(k, v)
         else:
@@ -215,24 +209,20 @@ def _fma(k: KernelLowering, t: PtxType, ops, mods=()) -> None:
     vt = vty(t)
     f = k.intrinsic(f"llvm.fma.{k.fname(vt)}", vt, [vt, vt, vt])
     args = [k.get(o, t) for o in ops[1:4]]
-    ftz = ftz_f32(k, t, mods)
-    if ftz:  # (operands and result, as the interpreter's ``.ftz``; ``.sat`` after it)
-        args = [ftz32(k, a) for a in args]
     directed = [m for m in mods if m in DIRECTED]
-    if directed:
-        if t.bits != 32:
-            raise k.refuse(f"fma.{directed[0]}.{t.name}")
-        v = fma_directed_f32(k, *args, directed[0])
-    else:
-        v = k.b.call(f, args)
-    if ftz:
-        v = ftz32(k, v)
+    if directed and t.bits != 32:
+        raise k.refuse(f"fma.{directed[0]}.{t.name}")
+
+    def fma(a, c, d):
+        return fma_directed_f32(k, a, c, d, directed[0]) if directed else k.b.call(f, [a, c, d])
+
+    v = flushed(k, t, mods, fma, *args)  # (``.sat`` after the flush, as the interpreter)
     k.put(ops[0], t, sat_float(k, v) if "sat" in mods else v)
 
 
 def _h_fma(k: KernelLowering, types, mods, ops) -> None:
     if is_half(types):
-        lower_half(k, "fma", types, mods, ops, _host_converts_halves())
+        lower_half(k, "fma", types, mods, ops)
         return
     t = k.one_type(types)
     k.only(mods, ("rn", *DIRECTED, "ftz", "sat"))
@@ -244,7 +234,7 @@ def _h_fma(k: KernelLowering, types, mods, ops) -> None:
 def _h_unary(name: str):
     def h(k: KernelLowering, types, mods, ops) -> None:
         if is_half(types):
-            lower_half(k, name, types, mods, ops, _host_converts_halves())
+            lower_half(k, name, types, mods, ops)
             return
         t = k.one_type(types)
         b = k.b
@@ -254,15 +244,9 @@ def _h_unary(name: str):
         a = k.get(ops[1], t)
         if t.kind == "f":
             vt = vty(t)
-            ftz = ftz_f32(k, t, mods)
-            if ftz:
-                a = ftz32(k, a)
-            if name == "neg":
-                v = b.fneg(a)
-            else:
-                v = b.call(k.intrinsic(f"llvm.fabs.{k.fname(vt)}", vt, [vt]), [a])
-            if ftz:
-                v = ftz32(k, v)
+            fabs = f"llvm.fabs.{k.fname(vt)}"
+            op = b.fneg if name == "neg" else lambda x: b.call(k.intrinsic(fabs, vt, [vt]), [x])
+            v = flushed(k, t, mods, op, a)
         elif t.kind == "s":
             zero = ir.Constant(a.type, 0)
             neg = b.sub(zero, a)
@@ -444,7 +428,7 @@ def _cvt_half(k: KernelLowering, dt: PtxType, st: PtxType, r, mods, ops) -> bool
     half = TYPES["f16"]
     if dt.kind != "h" and st.kind != "h":
         return False
-    if not _host_converts_halves():
+    if not host_converts_halves():
         raise k.refuse("half conversions (the host CPU has no F16C)")
     b = k.b
     f32 = TYPES["f32"]
@@ -459,16 +443,6 @@ def _cvt_half(k: KernelLowering, dt: PtxType, st: PtxType, r, mods, ops) -> bool
         k.put(ops[0], half, b.bitcast(b.fptrunc(a, ir.HalfType()), ity(16)))
         return True
     raise k.refuse(f"cvt between .{dt.name} and .{st.name} (half types: only f32 <-> f16 .rn)")
-
-
-@functools.cache
-def _host_converts_halves() -> bool:
-    """Whether this CPU converts between float32 and half in hardware (F16C, or AVX512-FP16):
-    elsewhere LLVM would call a runtime helper the loaded kernel cannot resolve."""
-    import llvmlite.binding as llvm
-
-    feats = llvm.get_host_cpu_features()
-    return bool(feats.get("f16c") or feats.get("avx512fp16"))
 
 
 def _cvt_src_int(k: KernelLowering, op, st: PtxType):
@@ -765,7 +739,8 @@ def _h_rcp(k: KernelLowering, types, mods, ops) -> None:
     if t.kind != "f" or len(ops) != 2 or not mods_has(mods, ("rn", "approx")):
         raise k.refuse("rcp form")
     vt = vty(t)
-    _put_flushed(k, ops, t, mods, lambda a: k.b.fdiv(ir.Constant(vt, 1.0), a))
+    v = flushed(k, t, mods, lambda a: k.b.fdiv(ir.Constant(vt, 1.0), a), k.get(ops[1], t))
+    k.put(ops[0], t, v)
 
 
 def _h_sqrt(k: KernelLowering, types, mods, ops) -> None:
@@ -775,7 +750,7 @@ def _h_sqrt(k: KernelLowering, types, mods, ops) -> None:
         raise k.refuse("sqrt form")
     vt = vty(t)
     f = k.intrinsic(f"llvm.sqrt.{k.fname(vt)}", vt, [vt])
-    _put_flushed(k, ops, t, mods, lambda a: k.b.call(f, [a]))
+    k.put(ops[0], t, flushed(k, t, mods, lambda a: k.b.call(f, [a]), k.get(ops[1], t)))
 
 
 def _h_rsqrt(k: KernelLowering, types, mods, ops) -> None:
@@ -791,15 +766,7 @@ def _h_rsqrt(k: KernelLowering, types, mods, ops) -> None:
         r = b.fdiv(ir.Constant(F64, 1.0), s)
         return b.fptrunc(r, F32) if t.bits == 32 else r
 
-    _put_flushed(k, ops, t, mods, rsqrt)
-
-
-def _put_flushed(k: KernelLowering, ops, t: PtxType, mods, f) -> None:
-    """``ops[0] = f(ops[1])``, operand and result flushed under ``.ftz`` (float32)."""
-    ftz = ftz_f32(k, t, mods)
-    a = k.get(ops[1], t)
-    v = f(ftz32(k, a) if ftz else a)
-    k.put(ops[0], t, ftz32(k, v) if ftz else v)
+    k.put(ops[0], t, flushed(k, t, mods, rsqrt, k.get(ops[1], t)))
 
 
 HANDLERS = {

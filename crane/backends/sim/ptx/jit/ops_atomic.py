@@ -41,7 +41,6 @@ _OPS = ("and", "or", "xor", "cas", "exch", "add", "inc", "dec", "min", "max")
 #: PTX op -> atomicrmw operation, for integer types (min/max: signed, unsigned)
 _RMW = {"add": "add", "and": "and", "or": "or", "xor": "xor", "exch": "xchg"}
 _SPACES = ("global", "shared")
-#: the smallest normal float32: smaller magnitudes are flushed to zero by add.f32
 
 
 def is_atomic(ins) -> bool:

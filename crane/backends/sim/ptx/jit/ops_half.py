@@ -15,6 +15,7 @@ runs interpreted).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from llvmlite import ir
@@ -27,7 +28,7 @@ from .ops_sfu import sat_float
 if TYPE_CHECKING:
     from .lower import KernelLowering
 
-__all__ = ["HALF_OPS", "is_half", "lower_half"]
+__all__ = ["HALF_OPS", "host_converts_halves", "is_half", "lower_half"]
 
 HALF_OPS = ("add", "sub", "mul", "fma", "neg", "abs", "min", "max")
 _HALF = ir.HalfType()
@@ -38,11 +39,21 @@ def is_half(types) -> bool:
     return len(types) == 1 and types[0].kind in ("h", "h2")
 
 
-def lower_half(k: KernelLowering, op: str, types, mods, ops, can_convert: bool) -> None:
-    """Lower ``op`` on ``.f16``/``.f16x2`` operands (``can_convert``: the host converts halves
-    in hardware; else refused)."""
+@functools.cache
+def host_converts_halves() -> bool:
+    """Whether this CPU converts between float32 and half in hardware (F16C, or AVX512-FP16):
+    elsewhere LLVM would call a runtime helper the loaded kernel cannot resolve."""
+    import llvmlite.binding as llvm
+
+    feats = llvm.get_host_cpu_features()
+    return bool(feats.get("f16c") or feats.get("avx512fp16"))
+
+
+def lower_half(k: KernelLowering, op: str, types, mods, ops) -> None:
+    """Lower ``op`` on ``.f16``/``.f16x2`` operands (refused where the host cannot convert
+    halves in hardware)."""
     t = types[0]
-    if not can_convert:
+    if not host_converts_halves():
         raise k.refuse("half arithmetic (the host CPU has no F16C)")
     rounding = op in ("add", "sub", "mul", "fma")
     k.only(mods, ("rn", "sat") if rounding else ())

@@ -24,7 +24,7 @@ from .irtypes import F32, F64, lane_type
 if TYPE_CHECKING:
     from .lower import KernelLowering
 
-__all__ = ["SFU_HANDLERS", "ftz32", "ftz_f32", "sat_float"]
+__all__ = ["SFU_HANDLERS", "flushed", "ftz32", "ftz_f32", "sat_float"]
 
 #: the smallest normal float32 (2**-126): below it in magnitude, ``.ftz`` flushes
 F32_TINY = 2.0**-126
@@ -44,6 +44,15 @@ def ftz_f32(k: KernelLowering, t, mods) -> bool:
     """Whether an instruction of type ``t`` with ``mods`` flushes (``.ftz`` on float32; the
     interpreter ignores it on other types, as PTX defines it only for .f32)."""
     return "ftz" in mods and t.kind == "f" and t.bits == 32
+
+
+def flushed(k: KernelLowering, t, mods, f, *args):
+    """``f(*args)`` as an instruction of type ``t`` with ``mods`` computes it: under ``.ftz``
+    on float32, its operands and its result flushed (the interpreter's
+    ``fp.ftz(f(fp.ftz(a), ...))``); otherwise unchanged."""
+    if not ftz_f32(k, t, mods):
+        return f(*args)
+    return ftz32(k, f(*(ftz32(k, a) for a in args)))
 
 
 def sat_float(k: KernelLowering, v):
@@ -75,13 +84,12 @@ def _sfu(name: str):
         if t.kind != "f" or t.bits != 32 or len(ops) != 2:
             raise k.refuse(f"{name} form")
         b = k.b
-        ftz = "ftz" in mods
-        a = k.get(ops[1], t)
-        if ftz:
-            a = ftz32(k, a)
         f = k.intrinsic(_F64[name], F64, [F64])
-        r = b.fptrunc(b.call(f, [b.fpext(a, F64)]), F32)
-        k.put(ops[0], t, ftz32(k, r) if ftz else r)
+
+        def in_f64(a):  # computed in float64, rounded once
+            return b.fptrunc(b.call(f, [b.fpext(a, F64)]), F32)
+
+        k.put(ops[0], t, flushed(k, t, mods, in_f64, k.get(ops[1], t)))
 
     return h
 

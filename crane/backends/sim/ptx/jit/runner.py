@@ -99,13 +99,8 @@ def run_compiled(
         return
     chunks = Chunks(nblocks, chunk_size(nblocks, workers, per_call))
     head = template.copy()
-    head[L.MEM_BUF] = _addr(memory.buf)
-    head[L.MEM_BASE] = memory.base
-    head[L.ALLOC_STARTS] = _addr(starts)
-    head[L.ALLOC_ENDS] = _addr(ends)
-    head[L.NALLOC] = len(starts)
+    _memory_words(head, memory, starts, ends, symvals)
     head[L.KPARAMS] = kparams.ctypes.data
-    head[L.SYMVALS] = _addr(symvals)
     keep = (starts, ends, symvals, kparams)  # alive while the code runs
     parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in range(workers)]
     timer = None
@@ -145,18 +140,13 @@ def _run_alone(
         ctx = bufs.ctx
         ctx[:] = template
         words = bufs.ctx_words
-        words[L.MEM_BUF] = _addr(memory.buf)
-        words[L.MEM_BASE] = memory.base
-        words[L.ALLOC_STARTS] = _addr(starts)
-        words[L.ALLOC_ENDS] = _addr(ends)
-        words[L.NALLOC] = len(starts)
+        _memory_words(words, memory, starts, ends, symvals)
         n = len(kparams)
         if n <= len(bufs.kparams):
             bufs.kparams[:n] = kparams
             words[L.KPARAMS] = bufs.kparams_addr
         else:
             words[L.KPARAMS] = kparams.ctypes.data
-        words[L.SYMVALS] = _addr(symvals)
         words[L.SHARED], words[L.SAVE], words[L.RESUME], words[L.LOCAL] = bufs.addrs
         fn = ck.entry_for(block)
         ptr = bufs.ctx_addr
@@ -167,6 +157,17 @@ def _run_alone(
                 raise _fault(ck, ctx, memory, stride)
     finally:
         buffers.give(bufs)
+
+
+def _memory_words(words, memory, starts, ends, symvals) -> None:
+    """Set a launch's own context words on memory (the window, the allocation table, the
+    symbol values) in ``words``: a numpy array or a memoryview of one."""
+    words[L.MEM_BUF] = _addr(memory.buf)
+    words[L.MEM_BASE] = memory.base
+    words[L.ALLOC_STARTS] = _addr(starts)
+    words[L.ALLOC_ENDS] = _addr(ends)
+    words[L.NALLOC] = len(starts)
+    words[L.SYMVALS] = _addr(symvals)
 
 
 #: the launch-shape part of the context words (:func:`run_compiled`), by shape
