@@ -95,7 +95,8 @@ class Op:
     data_out: bool = False
     #: Device-pointer args whose allocations this op may write (dirty tracking).
     writes: tuple[str, ...] = ()
-    #: A launch: its kernel may write wherever its pointer parameters (the data) lead.
+    #: A launch: its kernel (the ``function`` arg) may write wherever its pointer
+    #: parameters (the data) lead; the kernel's parameter layout says where they are.
     writes_via_params: bool = False
     #: Still runs after a sticky fault (tearing down is always allowed).
     teardown: bool = False
@@ -125,6 +126,8 @@ class Op:
         if kinds.count(Kind.LAUNCH_CONFIG) > 1:
             raise ValueError(f"op {self.name}: at most one LAUNCH_CONFIG argument")
         object.__setattr__(self, "_config_at", at)
+        if self.writes_via_params and "function" not in (p.name for p in self.args):
+            raise ValueError(f"op {self.name}: a launch (writes_via_params) needs a function arg")
 
     @property
     def handler(self) -> str:

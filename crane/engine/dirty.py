@@ -33,11 +33,34 @@ a chunk exactly unless they are chunk-sized, and marking such a neighbour is onl
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 
 import numpy as np
 
-__all__ = ["SCAN_LIMIT", "DirtyTracker"]
+__all__ = ["SCAN_LIMIT", "DirtyTracker", "pointer_slots"]
+
+_U64 = struct.Struct("<Q")
+
+
+@functools.lru_cache(maxsize=4096)
+def pointer_slots(layout: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """Offsets in a kernel's parameter buffer where a pointer can sit, from its layout.
+
+    An 8-byte parameter is one slot. A larger one is a struct (or an array): a pointer member
+    is 8-byte aligned inside an 8-byte-aligned struct, so its 8-aligned words are slots; a
+    struct aligned to less can hold one only when packed, so all its 4-aligned words are.
+    Parameters under 8 bytes hold no pointer. Words that straddle two parameters never count:
+    ``f(table, 4096)`` packs the high half of ``table`` beside ``4096``, which can read as an
+    address inside some allocation and mark it (and copy it again) every pre-copy round."""
+    out: list[int] = []
+    for off, size in layout:
+        if size == 8:
+            out.append(off)
+        elif size > 8:
+            out.extend(range(off, off + size - 7, 8 if off % 8 == 0 else 4))
+    return tuple(out)
+
 
 #: Host-to-device copies up to this size are scanned for pointers (pointer tables are small;
 #: scanning every byte of bulk uploads would cost bandwidth for nothing).
@@ -56,10 +79,11 @@ class DirtyTracker:
         self.refs: dict[int, set[int]] = {}  # allocation -> allocations it holds pointers into
         #: allocations that memory outside every allocation (module variables) points into
         self.global_refs: set[int] = set()
-        #: parameter buffers :meth:`launch` marked for since anything it follows last changed
-        #: (the allocations, the pointers learnt, a mark): the same launch again marks nothing
-        #: new, and a loop launches the same parameters thousands of times
-        self._launched: set[bytes] = set()
+        #: (layout, parameter buffer) pairs :meth:`launch` marked for since anything it
+        #: follows last changed (the allocations, the pointers learnt, a mark): the same
+        #: launch again marks nothing new, and a loop launches the same parameters thousands
+        #: of times
+        self._launched: set[tuple[tuple[tuple[int, int], ...] | None, bytes]] = set()
 
     def add(self, addr: int, size: int, whole_chunk: bool = False) -> None:
         """A new allocation: dirty (its contents are whatever the device held)."""
@@ -202,28 +226,29 @@ class DirtyTracker:
             self.dirty.add(x)
             todo.extend(self.refs.get(x, ()))
 
-    def launch(self, params: bytes) -> None:
+    def launch(self, params: bytes, layout: tuple[tuple[int, int], ...] | None = None) -> None:
         """Mark every allocation a kernel parameter points into, all module variables, and
-        what the module variables point into."""
+        what the module variables point into. ``layout`` is the kernel's (offset, size) per
+        parameter: only words that lie inside one parameter are read as pointers, so two
+        neighbouring scalars never pass for an address. Without it (a caller that does not
+        know the kernel), every 4-byte-aligned word is read."""
         self.globals_dirty = True
         params = bytes(params)  # (a no-op for bytes)
-        if not self._starts or params in self._launched:
+        if not self._starts:
+            return
+        key = (layout, params)
+        if key in self._launched:
             return
         if len(self._launched) < 256:
-            self._launched.add(params)
+            self._launched.add(key)
         for a in list(self.global_refs):
             self._follow(a)
         lo, hi = self._starts[0], self._starts[-1] + self._sizes[-1]
-        n = len(params) // 8
-        for (v,) in struct.iter_unpack("<Q", params[: n * 8]) if n else ():
+        at = pointer_slots(layout) if layout is not None else range(0, len(params) - 7, 4)
+        for off in at:
+            (v,) = _U64.unpack_from(params, off)
             if lo <= v < hi:
                 self._kernel_write(v)
-        # parameters are 4-byte aligned at least; an 8-byte pointer is 8-byte aligned, but a
-        # struct parameter may place one at offset 4 mod 8
-        if len(params) >= 12:
-            for (v,) in struct.iter_unpack("<Q", params[4 : 4 + ((len(params) - 4) // 8) * 8]):
-                if lo <= v < hi:
-                    self._kernel_write(v)
 
     def mark(self) -> tuple[set[int], bool]:
         """(allocations written since the last mark, module variables written); starts anew."""

@@ -64,6 +64,8 @@ class Bound:
     decode: Callable[[bytes], tuple]  # raw argument bytes -> one value per argument
     writes: tuple[int, ...]  # indexes of the args whose allocations the op may write
     writes_via_params: bool
+    #: A launch's ``function`` arg (whose kernel's parameter layout the tracker reads), or -1.
+    kernel_arg: int
     teardown: bool
     data_in: bool
     #: The caller needs the outcome: a synchronous op or one that returns data.
@@ -96,6 +98,7 @@ def bind(device: SessionDevice, o: Op) -> Bound:
         decode=o.decoder,
         writes=tuple(args.index(w) for w in o.writes),
         writes_via_params=o.writes_via_params,
+        kernel_arg=args.index("function") if o.writes_via_params else -1,
         teardown=o.teardown,
         data_in=o.data_in is not None,
         replies=o.sync or o.data_out,
@@ -175,5 +178,5 @@ class Dispatcher:
             for i in b.writes:
                 dev.dirty.write(args[i])
         if b.writes_via_params:
-            dev.dirty.launch(data)
+            dev.dirty.launch(data, dev.param_layout(args[b.kernel_arg]))
         return result

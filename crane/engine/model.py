@@ -546,6 +546,12 @@ class SessionDevice:
         cluster = (cluster_x, cluster_y, cluster_z)
         self._launch(function, config, stream, params, bool(flags & 1), cluster, bool(flags & 2))
 
+    def param_layout(self, function: int) -> tuple[tuple[int, int], ...]:
+        """The (offset, size) of each parameter of a bound kernel: where its parameter buffer
+        can hold pointers (the dirty tracker reads only those words)."""
+        fn = self.functions.get(function)
+        return self.modules.get(fn.meta).obj.image.kernels[fn.obj].params
+
     def _peak(self, function: int, launch: tuple[int, int, int, int]) -> None:
         """Fold one validated launch into the function's peaks (elementwise maximum)."""
         old = self.launch_peaks.get(function)

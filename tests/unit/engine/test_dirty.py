@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from crane.engine.dirty import DirtyTracker
+from crane.engine.dirty import DirtyTracker, pointer_slots
 
 
 def test_new_allocations_are_dirty_and_mark_starts_anew() -> None:
@@ -189,3 +189,36 @@ def test_the_same_launch_again_marks_what_it_marked_after_every_change() -> None
     d.remove(0x1000)
     d.launch(params)
     assert d.mark()[0] == set()
+
+
+def test_a_launch_reads_pointers_only_inside_parameters() -> None:
+    """``f(table, 4096)`` packs the high half of ``table`` beside 4096: that word, read
+    across the two parameters, is an address inside another allocation. With the kernel's
+    layout it is not a slot; the old every-4-bytes scan (no layout) marks it."""
+    d = DirtyTracker()
+    table = 0x2000_0000_0000
+    d.add(table, 0x100)
+    d.add(0x1000_0000_0000, 24 << 20)
+    assert d.find(struct.unpack_from("<Q", struct.pack("<QI", table, 4096), 4)[0]) is not None
+    d.mark()
+    params = struct.pack("<QI", table, 4096) + b"\0" * 4
+    d.launch(params, ((0, 8), (8, 4)))
+    assert d.mark()[0] == {table}
+    d.launch(params)
+    assert d.mark()[0] == {table, 0x1000_0000_0000}
+
+
+def test_pointer_slots_follow_the_layout() -> None:
+    # an 8-byte scalar or pointer, a 4-byte int, an 8-aligned struct, a 4-aligned packed one
+    layout = ((0, 8), (8, 4), (16, 24), (40, 4), (44, 12))
+    assert pointer_slots(layout) == (0, 16, 24, 32, 44, 48)
+    assert pointer_slots(()) == ()
+
+
+def test_a_pointer_member_of_a_struct_parameter_marks_its_allocation() -> None:
+    d = DirtyTracker()
+    d.add(0x7000, 0x100)
+    d.mark()
+    params = struct.pack("<IIQQ", 3, 0, 7, 0x7040)  # (int, pad) then struct {long n; float* p}
+    d.launch(params, ((0, 4), (8, 16)))
+    assert d.mark()[0] == {0x7000}
