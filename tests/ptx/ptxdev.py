@@ -100,19 +100,21 @@ class Device:
 
     def launch(self, prog, kernel: str, grid, block, args, shared: int = 0, **kw) -> list[str]:
         out: list[str] = []
-        prog.launch(
-            kernel,
-            grid=grid if isinstance(grid, tuple) else (grid, 1, 1),
-            block=block if isinstance(block, tuple) else (block, 1, 1),
-            dynamic_shared=shared,
-            params=self.pack(prog, kernel, args),
-            memory=self.mem,
-            symbols=self.symbols(prog),
-            profile=self.profile,
-            printf=out.append,
-            **kw,
-        )
-        self.printed.extend(out)
+        try:
+            prog.launch(
+                kernel,
+                grid=grid if isinstance(grid, tuple) else (grid, 1, 1),
+                block=block if isinstance(block, tuple) else (block, 1, 1),
+                dynamic_shared=shared,
+                params=self.pack(prog, kernel, args),
+                memory=self.mem,
+                symbols=self.symbols(prog),
+                profile=self.profile,
+                printf=out.append,
+                **kw,
+            )
+        finally:  # (a failed assert prints before its launch fails)
+            self.printed.extend(out)
         return out
 
 

@@ -34,3 +34,27 @@ extern "C" __global__ void shared_oob(int* out, int k) {
     __syncthreads();
     out[threadIdx.x] = s[threadIdx.x + k];
 }
+
+// A framework's index check: gather with every index checked (assert), one thread per output.
+extern "C" __global__ void gather_checked(const long long* ix, const float* src, float* dst,
+                                          int n, int m) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long j = ix[i];
+        assert(j >= 0 && j < m);
+        dst[i] = src[j];
+    }
+}
+
+// The same check in a 2-D grid of 2-D blocks, after a barrier (regions, the general driver).
+extern "C" __global__ void assert_2d(const int* p, int* out, int limit) {
+    __shared__ int row[32];
+    int x = blockIdx.x * blockDim.x + threadIdx.x;
+    int y = blockIdx.y * blockDim.y + threadIdx.y;
+    int w = gridDim.x * blockDim.x;
+    if (threadIdx.y == 0) row[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+    int v = p[y * w + x];
+    assert(v < limit);
+    out[y * w + x] = v + row[threadIdx.x];
+}

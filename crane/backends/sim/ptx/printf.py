@@ -22,7 +22,16 @@ from crane.backends.sim.memory import MemoryFault
 from .errors import KernelFault
 from .memspace import LOCAL_WINDOW, SHARED_WINDOW, WINDOW_SIZE
 
-__all__ = ["format_printf", "h_assertfail", "h_vprintf", "read_bytes", "read_cstring"]
+__all__ = [
+    "assert_fault",
+    "assert_line",
+    "format_printf",
+    "global_cstring",
+    "h_assertfail",
+    "h_vprintf",
+    "read_bytes",
+    "read_cstring",
+]
 
 _MAX_STRING = 1 << 16
 _CONV = re.compile(
@@ -46,17 +55,30 @@ def read_bytes(st, lane: int, addr: int, n: int, *, partial: bool = False) -> by
             raise MemoryFault(f"local read at {addr:#x} out of range", addr, "illegal")
         base = int(st.lobase[lane])
         return st.local[base + off : base + end].tobytes()
-    alloc = st.mem.find(addr)
+    return read_global(st.mem, addr, n, partial=partial)
+
+
+def read_global(mem, addr: int, n: int, *, partial: bool = False) -> bytes:
+    """Up to ``n`` bytes of device memory ``mem`` at ``addr``, within one allocation."""
+    alloc = mem.find(addr)
     end = min(addr + n, alloc.end) if partial else addr + n
     if end > alloc.end:
         raise MemoryFault(
             f"read of {n} bytes at {addr:#x} runs past its allocation", addr, "illegal"
         )
-    return st.mem.read(addr, end - addr)
+    return mem.read(addr, end - addr)
 
 
 def read_cstring(st, lane: int, addr: int, limit: int = _MAX_STRING) -> str:
-    raw = read_bytes(st, lane, addr, limit, partial=True)
+    return c_string(read_bytes(st, lane, addr, limit, partial=True))
+
+
+def global_cstring(mem, addr: int) -> str:
+    """The C string at ``addr`` in device memory ``mem`` (no shared or local window)."""
+    return c_string(read_global(mem, addr, _MAX_STRING, partial=True))
+
+
+def c_string(raw: bytes) -> str:
     z = raw.find(b"\0")
     if z >= 0:
         raw = raw[:z]
@@ -167,13 +189,28 @@ def h_assertfail(st, ins, idx) -> None:
     sp = st.special
     first = ""
     for j, lane in enumerate(lanes.tolist()):
-        text = (
-            f"{read_cstring(st, lane, int(files[j]))}:{int(lines[j])}: "
-            f"{read_cstring(st, lane, int(funcs[j]))}: "
-            f"block [{sp['%ctaid.x'][lane]},{sp['%ctaid.y'][lane]},{sp['%ctaid.z'][lane]}], "
-            f"thread [{sp['%tid.x'][lane]},{sp['%tid.y'][lane]},{sp['%tid.z'][lane]}] "
-            f"Assertion `{read_cstring(st, lane, int(msgs[j]))}` failed.\n"
+        text = assert_line(
+            read_cstring(st, lane, int(files[j])),
+            int(lines[j]),
+            read_cstring(st, lane, int(funcs[j])),
+            tuple(int(sp[f"%ctaid.{a}"][lane]) for a in "xyz"),
+            tuple(int(sp[f"%tid.{a}"][lane]) for a in "xyz"),
+            read_cstring(st, lane, int(msgs[j])),
         )
         st.printf(text)
-        first = first or text.strip()
-    raise KernelFault(710, f"device-side assert triggered: {first}")
+        first = first or text
+    raise assert_fault(first)
+
+
+def assert_line(file: str, line: int, func: str, ctaid, tid, message: str) -> str:
+    """The line a failed ``assert`` prints, as a GPU words it."""
+    return (
+        f"{file}:{line}: {func}: block [{ctaid[0]},{ctaid[1]},{ctaid[2]}], "
+        f"thread [{tid[0]},{tid[1]},{tid[2]}] Assertion `{message}` failed.\n"
+    )
+
+
+def assert_fault(first_line: str) -> KernelFault:
+    """The launch's fault after a failed ``assert`` (CUDA_ERROR_ASSERT): sticky, as on a
+    GPU; it names the first failing thread's line."""
+    return KernelFault(710, f"device-side assert triggered: {first_line.strip()}")

@@ -16,6 +16,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 import numpy as np
@@ -423,7 +424,7 @@ class PtxProgram:
         launches=None,
         deadline=None,
     ) -> None:
-        def interpret() -> None:
+        def interpret(sink=sink) -> None:
             with np.errstate(all="ignore"):
                 for first in range(0, geo.blocks, per_batch):
                     check_deadline(deadline)
@@ -476,7 +477,7 @@ class PtxProgram:
             interpret()
             return
 
-        def compiled() -> None:
+        def compiled(sink=sink) -> None:
             run_compiled(
                 ck,
                 geo=geo,
@@ -487,10 +488,23 @@ class PtxProgram:
                 local_stride=local_stride,
                 deadline=deadline,
                 serial=mode == "diff" and jit.orders_matter(self._dec.by_fid[k.fid].fn),
+                printf=sink,
             )
 
-        if mode == "diff":
-            differential(memory, interpret, compiled, k.name)
+        if mode == "diff":  # the compiled run's output is what the program sees
+            heard: list[str] = []
+            said: list[str] = []
+            try:
+                differential(
+                    memory,
+                    partial(interpret, heard.append),
+                    partial(compiled, said.append),
+                    k.name,
+                    (heard, said),
+                )
+            finally:
+                for text in said:
+                    sink(text)
         else:
             compiled()
 
@@ -517,8 +531,15 @@ class PtxProgram:
                 return None
             return dec.slot_index.get(key)
 
+        externs = frozenset(f.fn.name for f in dec.by_fid.values() if f.builtin is not None)
         return jit.compiled_kernel(
-            self.source_hash, fi.fn, dec.kparam_offsets, slot_of, k.param_bytes, tuple(block)
+            self.source_hash,
+            fi.fn,
+            dec.kparam_offsets,
+            slot_of,
+            k.param_bytes,
+            tuple(block),
+            externs,
         )
 
 

@@ -165,13 +165,21 @@ def module_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compiled_kernel(mod_hash: str, fn, kparam_offsets, slot_of, param_bytes: int, block=(1, 1, 1)):
+def compiled_kernel(
+    mod_hash: str,
+    fn,
+    kparam_offsets,
+    slot_of,
+    param_bytes: int,
+    block=(1, 1, 1),
+    externs: frozenset[str] = frozenset(),
+):
     """The compiled kernel for entry function ``fn`` of the module hashed ``mod_hash``, or
     None (logged once) when the compiler refuses it. A kernel with the vectorizable form
     (barrier-free, loop-free) is compiled with only the driver 1-D blocks run; the general
     driver, for a launch of ``block`` with more than one dimension, is compiled when such a
     launch first comes (most such kernels are never launched so: 10-20 ms of a 60 ms
-    compile saved)."""
+    compile saved). ``externs``: the module's functions declared without a body."""
     key = (mod_hash, fn.name)
     with _lock:
         got = _cache.get(key)
@@ -180,7 +188,9 @@ def compiled_kernel(mod_hash: str, fn, kparam_offsets, slot_of, param_bytes: int
             try:
                 got = _from_disk(mod_hash, fn.name, t0)
                 if got is None:
-                    low, code = _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes)
+                    low, code = _lower_and_compile(
+                        fn, kparam_offsets, slot_of, param_bytes, externs
+                    )
                     split = low.fast is not None
                     got = CompiledKernel(
                         fn.name,
@@ -209,18 +219,18 @@ def compiled_kernel(mod_hash: str, fn, kparam_offsets, slot_of, param_bytes: int
         if not isinstance(got, CompiledKernel):
             return None
         if got.entry_for(block) is None and not _add_general(
-            got, fn, kparam_offsets, slot_of, param_bytes
+            got, fn, kparam_offsets, slot_of, param_bytes, externs
         ):
             return None
     return got
 
 
-def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int):
+def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int, externs=frozenset()):
     """Lower and compile ``fn`` (only the driver its first launches need when it has two);
     if LLVM fails on a kernel with vector-form regions (:mod:`.simd`), it is lowered again
     without them (logged): a lowering bug there must cost speed, never the compiled kernel."""
     try:
-        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, externs=externs)
         return low, _compile(low)
     except Refusal:
         raise
@@ -230,7 +240,7 @@ def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int):
         log.warning(
             "kernel %s: vector-form regions left out (%s: %s)", fn.name, type(e).__name__, e
         )
-        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, simd=False)
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, simd=False, externs=externs)
         return low, _compile(low)
 
 
@@ -240,7 +250,9 @@ def _compile(low):
     return compile_ir(low.ir_text(), None if split else low.name, low.fast, drop, low.cold)
 
 
-def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: int) -> bool:
+def _add_general(
+    ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: int, externs=frozenset()
+) -> bool:
     """Compile kernel ``ck``'s general driver (lowered again; its vectorizable driver left
     out); False, logged once, if that fails. Called under ``_lock`` (compiles share one
     target machine)."""
@@ -248,7 +260,7 @@ def _add_general(ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: i
         return False
     t0 = time.perf_counter()
     try:
-        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes)
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, externs=externs)
         drop = (low.fast,) if low.fast else ()
         code = compile_ir(low.ir_text(), low.name, None, drop, low.cold)
     except Exception as e:  # an LLVM error: those launches run interpreted

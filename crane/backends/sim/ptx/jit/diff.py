@@ -2,9 +2,9 @@
 
 Every allocation's bytes are saved, the interpreter runs, its results are kept, the bytes are
 put back and the compiled kernel runs; then every allocation must hold the same bytes (bit for
-bit) and both runs must succeed, or fail with the same CUresult. The compiled run's state and
-fault are what the caller sees, so the suite's own checks (results, fault messages) apply to
-the compiled path too.
+bit), both runs must print the same, and both must succeed, or fail with the same CUresult.
+The compiled run's state, output and fault are what the caller sees, so the suite's own
+checks (results, fault messages) apply to the compiled path too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ from ..errors import KernelFault
 __all__ = ["differential"]
 
 
-def differential(memory, interpret: Callable[[], None], compiled: Callable[[], None], name: str):
+def differential(
+    memory,
+    interpret: Callable[[], None],
+    compiled: Callable[[], None],
+    name: str,
+    printed: tuple[list[str], list[str]] = ([], []),
+):
+    """``printed``: the lines each run printed (filled as they run). A run that succeeds
+    must print what the interpreter printed; a failed ``assert`` prints some of the
+    interpreter's lines (the compiled kernel stops at the first failing thread)."""
     from . import JitMismatch
 
     allocs = memory.allocations()
@@ -28,8 +37,13 @@ def differential(memory, interpret: Callable[[], None], compiled: Callable[[], N
     fj = _outcome(compiled)
     if (fi is None) != (fj is None) or (fi is not None and fj is not None and fi.code != fj.code):
         raise JitMismatch(f"kernel {name}: interpreted {fi or 'ok'} but compiled {fj or 'ok'}")
+    heard, said = printed
     if fj is not None:
+        if not set(said) <= set(heard):
+            raise JitMismatch(f"kernel {name}: compiled printed {said}, interpreted {heard}")
         raise fj  # the state after a fault is unspecified: not compared
+    if said != heard:
+        raise JitMismatch(f"kernel {name}: compiled printed {said}, interpreted {heard}")
     for a, want in zip(allocs, after_i, strict=True):
         got = memory.read(a.addr, a.size)
         if got != want:

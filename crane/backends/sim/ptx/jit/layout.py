@@ -12,6 +12,12 @@ from __future__ import annotations
 __all__ = [
     "ALLOC_ENDS",
     "ALLOC_STARTS",
+    "ASSERT_CTAID",
+    "ASSERT_FILE",
+    "ASSERT_FUNC",
+    "ASSERT_LINE",
+    "ASSERT_MSG",
+    "ASSERT_TID",
     "BLOCK_BEGIN",
     "BLOCK_END",
     "FAULT_ADDR",
@@ -22,6 +28,7 @@ __all__ = [
     "FIXED",
     "GRID",
     "INVARIANT",
+    "KIND_ASSERT",
     "KIND_ILLEGAL",
     "KIND_MISALIGNED",
     "KIND_TIMEOUT",
@@ -73,7 +80,10 @@ FAULT_SPACE = 24
 LOCAL = 25  # every lane's local memory: threads x LOCAL_SIZE bytes (jit/local.py)
 LOCAL_SIZE = 26  # one lane's local stride (the interpreter's)
 KPARAM_SIZE = 27  # bytes of kernel parameters (the buffer less its 8 bytes of padding)
-FIXED = 28  # first per-site cache slot
+#: a failed ``assert`` (KIND_ASSERT): __assertfail's message, file, line and function, and
+#: the lane's %tid and %ctaid packed (x | y << 21 | z << 42; x | y << 32 | z << 48)
+ASSERT_MSG, ASSERT_FILE, ASSERT_LINE, ASSERT_FUNC, ASSERT_TID, ASSERT_CTAID = range(28, 34)
+FIXED = 34  # first per-site cache slot
 
 #: bounds the compiled code may assume (``!range`` metadata): every block dimension at most
 #: MAX_BLOCK_DIM, every shared offset (the block's shared size) below MAX_SHARED; launches
@@ -81,7 +91,7 @@ FIXED = 28  # first per-site cache slot
 MAX_BLOCK_DIM = 1 << 20
 MAX_SHARED = 1 << 30
 
-KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT, KIND_TRAP = 1, 2, 3, 4
+KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT, KIND_TRAP, KIND_ASSERT = 1, 2, 3, 4, 5
 SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL, SPACE_PARAM, SPACE_PARAM_STORE = 0, 1, 2, 3, 4
 
 #: context words that stay the same for a whole call: the driver loads them once and passes

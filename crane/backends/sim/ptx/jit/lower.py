@@ -175,8 +175,21 @@ _VECTOR_WIDTH = ' "prefer-vector-width"="512"'
 class KernelLowering(LaneOperands):
     """Lowering state for one kernel (one ``step`` function and its driver)."""
 
-    def __init__(self, fn: Function, kparam_offsets: dict, slot_of, param_bytes: int) -> None:
+    def __init__(
+        self,
+        fn: Function,
+        kparam_offsets: dict,
+        slot_of,
+        param_bytes: int,
+        externs: frozenset[str] = frozenset(),
+    ) -> None:
         self.fn = fn
+        #: the module's functions declared without a body (the CUDA runtime's: ``call``)
+        self.externs = externs
+        #: a call's arguments as its ``st.param`` stored them: (id of the .param declared
+        #: in the call's scope, offset) -> (bits, value); the call follows in the same
+        #: straight run of code, so the value dominates it
+        self.call_args: dict[tuple[int, int], tuple[int, object]] = {}
         self.kparam_offsets = kparam_offsets
         self.slot_of = slot_of  # VarDecl -> symbol slot (module variables, shared variables)
         self.param_bytes = param_bytes
@@ -327,7 +340,7 @@ class KernelLowering(LaneOperands):
             ops = s.operands if isinstance(s.operands, list) else []
             if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):
                 return False
-            if op == "st":
+            if op == "st" and ".param" not in s.opcode:  # (st.param: a call's argument)
                 stored = True
             elif op == "ld" and stored and ".param" not in s.opcode:
                 return False
@@ -664,8 +677,10 @@ class KernelLowering(LaneOperands):
             self.texts.append((ins.text, ins.line))
         return i
 
-    def fault_if(self, cond, addr, kind: int, nbytes: int, space: int) -> None:
-        """Branch to a fault exit when ``cond`` holds; continue in a fresh block otherwise."""
+    def fault_if(self, cond, addr, kind: int, nbytes: int, space: int, more: tuple = ()) -> None:
+        """Branch to a fault exit when ``cond`` holds; continue in a fresh block otherwise.
+        ``more``: (context word, i64 value) pairs the exit also stores (what the runner
+        needs to word the fault)."""
         b = self.b
         if self.fast and self.commit:  # checked in the first pass
             return
@@ -685,6 +700,7 @@ class KernelLowering(LaneOperands):
             (L.FAULT_KIND, ir.Constant(I64, kind)),
             (L.FAULT_BYTES, ir.Constant(I64, nbytes)),
             (L.FAULT_SPACE, ir.Constant(I64, space)),
+            *more,
         ):
             b.store(v, b.gep(self.ctx, [ir.Constant(I64, slot)]))
         b.ret(ir.Constant(I32, FAULTED))
@@ -915,8 +931,8 @@ class KernelLowering(LaneOperands):
                 if space != "param":
                     raise self.refuse("a kernel parameter through a non-.param address")
                 o = self.kparam_offsets.get(id(var))
-                if o is None:
-                    raise self.refuse(f"parameter {base[1]}")
+                if o is None:  # declared in the body: a call's argument (``call``)
+                    return "call", (id(var), off)
                 return "param", o + off
             return "value", b.add(self.symbol(base[1]), c64(off))
         r = self.regdecl(base[1])
@@ -1731,11 +1747,17 @@ def _is_generic_access(opcode: str) -> bool:
 
 
 def lower_kernel(
-    fn: Function, kparam_offsets: dict, slot_of, param_bytes: int, simd: bool = True
+    fn: Function,
+    kparam_offsets: dict,
+    slot_of,
+    param_bytes: int,
+    simd: bool = True,
+    externs: frozenset[str] = frozenset(),
 ) -> Lowered:
     """Lower entry function ``fn`` or raise :class:`Refusal`. ``slot_of(var)`` gives the
     symbol slot of a module or shared variable (None if it has none); ``simd``: whether
-    regions may take the vector form (:mod:`.simd`)."""
+    regions may take the vector form (:mod:`.simd`); ``externs``: the module's functions
+    declared without a body (a call to ``__assertfail`` is lowered only if it is one)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
     fn = resolve_named_regs(fn)
@@ -1752,7 +1774,7 @@ def lower_kernel(
         )
     fn = with_yields(fn)  # loops waiting on ordered loads let the block's other lanes run
     fn = with_exit_yields(fn)  # a loop around barriers leaves its exit path to a region
-    k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes)
+    k = KernelLowering(fn, kparam_offsets, slot_of, param_bytes, externs)
     k.simd = simd
     k.declare_lookup()
     return k.build()

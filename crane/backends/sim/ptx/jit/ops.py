@@ -16,7 +16,20 @@ from ..memspace import LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from ..parser import Label
 from ..ptxtypes import TYPES, PtxType
 from . import layout as L
-from .irtypes import F32, F64, FAULTED, I1, I32, SPECIAL_GEOM, c64, ity, resize, storage_bits, vty
+from .irtypes import (
+    F32,
+    F64,
+    FAULTED,
+    I1,
+    I32,
+    I64,
+    SPECIAL_GEOM,
+    c64,
+    ity,
+    resize,
+    storage_bits,
+    vty,
+)
 from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
@@ -504,6 +517,9 @@ def _ldst(store: bool):
         size = t.bits // 8
         total = size * n
         kind, addr = k.address(mem_op, space)
+        if kind == "call":
+            _call_arg(k, store, addr, vals, t)
+            return
         if kind == "param":
             if store:
                 raise k.refuse("st.param")
@@ -665,6 +681,67 @@ def _h_trap(k: KernelLowering, types, mods, ops) -> None:
         k.ret_exited()
 
 
+def _call_arg(k: KernelLowering, store: bool, key: tuple[int, int], vals, t: PtxType) -> None:
+    """``st.param`` of a call's argument: its value kept for the ``call`` that follows in
+    the same run of code (:func:`_h_call`). Reading one back (a call's return value) is not
+    taken: the one call lowered, ``__assertfail``, returns nothing."""
+    if not store:
+        raise k.refuse("a call's return value")
+    if k.ins.guard is not None or len(vals) != 1:
+        raise k.refuse("this form of a call's argument")
+    k.call_args[key] = (t.bits, st_value(k, vals[0], t))
+
+
+#: ``__assertfail``'s arguments: message, file, line, function, character size
+_ASSERT_BITS = (64, 64, 32, 64, 64)
+
+
+def _h_call(k: KernelLowering, types, mods, ops) -> None:
+    """``call __assertfail`` (``assert(e)`` in device code, on the failing path only): the
+    launch fails with CUDA_ERROR_ASSERT and the failing thread's line, worded as the
+    interpreter's (``printf.h_assertfail``), from the message, file, line and function and
+    the lane's %tid and %ctaid the exit leaves in the context words. Library kernels (a
+    framework's index checks) carry one: refusing it sent the whole kernel to the
+    interpreter. Other calls (``vprintf``, device functions) are not taken."""
+    k.only(mods, ("uni",))
+    rets = ops[0][1] if ops and ops[0][0] == "list" else None
+    i = 0 if rets is None else 1
+    if len(ops) != i + 2 or ops[i][0] != "name" or ops[i + 1][0] != "list":
+        raise k.refuse("this form of call")
+    name, args = ops[i][1], ops[i + 1][1]
+    if name != "__assertfail" or name not in k.externs:
+        raise k.refuse(f"a call to {name}")
+    if rets or len(args) != len(_ASSERT_BITS):
+        raise k.refuse("__assertfail's arguments")
+    b = k.b
+    words = []
+    for a, bits in zip(args, _ASSERT_BITS, strict=True):
+        var = k.ins.scope.var(a[1]) if a[0] == "name" else None
+        got = k.call_args.get((id(var), 0)) if var is not None else None
+        if got is None or got[0] != bits:
+            raise k.refuse(f"__assertfail's argument {a[1]} not stored before the call")
+        v = got[1]
+        words.append(b.zext(v, I64) if v.type.width < 64 else v)
+
+    def packed(vals, shifts):
+        out = c64(0)
+        for v, sh in zip(vals, shifts, strict=True):
+            out = b.or_(out, b.shl(b.zext(v, I64), c64(sh)))
+        return out
+
+    tid = packed(k.tid, (0, 21, 42))
+    cta = packed(k.ctaid, (0, 32, 48))
+    more = (
+        (L.ASSERT_MSG, words[0]),
+        (L.ASSERT_FILE, words[1]),
+        (L.ASSERT_LINE, words[2]),
+        (L.ASSERT_FUNC, words[3]),
+        (L.ASSERT_TID, tid),
+        (L.ASSERT_CTAID, cta),
+    )
+    k.fault_if(ir.Constant(I1, 1), c64(0), L.KIND_ASSERT, 0, 0, more)
+
+
 def _h_copysign(k: KernelLowering, types, mods, ops) -> None:
     """``copysign d, a, b``: the magnitude of ``b`` with the sign of ``a`` (as the
     interpreter's ``np.copysign(b, a)``; NaNs keep their payload, the sign bit is copied)."""
@@ -798,6 +875,7 @@ HANDLERS = {
     "ret": _h_exit,
     "exit": _h_exit,
     "trap": _h_trap,
+    "call": _h_call,
     "copysign": _h_copysign,
     "bar": _h_bar,
     "barrier": _h_bar,

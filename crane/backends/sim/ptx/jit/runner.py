@@ -24,6 +24,7 @@ CUresult, the same address message (global addresses are re-checked through
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
 from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
+from ..printf import assert_fault, assert_line, global_cstring
 from . import buffers, watchdog
 from . import layout as L
 from .chunks import Chunks, chunk_size
@@ -55,10 +57,13 @@ def run_compiled(
     deadline,
     local_stride: int = 16,
     serial: bool = False,
+    printf=None,
 ) -> None:
     """Run compiled kernel ``ck`` (:class:`CompiledKernel`) over the whole grid: the blocks
     handed in chunks to one thread per core (each with its own shared memory, local memory,
-    save area and caches), the fault of the lowest chunk that had one reported."""
+    save area and caches), the fault of the lowest chunk that had one reported. ``printf``
+    takes the line a failed ``assert`` prints (standard output without one)."""
+    say = printf if printf is not None else sys.stdout.write
     starts, ends = memory.allocation_arrays()
     symvals = np.ascontiguousarray(symvals, np.uint64)
     grid, block = geo.grid, geo.block
@@ -95,14 +100,14 @@ def run_compiled(
     )
     if workers == 1 and deadline is None:
         _run_alone(ck, template, sizes, memory, starts, ends, kparams, symvals, block,
-                   nblocks, per_call, shared_stride)  # fmt: skip
+                   nblocks, per_call, shared_stride, say)  # fmt: skip
         return
     chunks = Chunks(nblocks, chunk_size(nblocks, workers, per_call))
     head = template.copy()
     _memory_words(head, memory, starts, ends, symvals)
     head[L.KPARAMS] = kparams.ctypes.data
     keep = (starts, ends, symvals, kparams)  # alive while the code runs
-    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep) for _ in range(workers)]
+    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep, say) for _ in range(workers)]
     timer = None
     if deadline is not None:  # one watchdog thread for all launches (a Timer costs ~40 µs)
         timer = watchdog.watch(deadline, lambda: _stop(parts))
@@ -128,7 +133,19 @@ def run_compiled(
 
 
 def _run_alone(
-    ck, template, sizes, memory, starts, ends, kparams, symvals, block, nblocks, per_call, stride
+    ck,
+    template,
+    sizes,
+    memory,
+    starts,
+    ends,
+    kparams,
+    symvals,
+    block,
+    nblocks,
+    per_call,
+    stride,
+    say,
 ) -> None:
     """A launch on the calling thread alone, with no deadline (most small launches): what
     :func:`run_compiled` does with one :class:`_Part`, without the hand-out of chunks, the
@@ -154,7 +171,7 @@ def _run_alone(
             words[L.BLOCK_BEGIN] = first
             words[L.BLOCK_END] = min(first + per_call, nblocks)
             if fn(ptr):
-                raise _fault(ck, ctx, memory, stride)
+                raise _fault(ck, ctx, memory, stride, say)
     finally:
         buffers.give(bufs)
 
@@ -222,8 +239,9 @@ def _pool() -> ThreadPoolExecutor:
 class _Part:
     """One core's share of a launch: its context words and the buffers they point at."""
 
-    def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep) -> None:
+    def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep, say) -> None:
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
+        self.say = say
         self._keep = keep
         # shared memory, save area, resume words and every lane's local area: the driver
         # clears each before a block uses it, so a pooled set serves (jit/buffers.py)
@@ -254,7 +272,7 @@ class _Part:
             ctx[L.BLOCK_END] = end
             if fn(ptr):
                 chunks.stop()
-                return first, _fault(ck, ctx, self.memory, self.stride)
+                return first, _fault(ck, ctx, self.memory, self.stride, self.say)
         return None
 
 
@@ -263,9 +281,11 @@ def _stop(parts: list[_Part]) -> None:
         p.ctx[L.STOP] = 1
 
 
-def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
+def _fault(ck, ctx: np.ndarray, memory, stride: int, say) -> KernelFault:
     text, line = ck.texts[int(ctx[L.FAULT_PC])]
     kind = int(ctx[L.FAULT_KIND])
+    if kind == L.KIND_ASSERT:
+        return _assert_fault(ctx, memory, say)
     where = f"`{text}` (PTX line {line})"
     if kind == L.KIND_TIMEOUT:
         return KernelFault(702, f"the launch ran past its time limit at {where}")
@@ -318,6 +338,28 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int) -> KernelFault:
             e = MemoryFault(f"misaligned {n}-byte shared access at offset {off:#x}", addr)
             e.kind = "misaligned"
     return KernelFault(fault_code(e.kind), f"{e} in {where}")
+
+
+def _assert_fault(ctx: np.ndarray, memory, say) -> KernelFault:
+    """A failed ``assert``: the failing thread's line printed (the interpreter prints one per
+    failing lane of the instruction's step; the compiled kernel stops at the first), then
+    the interpreter's CUDA_ERROR_ASSERT. The strings are module constants in global memory;
+    one that is not readable there fails the launch as an illegal address."""
+    words = [int(ctx[s]) & (2**64 - 1) for s in range(L.ASSERT_MSG, L.ASSERT_CTAID + 1)]
+    msg, file, line, func, tid, cta = words
+    try:
+        text = assert_line(
+            global_cstring(memory, file),
+            line & 0xFFFF_FFFF,
+            global_cstring(memory, func),
+            (cta & 0xFFFF_FFFF, (cta >> 32) & 0xFFFF, cta >> 48),
+            (tid & 0x1F_FFFF, (tid >> 21) & 0x1F_FFFF, tid >> 42),
+            global_cstring(memory, msg),
+        )
+    except MemoryFault as e:
+        return KernelFault(fault_code(e.kind), f"{e} in __assertfail's strings")
+    say(text)
+    return assert_fault(text)
 
 
 def _param_fault(addr: int, n: int, kind: int, store: bool, size: int) -> MemoryFault:

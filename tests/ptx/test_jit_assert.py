@@ -1,0 +1,97 @@
+"""``assert`` in compiled kernels: ``call __assertfail`` on the failing path. A kernel that
+carries one (a framework's index checks) compiles and runs at native speed while every check
+passes; a thread that fails one fails the launch with CUDA_ERROR_ASSERT (710) and prints the
+interpreter's line for it (file, line, function, block, thread, message), in the fast lane
+loop over many blocks on every core and after a barrier in 2-D blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ptxdev import Ptr, i32
+
+from crane.backends.sim.ptx import KernelFault, jit
+
+pytestmark = pytest.mark.usefixtures("compile_every_launch")
+
+
+def _launch(dev, prog, name, grid, block, args, mode: str, monkeypatch):
+    """(fault or None, printed lines) of one launch in CRANE_PTX_JIT ``mode``."""
+    monkeypatch.setenv("CRANE_PTX_JIT", mode)
+    dev.printed.clear()
+    try:
+        dev.launch(prog, name, grid, block, args)
+    except KernelFault as e:
+        return e, list(dev.printed)
+    return None, list(dev.printed)
+
+
+def _compiled(prog, name: str) -> bool:
+    return isinstance(jit._cache.get((prog.source_hash, name)), jit.CompiledKernel)
+
+
+def _gather(dev, n: int, m: int, bad: int | None):
+    rng = np.random.default_rng(3)
+    ix = rng.integers(0, m, n, dtype=np.int64)
+    if bad is not None:
+        ix[bad] = m + 5
+    src = rng.standard_normal(m).astype(np.float32)
+    return ix, src, dev.upload(ix), dev.upload(src), dev.zeros(n, np.float32)
+
+
+def test_a_gather_with_its_index_checks_compiles_and_runs(program, arch, dev, monkeypatch):
+    prog = program("faults", arch)
+    n, m = 1 << 16, 5000
+    ix, src, pix, psrc, pdst = _gather(dev, n, m, None)
+    args = [Ptr(pix), Ptr(psrc), Ptr(pdst), i32(n), i32(m)]
+    fault, out = _launch(dev, prog, "gather_checked", (n // 256, 1, 1), (256, 1, 1), args,
+                         "1", monkeypatch)  # fmt: skip
+    assert fault is None and out == []
+    assert _compiled(prog, "gather_checked"), jit.stats()["refused"]
+    assert np.array_equal(dev.download(pdst, n, np.float32), src[ix])
+
+
+@pytest.mark.parametrize("bad", [0, 40000, (1 << 16) - 1])
+def test_a_failed_index_check_fails_the_launch_as_the_interpreter_does(
+    program, arch, dev, monkeypatch, bad
+):
+    prog = program("faults", arch)
+    n, m = 1 << 16, 5000
+    got = []
+    for mode in ("1", "0"):
+        _, _, pix, psrc, pdst = _gather(dev, n, m, bad)
+        args = [Ptr(pix), Ptr(psrc), Ptr(pdst), i32(n), i32(m)]
+        got.append(_launch(dev, prog, "gather_checked", (n // 256, 1, 1), (256, 1, 1), args,
+                           mode, monkeypatch))  # fmt: skip
+    assert _compiled(prog, "gather_checked"), jit.stats()["refused"]
+    (cf, cout), (inf, iout) = got
+    assert cf is not None and inf is not None and cf.code == inf.code == 710
+    assert cout == iout and len(cout) == 1  # one failing thread: the same line both ways
+    assert str(cf) == str(inf)
+    line = cout[0]
+    assert f"block [{bad // 256},0,0], thread [{bad % 256},0,0]" in line
+    assert "faults.cu:" in line and "gather_checked" in line
+    assert line.endswith("Assertion `j >= 0 && j < m` failed.\n")
+
+
+def test_an_assert_after_a_barrier_in_2d_blocks_names_the_thread(program, arch, dev, monkeypatch):
+    prog = program("faults", arch)
+    grid, block = (3, 2, 1), (16, 8, 1)
+    w, h = grid[0] * block[0], grid[1] * block[1]
+    vals = np.arange(w * h, dtype=np.int32).reshape(h, w) % 50
+    p, out = dev.upload(vals), dev.zeros(w * h, np.int32)
+    args = [Ptr(p), Ptr(out), i32(100)]
+    fault, printed = _launch(dev, prog, "assert_2d", grid, block, args, "1", monkeypatch)
+    assert fault is None and printed == []
+    assert _compiled(prog, "assert_2d"), jit.stats()["refused"]
+    want = vals + (np.arange(w) % block[0])[None, :]
+    assert np.array_equal(dev.download(out, w * h, np.int32).reshape(h, w), want)
+    x, y = 2 * 16 + 7, 1 * 8 + 3  # block (2, 1), thread (7, 3)
+    vals[y, x] = 1000
+    p = dev.upload(vals)
+    args = [Ptr(p), Ptr(out), i32(100)]
+    fault, printed = _launch(dev, prog, "assert_2d", grid, block, args, "1", monkeypatch)
+    assert fault is not None and fault.code == 710
+    assert len(printed) == 1 and "block [2,1,0], thread [7,3,0]" in printed[0]
+    assert printed[0].endswith("Assertion `v < limit` failed.\n")
+    assert printed[0].strip() in str(fault)
