@@ -12,12 +12,16 @@ from ptxdev import Ptr, i32, i64
 from crane.backends.sim.ptx import KernelFault, PtxError, PtxUnsupported, load_ptx
 
 
-def test_printf_formats(program, arch, dev):
+@pytest.mark.parametrize("mode", ["0", "diff"], ids=["interpreted", "compiled"])
+def test_printf_formats(program, arch, dev, monkeypatch, mode):
+    """The same lines both ways. Interpreted, a call's lines come for every lane of the
+    launch at once; compiled, as a GPU orders them: block by block, a warp's lines a call at
+    a time in lane order (tests/ptx/test_jit_calls.py)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", mode)
     prog = program("printf", arch)
     label = dev.upload(np.frombuffer(b"lbl\0", np.uint8))
     out = dev.launch(prog, "hello", 2, 3, [i32(42), np.float32(3.5), label])
-    per_thread = [f"thread {t} block {b}: a=42 b=3.500000\n" for b in range(2) for t in range(3)]
-    assert out[:6] == per_thread
+    first = [[f"thread {t} block {b}: a=42 b=3.500000\n" for t in range(3)] for b in range(2)]
     block0 = [
         "[   42|42   |00042|+42|ff|FF|0xff|10|Z|4294967295]\n",
         "3.500 3.500000e+00 1.23e+04 0.0001 1e+20     3.5000|3.50    |\n",
@@ -26,8 +30,11 @@ def test_printf_formats(program, arch, dev):
         "0x1234 2 1E-10 3.000000E+00\n",
         "no args\n",
     ]
-    rest = out[6:]
-    assert rest == [line for line in block0 for _ in range(2)]
+    if mode == "0":
+        assert out[:6] == first[0] + first[1]
+        assert out[6:] == [line for line in block0 for _ in range(2)]
+    else:
+        assert out == first[0] + block0 + first[1] + block0
 
 
 def test_out_of_bounds_write_faults(program, arch, dev):
@@ -86,7 +93,7 @@ def test_trap(program, arch, dev):
 @pytest.mark.parametrize("mode", ["0", "diff"], ids=["interpreted", "compiled"])
 def test_assert(program, arch, dev, monkeypatch, mode):
     """Every failing thread of the step prints its line, interpreted; the compiled kernel
-    stops at the first (tests/ptx/test_jit_assert.py), and both fail with CUDA_ERROR_ASSERT."""
+    stops at the first (tests/ptx/test_jit_calls.py), and both fail with CUDA_ERROR_ASSERT."""
     monkeypatch.setenv("CRANE_PTX_JIT", mode)
     prog = program("faults", arch)
     vals = dev.upload(np.array([1, 2, 30, 4, 50, 6], np.int32))

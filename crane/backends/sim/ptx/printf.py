@@ -14,6 +14,8 @@ for each failing thread and then fail the launch with CUDA_ERROR_ASSERT.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from .errors import KernelFault
 from .memspace import LOCAL_WINDOW, SHARED_WINDOW, WINDOW_SIZE
 
 __all__ = [
+    "PrintfArgs",
     "assert_fault",
     "assert_line",
     "format_printf",
@@ -85,24 +88,26 @@ def c_string(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-class _Args:
-    """Sequential reader of a vprintf argument buffer."""
+class PrintfArgs:
+    """Sequential reader of a vprintf argument buffer at generic address ``addr``, read
+    through ``read(addr, n)`` (the interpreter's lane view, or a compiled lane's)."""
 
-    def __init__(self, st, lane: int, addr: int) -> None:
-        self.st, self.lane, self.addr, self.off = st, lane, addr, 0
+    def __init__(self, read: Callable[[int, int], bytes], addr: int) -> None:
+        self.read, self.addr, self.off = read, addr, 0
         self.count = 0
 
     def take(self, size: int, kind: str):
         self.off = (self.off + size - 1) // size * size
         if self.addr == 0:
             raise KernelFault(719, "printf argument buffer is a null pointer")
-        raw = read_bytes(self.st, self.lane, self.addr + self.off, size)
+        raw = self.read(self.addr + self.off, size)
         self.off += size
         self.count += 1
         return np.frombuffer(raw, np.dtype(f"<{kind}{size}"))[0].item()
 
 
-def format_printf(fmt: str, args: _Args, st, lane: int) -> str:
+def format_printf(fmt: str, args: PrintfArgs, cstring: Callable[[int], str]) -> str:
+    """``fmt`` formatted with C's semantics; ``cstring(p)`` reads a ``%s`` argument."""
     out = []
     pos = 0
     for m in _CONV.finditer(fmt):
@@ -136,7 +141,7 @@ def format_printf(fmt: str, args: _Args, st, lane: int) -> str:
             out.append((spec + "c") % chr(v & 0xFF))
         elif conv == "s":
             p = args.take(8, "u")
-            s = "(null)" if p == 0 else read_cstring(st, lane, p)
+            s = "(null)" if p == 0 else cstring(p)
             out.append((spec + "s") % s)
         elif conv == "p":
             p = args.take(8, "u")
@@ -166,8 +171,8 @@ def h_vprintf(st, ins, idx) -> None:
         if fmt is None:
             fmt = read_cstring(st, lane, fa)
             cache[fa] = fmt
-        args = _Args(st, lane, int(argps[j]))
-        st.printf(format_printf(fmt, args, st, lane))
+        args = PrintfArgs(partial(read_bytes, st, lane), int(argps[j]))
+        st.printf(format_printf(fmt, args, partial(read_cstring, st, lane)))
         counts[j] = args.count
     if ret_off is not None:
         pm = st.pm[ins.fid]

@@ -96,6 +96,7 @@ class CompiledKernel:
     from_disk: bool = False  # loaded from the disk cache (compile_s: the load's time)
     _general: object = None  # the engine of the general driver, when compiled apart
     general_failed: bool = False  # its compile failed: launches that need it run interpreted
+    prints: bool = False  # it calls vprintf: its launches collect output (:mod:`.printing`)
 
     def entry_for(self, block: tuple[int, int, int]):
         """The driver a launch with ``block`` runs: the vectorizable one for 1-D blocks (when
@@ -201,8 +202,10 @@ def compiled_kernel(
                         time.perf_counter() - t0,
                         code.fast,
                         code,
+                        prints=low.prints,
                     )
                     meta = {"entry": None if split else low.name, "fast": low.fast}
+                    meta["prints"] = low.prints
                     meta["sites"] = low.sites
                     meta.update(nregs=low.nregs, texts=low.texts)
                     _to_disk(mod_hash, fn.name, meta, code.obj)
@@ -290,6 +293,7 @@ def _from_disk(mod_hash: str, name: str, t0: float) -> CompiledKernel | None:
         ck = CompiledKernel(
             name, code.fn, int(meta["sites"]), int(meta["nregs"]), texts, 0.0, code.fast, code
         )
+        ck.prints = bool(meta.get("prints", False))
     except (KeyError, TypeError, ValueError, LookupError, RuntimeError) as e:
         log.debug("PTX compiler cache: entry for %s unusable (%s): compiling", name, e)
         return None

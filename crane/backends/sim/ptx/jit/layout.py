@@ -31,6 +31,7 @@ __all__ = [
     "KIND_ASSERT",
     "KIND_ILLEGAL",
     "KIND_MISALIGNED",
+    "KIND_PRINTF",
     "KIND_TIMEOUT",
     "KIND_TRAP",
     "KPARAMS",
@@ -43,6 +44,7 @@ __all__ = [
     "MEM_BUF",
     "NALLOC",
     "NTID",
+    "PRINTF_FN",
     "RESUME",
     "SAVE",
     "SHARED",
@@ -83,7 +85,8 @@ KPARAM_SIZE = 27  # bytes of kernel parameters (the buffer less its 8 bytes of p
 #: a failed ``assert`` (KIND_ASSERT): __assertfail's message, file, line and function, and
 #: the lane's %tid and %ctaid packed (x | y << 21 | z << 42; x | y << 32 | z << 48)
 ASSERT_MSG, ASSERT_FILE, ASSERT_LINE, ASSERT_FUNC, ASSERT_TID, ASSERT_CTAID = range(28, 34)
-FIXED = 34  # first per-site cache slot
+PRINTF_FN = 34  # the address a compiled ``vprintf`` calls (:mod:`.printing`)
+FIXED = 35  # first per-site cache slot
 
 #: bounds the compiled code may assume (``!range`` metadata): every block dimension at most
 #: MAX_BLOCK_DIM, every shared offset (the block's shared size) below MAX_SHARED; launches
@@ -91,7 +94,7 @@ FIXED = 34  # first per-site cache slot
 MAX_BLOCK_DIM = 1 << 20
 MAX_SHARED = 1 << 30
 
-KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT, KIND_TRAP, KIND_ASSERT = 1, 2, 3, 4, 5
+KIND_ILLEGAL, KIND_MISALIGNED, KIND_TIMEOUT, KIND_TRAP, KIND_ASSERT, KIND_PRINTF = range(1, 7)
 SPACE_GLOBAL, SPACE_SHARED, SPACE_LOCAL, SPACE_PARAM, SPACE_PARAM_STORE = 0, 1, 2, 3, 4
 
 #: context words that stay the same for a whole call: the driver loads them once and passes

@@ -84,7 +84,7 @@ from .ops_barred import NRED, is_bar_red
 from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
 from .proof import build_proof, emit_proof, static_accesses
-from .regions import STOPS, carried, region_loop_free, stop_indices
+from .regions import STOPS, carried, prints, region_loop_free, stop_indices
 from .simd import SimdRegion, emit_groups, simd_lanes
 from .spin import YIELD_OP, spin_wait, with_yields
 from .warp import (
@@ -124,6 +124,8 @@ class Lowered:
     par_loops: list[tuple[str, str]] = field(default_factory=list)
     #: functions that rarely run, compiled with a short pipeline (:mod:`.coldsplit`)
     cold: tuple[str, ...] = ()
+    #: the kernel calls ``vprintf`` (:mod:`.printing`)
+    prints: bool = False
 
     def ir_text(self) -> str:
         """The module's IR, with the fast forms' lane loops declared free of dependences
@@ -190,6 +192,10 @@ class KernelLowering(LaneOperands):
         #: in the call's scope, offset) -> (bits, value); the call follows in the same
         #: straight run of code, so the value dominates it
         self.call_args: dict[tuple[int, int], tuple[int, object]] = {}
+        #: the keys of ``call_args`` that a call set (its return value), not an ``st.param``
+        self.call_rets: set[tuple[int, int]] = set()
+        #: the kernel calls ``vprintf`` (its launches collect output: :mod:`.printing`)
+        self.prints = False
         self.kparam_offsets = kparam_offsets
         self.slot_of = slot_of  # VarDecl -> symbol slot (module variables, shared variables)
         self.param_bytes = param_bytes
@@ -321,6 +327,7 @@ class KernelLowering(LaneOperands):
             fast,
             self.par_loops,
             ("step",) if rare else (),
+            self.prints,
         )
 
     def fast_eligible(self) -> bool:
@@ -334,8 +341,9 @@ class KernelLowering(LaneOperands):
                 seen.add(s.name)
                 continue
             op = s.opcode.split(".")[0]
-            if op in _STOPS or is_atomic(s) or is_ordered(s):  # an atomic loads what it
-                # stores; ordered accesses must not be deferred or predicated (:mod:`.ops_order`)
+            if op in _STOPS or is_atomic(s) or is_ordered(s) or prints(s):  # an atomic
+                # loads what it stores; ordered accesses must not be deferred or predicated
+                # (:mod:`.ops_order`); a printf must print once, in order
                 return False
             ops = s.operands if isinstance(s.operands, list) else []
             if op == "bra" and any(o[0] == "name" and o[1] in seen for o in ops):

@@ -30,6 +30,7 @@ from .irtypes import (
     storage_bits,
     vty,
 )
+from .local import lane_base
 from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
@@ -683,13 +684,18 @@ def _h_trap(k: KernelLowering, types, mods, ops) -> None:
 
 def _call_arg(k: KernelLowering, store: bool, key: tuple[int, int], vals, t: PtxType) -> None:
     """``st.param`` of a call's argument: its value kept for the ``call`` that follows in
-    the same run of code (:func:`_h_call`). Reading one back (a call's return value) is not
-    taken: the one call lowered, ``__assertfail``, returns nothing."""
-    if not store:
-        raise k.refuse("a call's return value")
+    the same run of code (:func:`_h_call`); ``ld.param`` of its return value, which the call
+    kept the same way."""
     if k.ins.guard is not None or len(vals) != 1:
         raise k.refuse("this form of a call's argument")
-    k.call_args[key] = (t.bits, st_value(k, vals[0], t))
+    if store:
+        k.call_args[key] = (t.bits, st_value(k, vals[0], t))
+        return
+    got = k.call_args.get(key)
+    if got is None or got[0] != t.bits or key not in k.call_rets:
+        raise k.refuse("a call's return value not set by the call")
+    if not (vals[0][0] == "reg" and vals[0][1] == "_"):
+        ld_put(k, vals[0], t, got[1])
 
 
 #: ``__assertfail``'s arguments: message, file, line, function, character size
@@ -702,35 +708,33 @@ def _h_call(k: KernelLowering, types, mods, ops) -> None:
     interpreter's (``printf.h_assertfail``), from the message, file, line and function and
     the lane's %tid and %ctaid the exit leaves in the context words. Library kernels (a
     framework's index checks) carry one: refusing it sent the whole kernel to the
-    interpreter. Other calls (``vprintf``, device functions) are not taken."""
+    interpreter. ``vprintf`` (``printf``) calls the launch's output (:func:`_vprintf`);
+    other calls (device functions) are not taken."""
     k.only(mods, ("uni",))
     rets = ops[0][1] if ops and ops[0][0] == "list" else None
     i = 0 if rets is None else 1
     if len(ops) != i + 2 or ops[i][0] != "name" or ops[i + 1][0] != "list":
         raise k.refuse("this form of call")
     name, args = ops[i][1], ops[i + 1][1]
-    if name != "__assertfail" or name not in k.externs:
+    if name not in ("__assertfail", "vprintf") or name not in k.externs:
         raise k.refuse(f"a call to {name}")
-    if rets or len(args) != len(_ASSERT_BITS):
-        raise k.refuse("__assertfail's arguments")
     b = k.b
+    shape = _ASSERT_BITS if name == "__assertfail" else (64, 64)
+    if len(args) != len(shape) or (rets and (name == "__assertfail" or len(rets) != 1)):
+        raise k.refuse(f"{name}'s arguments")
     words = []
-    for a, bits in zip(args, _ASSERT_BITS, strict=True):
+    for a, bits in zip(args, shape, strict=True):
         var = k.ins.scope.var(a[1]) if a[0] == "name" else None
         got = k.call_args.get((id(var), 0)) if var is not None else None
         if got is None or got[0] != bits:
-            raise k.refuse(f"__assertfail's argument {a[1]} not stored before the call")
+            raise k.refuse(f"{name}'s argument {a[1]} not stored before the call")
         v = got[1]
         words.append(b.zext(v, I64) if v.type.width < 64 else v)
-
-    def packed(vals, shifts):
-        out = c64(0)
-        for v, sh in zip(vals, shifts, strict=True):
-            out = b.or_(out, b.shl(b.zext(v, I64), c64(sh)))
-        return out
-
-    tid = packed(k.tid, (0, 21, 42))
-    cta = packed(k.ctaid, (0, 32, 48))
+    tid = _packed(b, k.tid, (0, 21, 42))
+    cta = _packed(b, k.ctaid, (0, 32, 48))
+    if name == "vprintf":
+        _vprintf(k, words, tid, cta, rets)
+        return
     more = (
         (L.ASSERT_MSG, words[0]),
         (L.ASSERT_FILE, words[1]),
@@ -740,6 +744,33 @@ def _h_call(k: KernelLowering, types, mods, ops) -> None:
         (L.ASSERT_CTAID, cta),
     )
     k.fault_if(ir.Constant(I1, 1), c64(0), L.KIND_ASSERT, 0, 0, more)
+
+
+def _packed(b, vals, shifts):
+    """Three i32 coordinates in one i64 (the runner unpacks them)."""
+    out = c64(0)
+    for v, sh in zip(vals, shifts, strict=True):
+        out = b.or_(out, b.shl(b.zext(v, I64), c64(sh)))
+    return out
+
+
+def _vprintf(k: KernelLowering, words, tid, cta, rets) -> None:
+    """``vprintf(fmt, args)``: a call to the launch's output (:mod:`.printing`) with the two
+    generic addresses, the lane's local area and its coordinates; a failed read there fails
+    the launch (KIND_PRINTF), else the return value is the arguments read."""
+    b = k.b
+    k.prints = True
+    fnty = ir.FunctionType(I32, [k.ctx.type, I64, I64, I64, I64, I64])
+    target = b.inttoptr(k.ctx_word(L.PRINTF_FN), fnty.as_pointer())
+    local = b.ptrtoint(lane_base(k), I64) if k.uses_local else c64(0)
+    r = b.call(target, [k.ctx, words[0], words[1], local, tid, cta])
+    k.fault_if(b.icmp_signed("<", r, ir.Constant(I32, 0)), c64(0), L.KIND_PRINTF, 0, 0)
+    if rets:
+        var = k.ins.scope.var(rets[0][1]) if rets[0][0] == "name" else None
+        if var is None:
+            raise k.refuse("vprintf's return value")
+        k.call_args[(id(var), 0)] = (32, r)
+        k.call_rets.add((id(var), 0))
 
 
 def _h_copysign(k: KernelLowering, types, mods, ops) -> None:

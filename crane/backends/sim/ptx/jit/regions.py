@@ -28,6 +28,7 @@ __all__ = [
     "STOPS",
     "Block",
     "carried",
+    "prints",
     "region_blocks",
     "region_loop_free",
     "spaces_of",
@@ -65,6 +66,13 @@ def successors(body, labels: dict, i: int) -> list[int] | None:
     return [target] if s.guard is None else [target, i + 1]
 
 
+def prints(s: Instr) -> bool:
+    """A call to ``vprintf``: its output must come once per lane, so the two-pass vector
+    forms (a checking pass, lanes run again) do not take it."""
+    ops = s.operands if isinstance(s.operands, list) else []
+    return s.opcode.split(".")[0] == "call" and ("name", "vprintf") in ops
+
+
 def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
     """Whether the instructions reachable from ``start`` before a stop or an exit form no
     cycle (a loop around a stop leaves its region: the branch back is fine), hold no atomic
@@ -83,7 +91,7 @@ def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
             return False, False
         if isinstance(s, Instr):
             op = s.opcode.split(".")[0]
-            if is_atomic(s) or is_ordered(s):  # the scalar form only
+            if is_atomic(s) or is_ordered(s) or prints(s):  # the scalar form only
                 return False, False
             if op in ("ld", "st") and ".param" not in s.opcode:
                 kinds[i] = (op, spaces_of(s.opcode))

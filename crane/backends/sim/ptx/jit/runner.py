@@ -36,7 +36,7 @@ from crane.backends.sim.memory import MemoryFault
 from ..errors import KernelFault, fault_code
 from ..memspace import CLUSTER_RANK_SHIFT, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW
 from ..printf import assert_fault, assert_line, global_cstring
-from . import buffers, watchdog
+from . import buffers, printing, watchdog
 from . import layout as L
 from .chunks import Chunks, chunk_size
 
@@ -63,7 +63,8 @@ def run_compiled(
     handed in chunks to one thread per core (each with its own shared memory, local memory,
     save area and caches), the fault of the lowest chunk that had one reported. ``printf``
     takes the line a failed ``assert`` prints (standard output without one)."""
-    say = printf if printf is not None else sys.stdout.write
+    sink = printf if printf is not None else sys.stdout.write
+    out = printing.Output(sink, memory, geo.grid, geo.block) if ck.prints else None
     starts, ends = memory.allocation_arrays()
     symvals = np.ascontiguousarray(symvals, np.uint64)
     grid, block = geo.grid, geo.block
@@ -86,6 +87,7 @@ def run_compiled(
         template[L.SHARED_SIZE] = shared_stride
         template[L.GRID : L.GRID + 3] = grid
         template[L.NTID : L.NTID + 3] = block
+        template[L.PRINTF_FN] = printing.CALLBACK_ADDRESS
         if len(_heads) >= 256:
             _heads.clear()
         _heads[shape] = (ck, template)  # (ck kept: its id is the key's)
@@ -99,15 +101,21 @@ def run_compiled(
         len(template) if deadline is None else 0,
     )
     if workers == 1 and deadline is None:
-        _run_alone(ck, template, sizes, memory, starts, ends, kparams, symvals, block,
-                   nblocks, per_call, shared_stride, say)  # fmt: skip
+        try:
+            _run_alone(ck, template, sizes, memory, starts, ends, kparams, symvals, block,
+                       nblocks, per_call, shared_stride, sink, out)  # fmt: skip
+        finally:
+            if out is not None:
+                out.flush()
         return
     chunks = Chunks(nblocks, chunk_size(nblocks, workers, per_call))
     head = template.copy()
     _memory_words(head, memory, starts, ends, symvals)
     head[L.KPARAMS] = kparams.ctypes.data
     keep = (starts, ends, symvals, kparams)  # alive while the code runs
-    parts = [_Part(ck, geo, memory, shared_stride, head, sizes, keep, say) for _ in range(workers)]
+    parts = [
+        _Part(ck, geo, memory, shared_stride, head, sizes, keep, sink, out) for _ in range(workers)
+    ]
     timer = None
     if deadline is not None:  # one watchdog thread for all launches (a Timer costs ~40 µs)
         timer = watchdog.watch(deadline, lambda: _stop(parts))
@@ -126,7 +134,11 @@ def run_compiled(
         if timer is not None:
             watchdog.cancel(timer)
         for p in parts:
+            if out is not None:
+                printing.detach(p.ptr)
             buffers.give(p.bufs)
+        if out is not None:
+            out.flush()
     found = [f for f in faults if f is not None]
     if found:
         raise min(found, key=lambda f: f[0])[1]
@@ -145,7 +157,8 @@ def _run_alone(
     nblocks,
     per_call,
     stride,
-    say,
+    sink,
+    out,
 ) -> None:
     """A launch on the calling thread alone, with no deadline (most small launches): what
     :func:`run_compiled` does with one :class:`_Part`, without the hand-out of chunks, the
@@ -167,12 +180,16 @@ def _run_alone(
         words[L.SHARED], words[L.SAVE], words[L.RESUME], words[L.LOCAL] = bufs.addrs
         fn = ck.entry_for(block)
         ptr = bufs.ctx_addr
+        if out is not None:
+            printing.attach(ptr, out)
         for first in range(0, nblocks, per_call):
             words[L.BLOCK_BEGIN] = first
             words[L.BLOCK_END] = min(first + per_call, nblocks)
             if fn(ptr):
-                raise _fault(ck, ctx, memory, stride, say)
+                raise _fault(ck, ctx, memory, stride, sink, out)
     finally:
+        if out is not None:
+            printing.detach(bufs.ctx_addr)
         buffers.give(bufs)
 
 
@@ -239,9 +256,9 @@ def _pool() -> ThreadPoolExecutor:
 class _Part:
     """One core's share of a launch: its context words and the buffers they point at."""
 
-    def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep, say) -> None:
+    def __init__(self, ck, geo, memory, shared_stride: int, head, sizes, keep, sink, out) -> None:
         self.ck, self.geo, self.memory, self.stride = ck, geo, memory, shared_stride
-        self.say = say
+        self.sink, self.out = sink, out
         self._keep = keep
         # shared memory, save area, resume words and every lane's local area: the driver
         # clears each before a block uses it, so a pooled set serves (jit/buffers.py)
@@ -254,6 +271,8 @@ class _Part:
             ctx = self.ctx = head.copy()
             self.ptr = ctx.ctypes.data
         ctx[L.SHARED], ctx[L.SAVE], ctx[L.RESUME], ctx[L.LOCAL] = bufs.addrs
+        if out is not None:
+            printing.attach(self.ptr, out)
 
     def run(self, chunks: Chunks, deadline) -> tuple[int, KernelFault] | None:
         """Chunks of blocks, one native call each, until none is left; after a fault (or
@@ -272,7 +291,7 @@ class _Part:
             ctx[L.BLOCK_END] = end
             if fn(ptr):
                 chunks.stop()
-                return first, _fault(ck, ctx, self.memory, self.stride, self.say)
+                return first, _fault(ck, ctx, self.memory, self.stride, self.sink, self.out)
         return None
 
 
@@ -281,11 +300,14 @@ def _stop(parts: list[_Part]) -> None:
         p.ctx[L.STOP] = 1
 
 
-def _fault(ck, ctx: np.ndarray, memory, stride: int, say) -> KernelFault:
+def _fault(ck, ctx: np.ndarray, memory, stride: int, sink, out) -> KernelFault:
     text, line = ck.texts[int(ctx[L.FAULT_PC])]
     kind = int(ctx[L.FAULT_KIND])
-    if kind == L.KIND_ASSERT:
-        return _assert_fault(ctx, memory, say)
+    if kind == L.KIND_ASSERT:  # (its line after the launch's printf lines)
+        return _assert_fault(ctx, memory, sink if out is None else out.say)
+    if kind == L.KIND_PRINTF:
+        got = out.fault if out is not None else None
+        return got or KernelFault(719, f"vprintf failed at `{text}` (PTX line {line})")
     where = f"`{text}` (PTX line {line})"
     if kind == L.KIND_TIMEOUT:
         return KernelFault(702, f"the launch ran past its time limit at {where}")

@@ -1,14 +1,21 @@
-"""``assert`` in compiled kernels: ``call __assertfail`` on the failing path. A kernel that
-carries one (a framework's index checks) compiles and runs at native speed while every check
-passes; a thread that fails one fails the launch with CUDA_ERROR_ASSERT (710) and prints the
-interpreter's line for it (file, line, function, block, thread, message), in the fast lane
-loop over many blocks on every core and after a barrier in 2-D blocks."""
+"""The CUDA runtime's device calls in compiled kernels: ``assert`` (``call __assertfail``)
+and ``printf`` (``call vprintf``, :mod:`crane.backends.sim.ptx.jit.printing`).
+
+A kernel that carries an ``assert`` (a framework's index checks) compiles and runs at native
+speed while every check passes; a thread that fails one fails the launch with
+CUDA_ERROR_ASSERT (710) and prints the interpreter's line for it, in the fast lane loop over
+many blocks on every core and after a barrier in 2-D blocks. A kernel that prints compiles,
+every lane's line is the interpreter's, and the lines come as a GPU orders them (block by
+block, a warp's lines a call at a time in lane order) whatever the cores did: a large grid
+on every core, a loop after a barrier in 2-D blocks with the return value used, strings in
+global, shared and local memory, and a bad string pointer failing the launch as the
+interpreter fails it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from ptxdev import Ptr, i32
+from ptxdev import Ptr, i32, i64
 
 from crane.backends.sim.ptx import KernelFault, jit
 
@@ -95,3 +102,52 @@ def test_an_assert_after_a_barrier_in_2d_blocks_names_the_thread(program, arch, 
     assert len(printed) == 1 and "block [2,1,0], thread [7,3,0]" in printed[0]
     assert printed[0].endswith("Assertion `v < limit` failed.\n")
     assert printed[0].strip() in str(fault)
+
+
+def test_a_large_grid_prints_in_thread_order(program, arch, dev, monkeypatch):
+    prog = program("printf", arch)
+    n, every = 1 << 17, 997
+    v = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    args = [Ptr(dev.upload(v)), i32(n), i32(every)]
+    fault, out = _launch(dev, prog, "sparse_print", n // 256, 256, args, "1", monkeypatch)
+    assert fault is None and _compiled(prog, "sparse_print"), jit.stats()["refused"]
+    assert out == [f"v[{i}] = {v[i]:.3f}\n" for i in range(0, n, every)]
+    _, interpreted = _launch(dev, prog, "sparse_print", n // 256, 256, args, "0", monkeypatch)
+    assert out == interpreted
+
+
+def test_a_loop_after_a_barrier_prints_a_warp_at_a_time(program, arch, dev, monkeypatch):
+    prog = program("printf", arch)
+    grid, block, rounds = (2, 1, 1), (8, 6, 1), 3  # 48 threads: a warp and a part
+    nt = block[0] * block[1]
+    out = dev.zeros(grid[0] * nt, np.int32)
+    args = [Ptr(out), i32(rounds)]
+    fault, lines = _launch(dev, prog, "loop_print", grid, block, args, "1", monkeypatch)
+    assert fault is None and _compiled(prog, "loop_print"), jit.stats()["refused"]
+    want = [
+        f"b{b} t{t} r{r} s={(t + r) % nt * 10}\n"
+        for b in range(grid[0])
+        for warp in range(0, nt, 32)
+        for r in range(rounds)
+        for t in range(warp, min(warp + 32, nt))
+    ]
+    assert lines == want
+    assert (dev.download(out, grid[0] * nt, np.int32) == 4 * rounds).all()  # 4 arguments each
+    _, interpreted = _launch(dev, prog, "loop_print", grid, block, args, "0", monkeypatch)
+    assert sorted(lines) == sorted(interpreted)
+
+
+def test_strings_in_every_space_and_a_bad_one(program, arch, dev, monkeypatch):
+    prog = program("printf", arch)
+    g = dev.upload(np.frombuffer(b"global\0", np.uint8))
+    fault, lines = _launch(dev, prog, "string_spaces", 1, 3, [Ptr(g), i64(0)], "1", monkeypatch)
+    assert fault is None and _compiled(prog, "string_spaces"), jit.stats()["refused"]
+    loc = ["".join(chr(ord("A") + k + t) for k in range(7)) for t in range(3)]
+    assert lines == [f"global|abcdefg|{loc[t]}\n" for t in range(3)]
+    got = [
+        _launch(dev, prog, "string_spaces", 1, 3, [Ptr(g), i64(1 << 30)], mode, monkeypatch)
+        for mode in ("1", "0")
+    ]
+    (cf, cout), (inf, iout) = got
+    assert cf is not None and inf is not None and cf.code == inf.code == 700
+    assert cout == iout == []
