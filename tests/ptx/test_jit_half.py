@@ -1,7 +1,9 @@
-"""``cvt.rn.f16.f32`` and ``cvt.f32.f16`` compiled (``__float2half``, ``__half2float``:
-kernels that keep halves in memory and compute in float32): byte-equal to the interpreter on
-ties, half subnormals, overflow, infinities, NaNs with payloads and float32 subnormals under
-``.ftz``; other half conversions stay refused (the kernel runs interpreted)."""
+"""Half precision compiled: ``cvt.rn.f16.f32`` and ``cvt.f32.f16`` (``__float2half``,
+``__half2float``) byte-equal to the interpreter on ties, half subnormals, overflow,
+infinities, NaNs with payloads and float32 subnormals under ``.ftz`` (other f16 conversions
+stay refused); f16 and bf16 arithmetic (pairs, ``.sat``, ``.relu``); bf16 conversions in every
+rounding mode with ``.relu``/``.satfinite``, from float64 and integers, to integers; ``set``
+and ``setp`` on halves; and the bf16 intrinsics as nvcc emits them for sm_80 and sm_90."""
 
 from __future__ import annotations
 
@@ -17,17 +19,8 @@ HEAD = """
 .address_size 64
 """
 
-#: out[i] = (half(x), half_ftz(2 * float(half(x))), float(half(x))) for x = in[i]
-ROUND_TRIP = (
-    HEAD
-    + """
-.visible .entry t(.param .u64 in, .param .u64 out, .param .u32 n)
-{
-    .reg .pred %p<2>;
-    .reg .b16 %rs<3>;
-    .reg .b32 %r<6>;
-    .reg .f32 %f<4>;
-    .reg .b64 %rd<7>;
+#: every test kernel's start: thread i of n (in, out, n parameters), past n: DONE
+PROLOGUE = """
     ld.param.u64 %rd1, [in];
     ld.param.u64 %rd2, [out];
     ld.param.u32 %r1, [n];
@@ -37,9 +30,35 @@ ROUND_TRIP = (
     mad.lo.s32 %r5, %r2, %r3, %r4;
     setp.ge.u32 %p1, %r5, %r1;
     @%p1 bra DONE;
-    mul.wide.u32 %rd3, %r5, 4;
+"""
+
+
+def _on_floats(regs: str, body: str) -> str:
+    """A kernel ``t(in, out, n)`` whose thread i (of n) has ``%f1 = in[i]`` (float32), then
+    ``body`` (which ends at ``DONE: ret; }``); ``regs`` declares what ``body`` uses."""
+    return (
+        HEAD
+        + """
+.visible .entry t(.param .u64 in, .param .u64 out, .param .u32 n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<7>;
+"""
+        + regs
+        + PROLOGUE
+        + """    mul.wide.u32 %rd3, %r5, 4;
     add.s64 %rd4, %rd1, %rd3;
     ld.global.f32 %f1, [%rd4];
+"""
+        + body
+    )
+
+
+#: out[i] = (half(x), half_ftz(2 * float(half(x))), float(half(x))) for x = in[i]
+ROUND_TRIP = _on_floats(
+    ".reg .b16 %rs<3>; .reg .f32 %f<4>;",
+    """
     cvt.rn.f16.f32 %rs1, %f1;
     cvt.f32.f16 %f2, %rs1;
     mul.f32 %f3, %f2, 0f40000000;
@@ -52,7 +71,7 @@ ROUND_TRIP = (
 DONE:
     ret;
 }
-"""
+""",
 )
 
 
@@ -115,16 +134,9 @@ ARITH = (
     .reg .b16 %rs<20>;
     .reg .b32 %r<30>;
     .reg .b64 %rd<8>;
-    ld.param.u64 %rd1, [in];
-    ld.param.u64 %rd2, [out];
-    ld.param.u32 %r1, [n];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    setp.ge.u32 %p1, %r5, %r1;
-    @%p1 bra DONE;
-    mul.wide.u32 %rd3, %r5, 12;
+"""
+    + PROLOGUE
+    + """    mul.wide.u32 %rd3, %r5, 12;
     add.s64 %rd4, %rd1, %rd3;
     ld.global.u32 %r6, [%rd4];
     ld.global.u32 %r7, [%rd4+4];
@@ -182,11 +194,21 @@ def _half_words(n: int) -> np.ndarray:
     return np.where(pick, raw, usual).view(np.uint32)
 
 
+#: the same every-op kernel on bfloat16 (``.bf16``, ``.bf16x2``), with ``.relu`` forms
+ARITH_BF16 = (
+    ARITH.replace(".f16", ".bf16")
+    .replace("min.bf16 %rs14", "min.relu.bf16 %rs14")
+    .replace("fma.rn.sat.bf16x2", "fma.rn.relu.bf16x2")
+    .replace("add.sat.bf16", "fma.rn.relu.bf16 %rs16, %rs1, %rs3, %rs5; //")
+)
+
+
 @pytest.mark.usefixtures("compile_every_launch")
-def test_half_arithmetic_compiled_same_as_interpreter(dev, monkeypatch):
-    prog = load_ptx(ARITH)
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_half_arithmetic_compiled_same_as_interpreter(dev, monkeypatch, kind):
+    prog = load_ptx(ARITH if kind == "f16" else ARITH_BF16)
     n = 4096
-    words = _half_words(n)
+    words = _half_words(n) if kind == "f16" else _bf16_words(6 * n, 5).view(np.uint32)
 
     def run(mode: str) -> bytes:
         monkeypatch.setenv("CRANE_PTX_JIT", mode)
@@ -198,6 +220,8 @@ def test_half_arithmetic_compiled_same_as_interpreter(dev, monkeypatch):
     got = run("1")
     assert isinstance(jit._cache.get((prog.source_hash, "t")), jit.CompiledKernel)
     assert got == run("0")
+    if kind != "f16":
+        return
     # and plainly right where NumPy's float16 arithmetic is exact-then-rounded
     a = words.view(np.uint16)[0::6].view(np.float16)
     c = words.view(np.uint16)[2::6].view(np.float16)
@@ -206,3 +230,117 @@ def test_half_arithmetic_compiled_same_as_interpreter(dev, monkeypatch):
     with np.errstate(all="ignore"):
         want = (a.astype(np.float64) + c.astype(np.float64)).astype(np.float16)
     assert np.array_equal(low[ok].view(np.uint16), want[ok].view(np.uint16))
+
+
+#: out[i]: bf16 of x in each rounding mode, with .relu and .satfinite, of 2x in float64,
+#: the pair form, and the float32 and float64 widening of the first
+CVT_BF16 = _on_floats(
+    ".reg .b16 %rs<9>; .reg .f32 %f<4>; .reg .f64 %fd<4>;",
+    """
+    cvt.rn.bf16.f32 %rs1, %f1;
+    cvt.rz.bf16.f32 %rs2, %f1;
+    cvt.rm.bf16.f32 %rs3, %f1;
+    cvt.rp.bf16.f32 %rs4, %f1;
+    cvt.rn.relu.bf16.f32 %rs5, %f1;
+    cvt.rn.satfinite.bf16.f32 %rs6, %f1;
+    cvt.f64.f32 %fd1, %f1;
+    mul.f64 %fd2, %fd1, 0d4000000000000001;
+    cvt.rn.bf16.f64 %rs7, %fd2;
+    cvt.rn.ftz.bf16.f32 %rs8, %f1;
+    cvt.rn.bf16x2.f32 %r6, %f1, %f1;
+    cvt.f32.bf16 %f2, %rs1;
+    cvt.f64.bf16 %fd3, %rs3;
+    mul.wide.u32 %rd5, %r5, 32;
+    add.s64 %rd6, %rd2, %rd5;
+    st.global.v4.u16 [%rd6], {%rs1, %rs2, %rs3, %rs4};
+    st.global.v4.u16 [%rd6+8], {%rs5, %rs6, %rs7, %rs8};
+    st.global.u32 [%rd6+16], %r6;
+    st.global.f32 [%rd6+20], %f2;
+    st.global.f64 [%rd6+24], %fd3;
+DONE:
+    ret;
+}
+""",
+)
+
+
+@pytest.mark.usefixtures("compile_every_launch")
+def test_bf16_conversions_compiled_same_as_interpreter(dev, monkeypatch):
+    prog = load_ptx(CVT_BF16)
+    rng = np.random.default_rng(9)
+    raw = rng.integers(0, 1 << 32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    # ties and near-ties of bfloat16 (low half 0x8000 and around), specials, subnormals
+    hi = rng.integers(0, 1 << 16, 1000, dtype=np.uint32) << 16
+    ties = np.concatenate([hi | 0x8000, hi | 0x7FFF, hi | 0x8001]).view(np.float32)
+    special = np.array(
+        [0x7FC00001, 0xFFA00000, 0x7F800001, 0x7F800000, 0xFF800000, 0x80000000, 0x00000001,
+         0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x00008000, 0x807FFFFF],
+        np.uint32,
+    ).view(np.float32)  # fmt: skip
+    x = np.concatenate([special, ties, raw])
+    n = len(x)
+
+    def run(mode: str) -> bytes:
+        monkeypatch.setenv("CRANE_PTX_JIT", mode)
+        out = dev.zeros(8 * n, np.uint32)
+        dev.launch(prog, "t", (n + 127) // 128, 128, [dev.upload(x), Ptr(out), np.uint32(n)])
+        return dev.download(out, 8 * n, np.uint32).tobytes()
+
+    got = run("1")
+    assert isinstance(jit._cache.get((prog.source_hash, "t")), jit.CompiledKernel)
+    assert got == run("0")
+    rn = np.frombuffer(got, np.uint16).reshape(-1, 16)[:, 0]
+    finite = np.isfinite(x)
+    u = x.view(np.uint32).astype(np.uint64)
+    want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    assert np.array_equal(rn[finite], want[finite])
+
+
+def _bf16_words(n: int, seed: int) -> np.ndarray:
+    """bfloat16 bit patterns: every class (NaNs, infinities, subnormals, zeros) and usual
+    values, so that sums cancel and products overflow."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 1 << 16, n, dtype=np.uint32).astype(np.uint16)
+    usual = ((rng.standard_normal(n) * 4).astype(np.float32).view(np.uint32) >> 16).astype(
+        np.uint16
+    )
+    return np.where(rng.random(n) < 0.5, raw, usual)
+
+
+@pytest.mark.usefixtures("compile_every_launch")
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])  # (bf16 arithmetic: sm_80 on)
+def test_nvcc_bf16_kernels_compiled_same_as_interpreter(program, arch, dev, monkeypatch):
+    """The intrinsics as nvcc emits them (fma with constants on sm_80, native add/sub/max on
+    sm_90, ``set`` and ``setp`` on halves, integer conversions) compile and give the
+    interpreter's bytes."""
+    prog = program("bf16", arch)
+    n = 4096
+    a, c = _bf16_words(2 * n, 1), _bf16_words(2 * n, 2)
+    c[::4] = a[::4]  # equal operands, and zeros of both signs, for the comparisons
+    a[1::8], c[1::8] = 0x8000, 0x0000
+    f = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    ints = np.random.default_rng(4).integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32)
+    runs = {
+        # (bf_ops also rewrites f in place: f lives in the compared buffer, after the bf16s)
+        "bf_ops": (
+            lambda o: [dev.upload(a), dev.upload(c), Ptr(o), Ptr(o + 2 * n), np.int32(n)],
+            3 * n,
+        ),
+        "bf2_ops": (lambda o: [dev.upload(a), dev.upload(c), Ptr(o), np.int32(n)], 2 * n),
+        "bf_convert": (lambda o: [dev.upload(f), Ptr(o), Ptr(o + 2 * n), np.int32(n)], 3 * n),
+        "bf_cmp": (lambda o: [dev.upload(a), dev.upload(c), Ptr(o), np.int32(n)], 2 * n),
+        "h_cmp": (lambda o: [dev.upload(a), dev.upload(c), Ptr(o), np.int32(n)], 2 * n),
+        "bf_int": (lambda o: [dev.upload(ints), Ptr(o), Ptr(o + 2 * n), np.int32(n)], 3 * n),
+    }
+    for name, (args, words) in runs.items():
+        got = []
+        for mode in ("1", "0"):
+            monkeypatch.setenv("CRANE_PTX_JIT", mode)
+            out = dev.zeros(words, np.uint16)
+            if name == "bf_ops":
+                dev.mem.write(out + 2 * n, f.view(np.uint8))
+            dev.launch(prog, name, n // 128, 128, args(out))
+            got.append(dev.download(out, words, np.uint16).tobytes())
+        compiled = jit._cache.get((prog.source_hash, name))
+        assert isinstance(compiled, jit.CompiledKernel), (name, compiled)
+        assert got[0] == got[1], name

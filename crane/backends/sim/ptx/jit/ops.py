@@ -35,10 +35,17 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
-from .ops_half import host_converts_halves, is_half, lower_half
+from .ops_half import (
+    bf16_to_f32,
+    half_lanes,
+    host_converts_halves,
+    is_half,
+    lower_cvt_bf16,
+    lower_half,
+)
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
-from .ops_sfu import SFU_HANDLERS, flushed, ftz32, sat_float
+from .ops_sfu import SFU_HANDLERS, float_binop, flushed, ftz32, sat_float
 from .param import param_ptr
 from .spin import YIELD_OP
 from .warp import YIELD
@@ -96,23 +103,6 @@ def _int_binop(k: KernelLowering, name: str, t: PtxType, a, c):
     raise k.refuse(name)
 
 
-def _float_binop(k: KernelLowering, name: str, a, c):
-    b = k.b
-    if name == "add":
-        return b.fadd(a, c)
-    if name == "sub":
-        return b.fsub(a, c)
-    if name == "mul":
-        return b.fmul(a, c)
-    if name == "div":
-        return b.fdiv(a, c)
-    # NumPy's fmin/fmax, which the interpreter uses: the non-NaN operand, else the first
-    # when it is strictly smaller (larger), else the second
-    pred = "olt" if name == "min" else "ogt"
-    take_a = b.or_(b.fcmp_ordered(pred, a, c), b.fcmp_unordered("uno", c, c))
-    return b.select(take_a, a, c)
-
-
 def _arith(name: str):
     def h(k: KernelLowering, types, mods, ops) -> None:
         if is_half(types):
@@ -130,7 +120,7 @@ def _arith(name: str):
             if name == "div" and not mods_has(mods, ("rn", "approx", "full")):
                 raise k.refuse("div.f without rounding")
             a, c = k.get(ops[1], t), k.get(ops[2], t)
-            v = flushed(k, t, mods, lambda x, y: _float_binop(k, name, x, y), a, c)
+            v = flushed(k, t, mods, lambda x, y: float_binop(k, name, x, y), a, c)
             if "sat" in mods:
                 v = sat_float(k, v)
         else:
@@ -314,47 +304,119 @@ def _h_shift(left: bool):
     return h
 
 
-def _h_setp(k: KernelLowering, types, mods, ops) -> None:
-    t = k.one_type(types)
-    b = k.b
+def _cmp_mods(k: KernelLowering, t, mods, more=()) -> tuple[str, str | None]:
+    """``setp``/``set``'s comparison and boolean operation (None without one). ``.ftz``:
+    accepted on floats and not applied to float32, as the interpreter does (it changes only
+    comparisons of subnormals, which it does not model); halves flush (:func:`_compare`)."""
     cmp = [m for m in mods if m in _FCMP or m in _ICMP_X]
     bop = [m for m in mods if m in ("and", "or", "xor")]
-    # ``.ftz`` on floats: accepted and not applied, as the interpreter does (it changes only
-    # comparisons of subnormals, which it does not model)
-    k.only(mods, tuple(cmp) + tuple(bop) + (("ftz",) if t.kind == "f" else ()))
+    ftz = ("ftz",) if t.kind in ("f", "h", "h2", "bh", "bh2") else ()
+    k.only(mods, (*cmp, *bop, *ftz, *more))
     if len(cmp) != 1 or len(bop) > 1:
-        raise k.refuse("setp form")
-    c = cmp[0]
-    x, y = k.get(ops[1], t), k.get(ops[2], t)
+        raise k.refuse(f"{k.ins.opcode.split('.')[0]} form")
+    return cmp[0], bop[0] if bop else None
+
+
+def _compare(k: KernelLowering, t, c: str, ftz: bool, a_op, b_op) -> list:
+    """The outcome (i1) of comparison ``c`` of two operands of type ``t``: one, or two for a
+    pair of halves (low half first). Halves and bfloat16 are widened to float32 (exact; f16
+    subnormals flushed under ``.ftz``, as the interpreter's comparisons)."""
+    b = k.b
+    if is_half([t]):
+        if c not in _FCMP:
+            raise k.refuse(f"comparison .{c} on halves")
+        word = TYPES["b16"] if t.kind in ("h", "bh") else TYPES["b32"]
+        xs, ys = (half_lanes(k, t, k.get(o, word), ftz) for o in (a_op, b_op))
+        ordered, pred = _FCMP[c]
+        cmp = b.fcmp_ordered if ordered else b.fcmp_unordered
+        return [cmp(pred, x, y) for x, y in zip(xs, ys, strict=True)]
+    x, y = k.get(a_op, t), k.get(b_op, t)
     if t.kind == "f":
         if c not in _FCMP:
-            raise k.refuse(f"setp.{c} on floats")
+            raise k.refuse(f"comparison .{c} on floats")
         ordered, pred = _FCMP[c]
-        p = (b.fcmp_ordered if ordered else b.fcmp_unordered)(pred, x, y)
-    elif t.kind == "pred":
-        raise k.refuse("setp.pred")
-    elif c in _ICMP_X:
-        p = b.icmp_unsigned(_ICMP_X[c], x, y)
-    elif c in _ICMP_U:
-        p = (b.icmp_signed if t.kind == "s" else b.icmp_unsigned)(_ICMP_U[c], x, y)
-    else:
-        raise k.refuse(f"setp.{c} on integers")
-    pt = TYPES["pred"]
-    q = b.not_(p)
-    if bop:
-        if len(ops) != 4:
-            raise k.refuse("operand count")
-        z = k.get(ops[3], pt)
-        f = {"and": b.and_, "or": b.or_, "xor": b.xor}[bop[0]]
-        p, q = f(p, z), f(q, z)
-    elif len(ops) != 3:
+        return [(b.fcmp_ordered if ordered else b.fcmp_unordered)(pred, x, y)]
+    if t.kind == "pred":
+        raise k.refuse("a comparison of predicates")
+    if c in _ICMP_X:
+        return [b.icmp_unsigned(_ICMP_X[c], x, y)]
+    if c in _ICMP_U:
+        return [(b.icmp_signed if t.kind == "s" else b.icmp_unsigned)(_ICMP_U[c], x, y)]
+    raise k.refuse(f"comparison .{c} on integers")
+
+
+def _with_bop(k: KernelLowering, bop: str | None, outs: list, ops, nops: int) -> list:
+    """``outs`` combined with the predicate operand (``ops[nops]``) by ``bop``."""
+    if len(ops) != nops + (1 if bop else 0):
         raise k.refuse("operand count")
+    if bop is None:
+        return outs
+    b = k.b
+    z = k.get(ops[nops], TYPES["pred"])
+    f = {"and": b.and_, "or": b.or_, "xor": b.xor}[bop]
+    return [f(v, z) for v in outs]
+
+
+def _h_setp(k: KernelLowering, types, mods, ops) -> None:
+    """``setp``: ``p`` (and ``q``: its negation, or for a pair of halves the high halves'
+    outcome, ``setp.gt.f16x2 p|q``), each combined with the boolean operand."""
+    t = types[0] if is_half(types) else k.one_type(types)
+    c, bop = _cmp_mods(k, t, mods)
+    res = _compare(k, t, c, "ftz" in mods, ops[1], ops[2])
+    pair = len(res) == 2
+    if pair and ops[0][0] != "pair":
+        raise k.refuse("setp on a pair of halves with one destination")
+    p, q = _with_bop(k, bop, res if pair else [res[0], k.b.not_(res[0])], ops, 3)
+    pt = TYPES["pred"]
     d = ops[0]
     if d[0] == "pair":
         k.put(d[1], pt, p)
         k.put(d[2], pt, q)
     else:
         k.put(d, pt, p)
+
+
+#: ``set``'s "true" in a half type (1.0)
+_HALF_ONE = {"h": 0x3C00, "bh": 0x3F80, "h2": 0x3C00, "bh2": 0x3F80}
+
+
+def _h_set(k: KernelLowering, types, mods, ops) -> None:
+    """``set.CmpOp{.BoolOp}.dtype.stype d, a, b``: the outcome as a value, as the
+    interpreter's ``_set_value``: 1.0 in a float or half destination, all ones in an integer
+    one; a pair of halves gives each half its own (1.0 in the pair type, 0xffff in an
+    integer)."""
+    b = k.b
+    if len(types) != 2:
+        raise k.refuse("set form")
+    dt, st = types
+    c, bop = _cmp_mods(k, st, mods)
+    packed = st.kind in ("h2", "bh2")
+    if packed:
+        ok = dt.kind == st.kind or (dt.kind in ("u", "s") and dt.bits == 32)
+    elif dt.kind in ("h", "bh"):
+        ok = True
+    else:
+        half = st.kind in ("h", "bh")
+        ok = dt.kind in ("u", "s", "f") and (
+            dt.bits == 32 or (half and dt.kind != "f" and dt.bits == 16)
+        )
+    if not ok:
+        raise k.refuse(f"set.{dt.name}.{st.name}")
+    res = _with_bop(k, bop, _compare(k, st, c, "ftz" in mods, ops[1], ops[2]), ops, 3)
+    if packed:
+        one = ir.Constant(I32, _HALF_ONE.get(dt.kind, 0xFFFF))
+        lo = b.select(res[0], one, ir.Constant(I32, 0))
+        hi = b.select(res[1], b.shl(one, ir.Constant(I32, 16)), ir.Constant(I32, 0))
+        k.put(ops[0], TYPES["b32"], b.or_(lo, hi))
+        return
+    if dt.kind == "f":
+        vt = vty(dt)
+        k.put(ops[0], dt, b.select(res[0], ir.Constant(vt, 1.0), ir.Constant(vt, 0.0)))
+        return
+    it = ity(dt.bits)
+    one = ir.Constant(it, _HALF_ONE[dt.kind] if dt.kind in ("h", "bh") else -1)
+    word = TYPES["b16"] if dt.bits == 16 else TYPES[f"b{dt.bits}"]
+    k.put(ops[0], word, b.select(res[0], one, ir.Constant(it, 0)))
 
 
 def _h_selp(k: KernelLowering, types, mods, ops) -> None:
@@ -368,12 +430,21 @@ def _h_selp(k: KernelLowering, types, mods, ops) -> None:
 
 def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
     b = k.b
-    if len(types) != 2 or len(ops) != 2:
+    if len(types) != 2 or len(ops) not in (2, 3):
         raise k.refuse("cvt form")
     dt, st = types
     rnd = [m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")]
-    k.only(mods, (*rnd, "ftz", "sat"))
     r = rnd[0] if rnd else None
+    if lower_cvt_bf16(k, dt, st, r, mods, ops):
+        return
+    if len(ops) != 2:
+        raise k.refuse("cvt form")
+    k.only(mods, (*rnd, "ftz", "sat"))
+    if st.kind == "bh" and dt.kind in ("u", "s") and r in ("rni", "rzi", "rmi", "rpi"):
+        # a bfloat16 to an integer: its float32 value (exact) converted as a float32 one
+        a = bf16_to_f32(k, k.get(ops[1], TYPES["b16"]))
+        _float_to_int(k, dt, a, r, ops)
+        return
     if _cvt_half(k, dt, st, r, mods, ops):
         return
     for t in (dt, st):
@@ -425,11 +496,17 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
         return
     if r not in ("rni", "rzi", "rmi", "rpi"):  # float -> integer: saturating, NaN -> 0
         raise k.refuse("float to integer cvt without integer rounding")
+    _float_to_int(k, dt, a, r, ops)
+
+
+def _float_to_int(k: KernelLowering, dt: PtxType, a, r: str, ops) -> None:
+    """A float ``a`` rounded to an integer in mode ``r`` and converted, saturating (NaN to
+    0), as the interpreter's ``_float_to_int``."""
     a = _round_int(k, a, r)
     it = ity(dt.bits)
     sat = "fptosi" if dt.kind == "s" else "fptoui"
     f = k.intrinsic(f"llvm.{sat}.sat.i{dt.bits}.{k.fname(a.type)}", it, [a.type])
-    k.put(ops[0], dt, b.call(f, [a]))
+    k.put(ops[0], dt, k.b.call(f, [a]))
 
 
 def _cvt_half(k: KernelLowering, dt: PtxType, st: PtxType, r, mods, ops) -> bool:
@@ -897,6 +974,7 @@ HANDLERS = {
     "shl": _h_shift(True),
     "shr": _h_shift(False),
     "setp": _h_setp,
+    "set": _h_set,
     "selp": _h_selp,
     "cvt": _h_cvt,
     "cvta": _h_cvta,

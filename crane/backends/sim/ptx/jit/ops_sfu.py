@@ -24,7 +24,7 @@ from .irtypes import F32, F64, lane_type
 if TYPE_CHECKING:
     from .lower import KernelLowering
 
-__all__ = ["SFU_HANDLERS", "flushed", "ftz32", "ftz_f32", "sat_float"]
+__all__ = ["SFU_HANDLERS", "float_binop", "flushed", "ftz32", "ftz_f32", "sat_float"]
 
 #: the smallest normal float32 (2**-126): below it in magnitude, ``.ftz`` flushes
 F32_TINY = 2.0**-126
@@ -53,6 +53,25 @@ def flushed(k: KernelLowering, t, mods, f, *args):
     if not ftz_f32(k, t, mods):
         return f(*args)
     return ftz32(k, f(*(ftz32(k, a) for a in args)))
+
+
+def float_binop(k: KernelLowering, name: str, a, c):
+    """``add``, ``sub``, ``mul``, ``div``, ``min`` or ``max`` of two floats (of one width,
+    scalars or vectors), rounded to nearest by the type's own arithmetic. ``min``/``max`` are
+    NumPy's ``fmin``/``fmax`` on arrays, which the interpreter uses: the non-NaN operand,
+    else the first when it is strictly smaller (larger), else the second."""
+    b = k.b
+    if name == "add":
+        return b.fadd(a, c)
+    if name == "sub":
+        return b.fsub(a, c)
+    if name == "mul":
+        return b.fmul(a, c)
+    if name == "div":
+        return b.fdiv(a, c)
+    pred = "olt" if name == "min" else "ogt"
+    take_a = b.or_(b.fcmp_ordered(pred, a, c), b.fcmp_unordered("uno", c, c))
+    return b.select(take_a, a, c)
 
 
 def sat_float(k: KernelLowering, v):
