@@ -115,12 +115,16 @@ def test_half_round_trip_compiled_same_as_interpreter(dev, monkeypatch):
 
 @pytest.mark.usefixtures("compile_every_launch")
 def test_other_half_conversions_run_interpreted(dev, monkeypatch):
-    prog = load_ptx(ROUND_TRIP.replace("cvt.rn.f16.f32 %rs1", "cvt.rz.f16.f32 %rs1"))
+    prog = load_ptx(
+        ROUND_TRIP.replace(
+            "cvt.f32.f16 %f2, %rs1;", "cvt.rn.f16.bf16 %rs1, %rs1; cvt.f32.f16 %f2, %rs1;"
+        )
+    )
     x = _inputs()[:256]
     monkeypatch.setenv("CRANE_PTX_JIT", "1")
     _run(dev, prog, x, "1", monkeypatch)
     got = jit._cache.get((prog.source_hash, "t"))
-    assert isinstance(got, jit.Refusal) and "f16" in str(got)
+    assert isinstance(got, jit.Refusal) and "bf16" in str(got)
 
 
 #: each thread reads three half2 words a, b, c and writes 14 words: every op on the low halves
@@ -265,19 +269,25 @@ DONE:
 
 
 @pytest.mark.usefixtures("compile_every_launch")
-def test_bf16_conversions_compiled_same_as_interpreter(dev, monkeypatch):
-    prog = load_ptx(CVT_BF16)
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_half_conversions_compiled_same_as_interpreter(dev, monkeypatch, kind):
+    """Every rounding mode, .relu, .satfinite, .ftz, float64 and pair forms, widening."""
+    prog = load_ptx(CVT_BF16.replace("bf16", kind))
     rng = np.random.default_rng(9)
     raw = rng.integers(0, 1 << 32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    # ties and near-ties of bfloat16 (low half 0x8000 and around), specials, subnormals
+    # ties and near-ties of bfloat16 (low half 0x8000 and around) and of f16 (13 bits)
     hi = rng.integers(0, 1 << 16, 1000, dtype=np.uint32) << 16
     ties = np.concatenate([hi | 0x8000, hi | 0x7FFF, hi | 0x8001]).view(np.float32)
+    f16 = rng.integers(0, 1 << 16, 1000, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    f16 = f16.astype(np.float32).view(np.uint32)
+    f16_ties = np.concatenate([f16 | 0x1000, f16 | 0x0FFF, f16 | 0x1001]).view(np.float32)
     special = np.array(
         [0x7FC00001, 0xFFA00000, 0x7F800001, 0x7F800000, 0xFF800000, 0x80000000, 0x00000001,
-         0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x00008000, 0x807FFFFF],
+         0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x00008000, 0x807FFFFF, 0x477FE000, 0x477FF000,
+         0x477FF001, 0xC77FF001, 0x33000000, 0xB3000001, 0x387FC000],
         np.uint32,
     ).view(np.float32)  # fmt: skip
-    x = np.concatenate([special, ties, raw])
+    x = np.concatenate([special, ties, f16_ties, raw])
     n = len(x)
 
     def run(mode: str) -> bytes:
@@ -291,8 +301,12 @@ def test_bf16_conversions_compiled_same_as_interpreter(dev, monkeypatch):
     assert got == run("0")
     rn = np.frombuffer(got, np.uint16).reshape(-1, 16)[:, 0]
     finite = np.isfinite(x)
-    u = x.view(np.uint32).astype(np.uint64)
-    want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    if kind == "f16":
+        with np.errstate(over="ignore"):
+            want = x.astype(np.float16).view(np.uint16)
+    else:
+        u = x.view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     assert np.array_equal(rn[finite], want[finite])
 
 
@@ -331,6 +345,7 @@ def test_nvcc_bf16_kernels_compiled_same_as_interpreter(program, arch, dev, monk
         "bf_cmp": (lambda o: [dev.upload(a), dev.upload(c), Ptr(o), np.int32(n)], 2 * n),
         "h_cmp": (lambda o: [dev.upload(a), dev.upload(c), Ptr(o), np.int32(n)], 2 * n),
         "bf_int": (lambda o: [dev.upload(ints), Ptr(o), Ptr(o + 2 * n), np.int32(n)], 3 * n),
+        "h_int": (lambda o: [dev.upload(ints), Ptr(o), Ptr(o + 2 * n), np.int32(n)], 3 * n),
     }
     for name, (args, words) in runs.items():
         got = []

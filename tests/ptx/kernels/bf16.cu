@@ -42,3 +42,12 @@ extern "C" __global__ void bf_int(const int* a, __nv_bfloat16* o, int* back, int
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) { o[i] = __int2bfloat16_rn(a[i]); back[i] = __bfloat162int_rz(o[i]); }
 }
+extern "C" __global__ void h_int(const int* a, __half* o, int* back, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    float f = a[i] * 1e-5f;
+    o[i] = __hadd(__int2half_rn(a[i] >> 16), __hadd(__float2half_rd(f), __float2half_ru(f)));
+    __half2 p = __floats2half2_rn(f, -f);
+    back[i] = __half2int_rz(o[i]) + __half2int_rn(__low2half(p)) + __half_as_ushort(__high2half(p));
+  }
+}

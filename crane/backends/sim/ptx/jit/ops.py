@@ -35,14 +35,7 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
-from .ops_half import (
-    bf16_to_f32,
-    half_lanes,
-    host_converts_halves,
-    is_half,
-    lower_cvt_bf16,
-    lower_half,
-)
+from .ops_half import half_lanes, is_half, lower_cvt_half, lower_half
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
 from .ops_sfu import SFU_HANDLERS, float_binop, flushed, ftz32, sat_float
@@ -435,17 +428,15 @@ def _h_cvt(k: KernelLowering, types, mods, ops) -> None:
     dt, st = types
     rnd = [m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")]
     r = rnd[0] if rnd else None
-    if lower_cvt_bf16(k, dt, st, r, mods, ops):
+    if lower_cvt_half(k, dt, st, r, mods, ops):
         return
     if len(ops) != 2:
         raise k.refuse("cvt form")
     k.only(mods, (*rnd, "ftz", "sat"))
-    if st.kind == "bh" and dt.kind in ("u", "s") and r in ("rni", "rzi", "rmi", "rpi"):
-        # a bfloat16 to an integer: its float32 value (exact) converted as a float32 one
-        a = bf16_to_f32(k, k.get(ops[1], TYPES["b16"]))
+    if is_half([st]) and dt.kind in ("u", "s") and r in ("rni", "rzi", "rmi", "rpi"):
+        # a half to an integer: its float32 value (exact) converted as a float32 one
+        a = half_lanes(k, st, k.get(ops[1], TYPES["b16"]), False)[0]
         _float_to_int(k, dt, a, r, ops)
-        return
-    if _cvt_half(k, dt, st, r, mods, ops):
         return
     for t in (dt, st):
         if t.kind not in ("u", "s", "b", "f") or (t.bits == 8 and t is dt):
@@ -507,33 +498,6 @@ def _float_to_int(k: KernelLowering, dt: PtxType, a, r: str, ops) -> None:
     sat = "fptosi" if dt.kind == "s" else "fptoui"
     f = k.intrinsic(f"llvm.{sat}.sat.i{dt.bits}.{k.fname(a.type)}", it, [a.type])
     k.put(ops[0], dt, k.b.call(f, [a]))
-
-
-def _cvt_half(k: KernelLowering, dt: PtxType, st: PtxType, r, mods, ops) -> bool:
-    """``cvt.f32.f16`` and ``cvt.rn.f16.f32`` (``__half2float``, ``__float2half``: kernels that
-    keep halves in memory and compute in float32), lowered and True; False for any other cvt.
-    Widening is exact; narrowing rounds once to nearest even, as the interpreter's
-    ``fp.f64_to_f16`` of the exactly widened source (the host's F16C conversion). A float32
-    source is flushed under ``.ftz`` first. Other half conversions (f64, integers, directed
-    rounding, bf16, ``.sat``, ``.relu``) are refused."""
-    half = TYPES["f16"]
-    if dt.kind != "h" and st.kind != "h":
-        return False
-    if not host_converts_halves():
-        raise k.refuse("half conversions (the host CPU has no F16C)")
-    b = k.b
-    f32 = TYPES["f32"]
-    if dt.name == "f32" and st.name == "f16" and r is None and "sat" not in mods:
-        v = b.fpext(b.bitcast(k.get(ops[1], half), ir.HalfType()), F32)
-        k.put(ops[0], f32, v)
-        return True
-    if dt.name == "f16" and st.name == "f32" and r == "rn" and "sat" not in mods:
-        a = k.get(ops[1], f32)
-        if "ftz" in mods:
-            a = ftz32(k, a)
-        k.put(ops[0], half, b.bitcast(b.fptrunc(a, ir.HalfType()), ity(16)))
-        return True
-    raise k.refuse(f"cvt between .{dt.name} and .{st.name} (half types: only f32 <-> f16 .rn)")
 
 
 def _cvt_src_int(k: KernelLowering, op, st: PtxType):

@@ -39,10 +39,11 @@ __all__ = [
     "HALF_OPS",
     "bf16_bits",
     "bf16_to_f32",
+    "f16_bits",
     "half_lanes",
     "host_converts_halves",
     "is_half",
-    "lower_cvt_bf16",
+    "lower_cvt_half",
     "lower_half",
 ]
 
@@ -211,68 +212,75 @@ def _odd_f32(k: KernelLowering, x):
     return b.bitcast(b.select(inexact, b.or_(rb2, ir.Constant(I32, 1)), rb), F32)
 
 
-def lower_cvt_bf16(k: KernelLowering, dt, st, r, mods, ops) -> bool:
-    """A ``cvt`` to or from bfloat16 (``__float2bfloat16``, ``__bfloat162float``, the pair
-    form ``cvt.rn.bf16x2.f32 d, hi, lo``), lowered and True; False when neither type is a
-    bfloat16 one. As the interpreter: a float source (flushed under ``.ftz`` if float32)
-    takes ``.relu`` and ``.sat`` in float64, is rounded to odd in float32 and then to
-    bfloat16 in the cvt's mode; ``.relu`` then makes a NaN the canonical one and
-    ``.satfinite`` an infinity the largest finite value. Widening is exact (``.ftz`` flushes
-    a float32 result). An integer source goes through float64; an integer destination is
-    left to the caller (False), which converts the exact float32 value."""
-    if "bh" not in (dt.kind, st.kind) and dt.kind != "bh2":
+#: per half kind: (its infinity's bits, its largest finite value's bits)
+_LIMITS = {"h": (0x7C00, 0x7BFF), "bh": (0x7F80, 0x7F7F)}
+
+
+def lower_cvt_half(k: KernelLowering, dt, st, r, mods, ops) -> bool:
+    """A ``cvt`` to or from a half type (``__float2half_rz``, ``__float2bfloat16``,
+    ``__half2float``, the pair forms ``cvt.rn.f16x2.f32 d, hi, lo``), lowered and True;
+    False when neither type is one, or for a half to an integer (the caller converts the
+    half's exact float32 value). As the interpreter: a float source (flushed under ``.ftz``
+    if float32) takes ``.relu`` and ``.sat`` in float64, is rounded to odd in float32 and
+    then to the half type in the cvt's mode; ``.relu`` then makes a NaN the canonical one
+    and ``.satfinite`` an infinity the largest finite value. An integer source goes through
+    float64. Widening is exact. (A signalling float64 NaN comes out quiet in an f16, where
+    the interpreter's NumPy conversion keeps it signalling.)"""
+    half_kinds = ("h", "bh", "h2", "bh2")
+    if dt.kind not in half_kinds and st.kind not in half_kinds:
         return False
-    if st.kind == "bh" and dt.kind in ("u", "s"):  # (the caller's float -> integer path)
+    if st.kind in ("h", "bh") and dt.kind in ("u", "s"):
         return False
+    if "h" in (dt.kind, st.kind, dt.kind[:1]) and not host_converts_halves():
+        raise k.refuse("half conversions (the host CPU has no F16C)")
     b = k.b
     k.only(mods, ("rn", "rz", "rm", "rp", "ftz", "sat", "relu", "satfinite"))
-    if dt.kind == "f" and st.kind == "bh" and len(ops) == 2:
+    if dt.kind == "f" and st.kind in ("h", "bh") and len(ops) == 2:
         if r not in (None, "rn") or {"sat", "relu", "satfinite"} & set(mods):
-            raise k.refuse(f"cvt.{dt.name}.bf16 with these modifiers")
-        v = bf16_to_f32(k, k.get(ops[1], TYPES["b16"]))
+            raise k.refuse(f"cvt.{dt.name}.{st.name} with these modifiers")
+        v = half_lanes(k, st, k.get(ops[1], TYPES["b16"]), False)[0]
         if dt.bits == 64:
             v = b.fpext(v, F64)
         elif "ftz" in mods:
             v = ftz32(k, v)
         k.put(ops[0], dt, v)
         return True
-    if dt.kind == "bh" and st.kind in ("u", "s") and len(ops) == 2:
-        # an integer: to float64 (exact up to 32 bits, else rounded to nearest, as NumPy's
-        # astype), then as a float64 source
-        if r not in (None, "rn", "rz", "rm", "rp") or {"sat", "relu", "satfinite"} & set(mods):
-            raise k.refuse(f"cvt.bf16.{st.name} with these modifiers")
-        a = k.get(ops[1], st)
-        v = b.sitofp(a, F64) if st.kind == "s" else b.uitofp(a, F64)
-        k.put(ops[0], TYPES["b16"], bf16_bits(k, _odd_f32(k, v), r or "rn"))
-        return True
-    if dt.kind not in ("bh", "bh2") or st.kind != "f" or r not in ("rn", "rz", "rm", "rp"):
+    kind = dt.kind[:-1] if dt.kind in ("h2", "bh2") else dt.kind
+    pair = dt.kind != kind
+    ok = kind in ("h", "bh") and r in (None, "rn", "rz", "rm", "rp")
+    if not ok or st.kind not in ("f", "u", "s") or (st.kind != "f" and (pair or r is None)):
         raise k.refuse(f"cvt between .{dt.name} and .{st.name}")
-    if "satfinite" in mods and st.bits != 32:
-        raise k.refuse("cvt.satfinite from other than .f32")
-    pair = dt.kind == "bh2"
-    if len(ops) != (3 if pair else 2) or (pair and st.bits != 32):
+    if st.kind == "f" and r is None:
+        raise k.refuse(f"cvt.{dt.name}.{st.name} without a rounding mode")
+    if ("satfinite" in mods and st.name != "f32") or (st.kind != "f" and "sat" in mods):
+        raise k.refuse(f"cvt.{dt.name}.{st.name} with these modifiers")
+    if len(ops) != (3 if pair else 2) or (pair and st.name != "f32"):
         raise k.refuse(f"cvt.{dt.name}.{st.name} form")
+    inf, top = _LIMITS[kind]
 
     def one(op):
         v = k.get(op, st)
-        if "ftz" in mods and st.bits == 32:
+        if st.kind != "f":  # to float64: exact up to 32 bits, else nearest (NumPy's astype)
+            v = b.sitofp(v, F64) if st.kind == "s" else b.uitofp(v, F64)
+        elif "ftz" in mods and st.bits == 32:
             v = ftz32(k, v)
-        if "relu" in mods or "sat" in mods:
+        if st.kind == "f" and ("relu" in mods or "sat" in mods):
             v = _clamped(k, b.fpext(v, F64) if st.bits == 32 else v, "sat" in mods, "relu" in mods)
-        bits = bf16_bits(k, _odd_f32(k, v), r)
-        if "relu" in mods:  # a NaN result is the canonical NaN (narrowfp.f16_relu)
+        v = _odd_f32(k, v)
+        bits = bf16_bits(k, v, r) if kind == "bh" else f16_bits(k, v, r)
+        if "relu" in mods:  # negatives +0, a NaN the canonical NaN (narrowfp.f16_relu)
             nan = b.icmp_unsigned(
-                ">", b.and_(bits, ir.Constant(I16, 0x7FFF)), ir.Constant(I16, 0x7F80)
+                ">", b.and_(bits, ir.Constant(I16, 0x7FFF)), ir.Constant(I16, inf)
             )
             neg = b.icmp_signed("<", bits, ir.Constant(I16, 0))
             bits = b.select(neg, ir.Constant(I16, 0), bits)
             bits = b.select(nan, ir.Constant(I16, 0x7FFF), bits)
         if "satfinite" in mods:  # an infinity becomes the largest finite value of its sign
-            inf = b.icmp_unsigned(
-                "==", b.and_(bits, ir.Constant(I16, 0x7FFF)), ir.Constant(I16, 0x7F80)
+            is_inf = b.icmp_unsigned(
+                "==", b.and_(bits, ir.Constant(I16, 0x7FFF)), ir.Constant(I16, inf)
             )
-            top = b.or_(b.and_(bits, ir.Constant(I16, -0x8000)), ir.Constant(I16, 0x7F7F))
-            bits = b.select(inf, top, bits)
+            sat = b.or_(b.and_(bits, ir.Constant(I16, -0x8000)), ir.Constant(I16, top))
+            bits = b.select(is_inf, sat, bits)
         return bits
 
     if not pair:
@@ -281,6 +289,34 @@ def lower_cvt_bf16(k: KernelLowering, dt, st, r, mods, ops) -> bool:
     hi, lo = (b.zext(one(o), I32) for o in ops[1:])
     k.put(ops[0], TYPES["b32"], b.or_(lo, b.shl(hi, ir.Constant(I32, 16))))
     return True
+
+
+def f16_bits(k: KernelLowering, f, mode: str):
+    """float32 ``f`` rounded to an f16 in ``mode``, as the interpreter's ``fp.f64_to_f16``:
+    the nearest (the host's conversion), moved to its neighbour toward zero, down or up
+    where it lies on the wrong side of a finite ``f``."""
+    b = k.b
+    h = b.bitcast(b.fptrunc(f, _HALF), I16)
+    if mode == "rn":
+        return h
+    back = b.fpext(b.bitcast(h, _HALF), F32)
+    fabs = k.intrinsic("llvm.fabs.f32", F32, [F32])
+    finite = b.fcmp_ordered("<", b.call(fabs, [f]), ir.Constant(F32, float("inf")))
+    one = ir.Constant(I16, 1)
+    if mode == "rz":
+        wrong = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [f]))
+        return b.select(b.and_(wrong, finite), b.sub(h, one), h)
+    down = mode == "rm"
+    wrong = b.fcmp_ordered(">" if down else "<", back, f)
+    zero = b.icmp_unsigned("==", b.and_(h, ir.Constant(I16, 0x7FFF)), ir.Constant(I16, 0))
+    positive = b.icmp_signed(">=", h, ir.Constant(I16, 0))
+    away = (
+        b.select(positive, b.sub(h, one), b.add(h, one))
+        if down
+        else (b.select(positive, b.add(h, one), b.sub(h, one)))
+    )
+    step = b.select(zero, ir.Constant(I16, 0x8001 - 0x10000 if down else 1), away)
+    return b.select(b.and_(wrong, finite), step, h)
 
 
 def half_lanes(k: KernelLowering, t, v, ftz: bool) -> list:
