@@ -81,7 +81,8 @@ $L_top:
 )
 
 #: bmsk (a bit-field mask) is an instruction the compiler does not take
-BMSK = (
+#: an instruction the compiler does not take (``cnot``: 1 where the operand is 0)
+CNOT = (
     HEAD
     + """
 .visible .entry t(.param .u64 out)
@@ -90,7 +91,7 @@ BMSK = (
     .reg .b64 %rd<4>;
     ld.param.u64 %rd1, [out];
     mov.u32 %r1, %tid.x;
-    bmsk.clamp.b32 %r2, 0, %r1;
+    cnot.b32 %r2, %r1;
     mul.wide.u32 %rd2, %r1, 4;
     add.s64 %rd3, %rd1, %rd2;
     st.global.u32 [%rd3], %r2;
@@ -170,15 +171,15 @@ def test_shared_in_bounds_across_barrier(dev, monkeypatch, idx):
 
 def test_refused_kernel_runs_interpreted_with_one_log_line(dev, monkeypatch, caplog):
     monkeypatch.setenv("CRANE_PTX_JIT", "1")
-    prog = load_ptx(BMSK + "\n// refusal test\n")  # a module of its own (cache by hash)
+    prog = load_ptx(CNOT + "\n// refusal test\n")  # a module of its own (cache by hash)
     out = dev.zeros(64, np.uint32)
     with caplog.at_level(logging.INFO, logger="crane.sim.ptx.jit"):
         dev.launch(prog, "t", 1, 64, [Ptr(out)])
         dev.launch(prog, "t", 1, 64, [Ptr(out)])
     lines = [r.getMessage() for r in caplog.records if r.name == "crane.sim.ptx.jit"]
     assert len(lines) == 1, lines
-    assert "runs interpreted" in lines[0] and "bmsk" in lines[0] and "PTX line 12" in lines[0]
-    want = [(1 << min(i, 32)) - 1 for i in range(64)]
+    assert "runs interpreted" in lines[0] and "cnot" in lines[0] and "PTX line 12" in lines[0]
+    want = [int(i == 0) for i in range(64)]
     assert dev.download(out, 64, np.uint32).tolist() == want
 
 
@@ -756,7 +757,7 @@ BITS = (
     add.s64 %rd8, %rd3, %rd5;
     ld.global.u32 %r4, [%rd8];
     mov.b64 %rd9, {%r2, %r3};
-    mul.wide.u32 %rd10, %r1, 64;
+    mul.wide.u32 %rd10, %r1, 80;
     add.s64 %rd11, %rd4, %rd10;
     popc.b64 %r5, %rd9;
     clz.b32 %r6, %r2;
@@ -780,10 +781,16 @@ BITS = (
     sad.s32 %r21, %r2, %r3, %r4;
     dp4a.s32.u32 %r22, %r2, %r3, %r4;
     dp2a.hi.u32.s32 %r23, %r2, %r3, %r4;
+    bmsk.clamp.b32 %r24, %r3, %r4;
+    bmsk.wrap.b32 %r25, %r4, %r3;
+    szext.clamp.s32 %r26, %r2, %r3;
+    szext.wrap.u32 %r27, %r2, %r4;
+    nanosleep.u32 %r3;
     st.global.v4.u32 [%rd11], {%r5, %r6, %r7, %r8};
     st.global.v4.u32 [%rd11+16], {%r9, %r10, %r11, %r12};
     st.global.v4.u32 [%rd11+32], {%r13, %r14, %r15, %r16};
     st.global.v4.u32 [%rd11+48], {%r17, %r18, %r19, %r20};
+    st.global.v4.u32 [%rd11+64], {%r24, %r25, %r26, %r27};
     ret;
 }
 """
@@ -791,8 +798,9 @@ BITS = (
 
 
 def test_bit_instructions_compiled_same_as_interpreter(dev, monkeypatch):
-    """popc, clz, bfind, bfe, bfi, prmt (default and modes), lop3, shf, brev, sad, dp4a, dp2a
-    compile (not refused) and give the interpreter's bits on edge-case fields: diff mode."""
+    """popc, clz, bfind, bfe, bfi, prmt (default and modes), lop3, shf, brev, sad, dp4a, dp2a,
+    bmsk, szext (and nanosleep) compile (not refused) and give the interpreter's bits on
+    edge-case fields: diff mode."""
     monkeypatch.setenv("CRANE_PTX_JIT", "diff")
     rng = np.random.default_rng(7)
     n = 256
@@ -806,11 +814,11 @@ def test_bit_instructions_compiled_same_as_interpreter(dev, monkeypatch):
         np.uint32
     )
     bufs = [dev.upload(v) for v in (x, y, z)]
-    out = dev.zeros(16 * n, np.uint32)
+    out = dev.zeros(20 * n, np.uint32)
     prog = load_ptx(BITS)
     dev.launch(prog, "t", 1, n, [*(Ptr(b) for b in bufs), Ptr(out)])
     assert "t" in _compiled_names()
-    got = dev.download(out, 16 * n, np.uint32).reshape(n, 16)
+    got = dev.download(out, 20 * n, np.uint32).reshape(n, 20)
     assert got[0, 1] == 32 and got[1, 2] == 0xFFFFFFFF  # clz(0); bfind.s32(-1): no clear bit
     assert got[2, 0] == bin(int(y[2]) << 32 | 0x80000000).count("1")
 

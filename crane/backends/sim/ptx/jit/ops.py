@@ -814,6 +814,16 @@ def _vprintf(k: KernelLowering, words, tid, cta, rets) -> None:
         k.call_rets.add((id(var), 0))
 
 
+def _h_nanosleep(k: KernelLowering, types, mods, ops) -> None:
+    """``nanosleep t``: no time at all, which the PTX ISA allows (a sleep in [0, 2t]); a
+    lane here waits on others only in loops, which yield to them anyway (:mod:`.spin`).
+    CUB's decoupled look-back (every Thrust scan, copy_if, unique) backs off with it."""
+    k.only(mods)
+    if len(types) > 1 or (types and types[0].bits != 32) or len(ops) != 1:
+        raise k.refuse("nanosleep form")
+    k.get(ops[0], TYPES["u32"])  # (a register operand must exist)
+
+
 def _h_copysign(k: KernelLowering, types, mods, ops) -> None:
     """``copysign d, a, b``: the magnitude of ``b`` with the sign of ``a`` (as the
     interpreter's ``np.copysign(b, a)``; NaNs keep their payload, the sign bit is copied)."""
@@ -948,6 +958,7 @@ HANDLERS = {
     "ret": _h_exit,
     "exit": _h_exit,
     "trap": _h_trap,
+    "nanosleep": _h_nanosleep,
     "call": _h_call,
     "copysign": _h_copysign,
     "bar": _h_bar,

@@ -1,5 +1,6 @@
 """Bit-manipulation instructions in compiled kernels: popc, clz, brev, bfind, bfe, bfi, prmt,
-lop3, shf, sad, dp4a, dp2a — each the interpreter's semantics (:mod:`..ops_bits`) on one lane.
+lop3, shf, sad, dp4a, dp2a, bmsk, szext — each the interpreter's semantics
+(:mod:`..ops_bits`) on one lane.
 
 Why in their own module: nvcc emits them everywhere (``__popc``, ``__clz``, 64-bit shifts as
 ``shf``, byte shuffles as ``prmt``, any three-input logic as ``lop3``), and their PTX field
@@ -278,7 +279,53 @@ def _dot(k: KernelLowering, types, mods, ops, two: bool) -> None:
     k.put(ops[0], ct, acc)
 
 
+def _clamp_or_wrap(k: KernelLowering, v, wrap: bool):
+    """A 32-bit field operand (i64): modulo 32 (``.wrap``) or at most 32 (``.clamp``)."""
+    b = k.b
+    if wrap:
+        return b.and_(v, c64(31))
+    return b.select(b.icmp_unsigned("<", v, c64(32)), v, c64(32))
+
+
+def _h_bmsk(k: KernelLowering, types, mods, ops) -> None:
+    """``bmsk.{clamp,wrap}.b32 d, pos, len``: ``len`` one bits from bit ``pos`` (CUB's bit
+    fields), as the interpreter: both wrapped or clamped to 32, ``len`` cut at bit 32."""
+    mode = [m for m in mods if m in ("wrap", "clamp")]
+    k.only(mods, tuple(mode))
+    t = k.one_type(types)
+    if len(mode) != 1 or t.bits != 32 or len(ops) != 3:
+        raise k.refuse("bmsk form")
+    b = k.b
+    pos, ln = (_clamp_or_wrap(k, b.zext(k.get(o, _U32), I64), mode[0] == "wrap") for o in ops[1:])
+    room = b.sub(c64(32), pos)
+    ln = b.select(b.icmp_unsigned("<", ln, room), ln, room)
+    mask = b.shl(b.sub(b.shl(c64(1), ln), c64(1)), pos)
+    k.put(ops[0], TYPES["b32"], b.trunc(mask, I32))
+
+
+def _h_szext(k: KernelLowering, types, mods, ops) -> None:
+    """``szext.{clamp,wrap}.{u32,s32} d, a, n``: the low ``n`` bits of ``a``, zero- or
+    sign-extended (``n`` wrapped or clamped to 32; 0 bits give 0)."""
+    mode = [m for m in mods if m in ("wrap", "clamp")]
+    k.only(mods, tuple(mode))
+    t = _bit_type(k, types, ("u", "s"))
+    if len(mode) != 1 or t.bits != 32 or len(ops) != 3:
+        raise k.refuse("szext form")
+    b = k.b
+    v = b.zext(k.get(ops[1], _U32), I64)
+    n = _clamp_or_wrap(k, b.zext(k.get(ops[2], _U32), I64), mode[0] == "wrap")
+    mask = b.sub(b.shl(c64(1), n), c64(1))
+    r = b.and_(v, mask)
+    if t.kind == "s":
+        top = b.and_(b.lshr(r, b.sub(n, c64(1))), c64(1))  # (n = 0: r is 0 anyway)
+        neg = b.and_(b.icmp_unsigned("==", top, c64(1)), b.icmp_unsigned("!=", n, c64(0)))
+        r = b.select(neg, b.or_(r, b.not_(mask)), r)
+    k.put(ops[0], t, b.trunc(r, I32))
+
+
 BIT_HANDLERS = {
+    "bmsk": _h_bmsk,
+    "szext": _h_szext,
     "dp4a": lambda k, types, mods, ops: _dot(k, types, mods, ops, False),
     "dp2a": lambda k, types, mods, ops: _dot(k, types, mods, ops, True),
     "sad": _h_sad,
