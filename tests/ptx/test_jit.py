@@ -255,6 +255,28 @@ def test_small_launches_wait_before_compiling(dev, monkeypatch):
     assert np.array_equal(got[:256], np.arange(256) * 3) and not got[256:].any()
 
 
+def test_a_big_kernel_compiles_once_interpreting_it_cost_as_much(monkeypatch):
+    """Rent or buy: a kernel whose compile costs more than BASE_COMPILE_S (its size times
+    COMPILE_S_PER_INSTRUCTION) is not compiled at its third launch or for a launch whose
+    expected interpreted time is small, but once the time its launches ran interpreted
+    (this one's expected time included) reaches the compile's cost; a small kernel keeps the
+    plain thresholds."""
+    monkeypatch.setattr(jit, "COMPILE_MIN_LANES", 1 << 14)
+    big = 2000  # instructions: a compile of about 8 s
+    cost = big * jit.COMPILE_S_PER_INSTRUCTION
+    assert cost > jit.BASE_COMPILE_S
+
+    def worth(lanes: int, launches: int, spent: float, size: int = big) -> bool:
+        return jit.worth_compiling("policy-test", "k", lanes, launches, size, spent)
+
+    assert not worth(256, 3, 0.0) and not worth(1 << 14, 10, 0.0)
+    assert not worth(256, 50, cost * 0.9)
+    assert worth(256, 50, cost)
+    assert worth(1 << 30, 1, 0.0)  # a launch that would take longer interpreted than a compile
+    assert worth(256, 3, 0.0, size=20) and worth(1 << 14, 1, 0.0, size=20)
+    assert not worth(256, 2, 10.0, size=20)  # (small kernels: the plain thresholds only)
+
+
 #: three regions: 0 stores shared then loads global (other memory: vectorizable), lanes at or
 #: past ``live`` exit there; 1 reads the shared slot ``lim`` lanes further on (vectorizable,
 #: stores nothing: one pass); 2 stores shared and loads it back (stays scalar)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,7 +36,7 @@ from .jit import layout as jit_layout
 from .jit.diff import differential
 from .jit.runner import run_compiled
 from .ops_cluster import uses_cluster_barrier
-from .parser import SUPPORTED_VERSION, parse_module
+from .parser import SUPPORTED_VERSION, Label, parse_module
 from .state import LaunchGeometry, State
 from .target import apply_target_options
 
@@ -132,6 +133,10 @@ class PtxProgram:
         self.source_hash = ""
         #: launches per kernel name (the compiler waits for a kernel to earn its compile)
         self._launch_counts: dict[str, int] = {}
+        #: per kernel: its PTX instructions, and the seconds its launches ran interpreted (what
+        #: jit.worth_compiling weighs a compile against)
+        self._sizes: dict[str, int] = {}
+        self._interpreted_s: dict[str, float] = {}
         #: what each launch configuration's checks and sizes came to (:class:`_Plan`)
         self._plans: dict[tuple, _Plan] = {}
         #: each kernel's symbol values, and the symbol table they were read from
@@ -468,13 +473,23 @@ class PtxProgram:
             if ck is None:
                 n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
                 if mode == "diff" or jit.worth_compiling(
-                    self.source_hash, k.name, geo.blocks * geo.threads, n
+                    self.source_hash,
+                    k.name,
+                    geo.blocks * geo.threads,
+                    n,
+                    self._size(k),
+                    self._interpreted_s.get(k.name, 0.0),
                 ):
                     ck = self._compiled(k, geo.block)
                     if ck is not None:
                         self._natives[(k.name, geo.block)] = ck
         if ck is None:
-            interpret()
+            t0 = time.perf_counter()
+            try:
+                interpret()
+            finally:
+                spent = self._interpreted_s.get(k.name, 0.0) + time.perf_counter() - t0
+                self._interpreted_s[k.name] = spent
             return
 
         def compiled(sink=sink) -> None:
@@ -507,6 +522,14 @@ class PtxProgram:
                     sink(text)
         else:
             compiled()
+
+    def _size(self, k: PtxKernel) -> int:
+        """Kernel ``k``'s PTX instructions (what a compile of it costs follows)."""
+        got = self._sizes.get(k.name)
+        if got is None:
+            body = self._dec.by_fid[k.fid].fn.body or []
+            got = self._sizes[k.name] = sum(1 for s in body if not isinstance(s, Label))
+        return got
 
     def _compiled(self, k: PtxKernel, block=(1, 1, 1)):
         """Kernel ``k`` compiled to native code (cached by module hash) with the driver a

@@ -126,23 +126,58 @@ def mode() -> str:
 
 #: a kernel is compiled at its first launch of at least this many threads, or at its
 #: COMPILE_AFTER_LAUNCHES-th launch: a compile costs 50-200 ms, which small launches of a
-#: kernel run once or twice (most of a test suite's) would not earn back
+#: kernel run once or twice (most of a test suite's) would not earn back. A larger kernel's
+#: thresholds grow with its compile's cost (:func:`worth_compiling`); 1 compiles every launch
+#: (the compiler's own tests)
 COMPILE_MIN_LANES = 1 << 14
 COMPILE_AFTER_LAUNCHES = 3
+#: what a compile costs per PTX instruction of the kernel, about: 1.4-5 ms on the 2-core
+#: development machine (saxpy's 20 instructions 0.1 s, the tiled matmul's 103 0.5 s, CUB's
+#: radix-sort histogram kernel's 635 2.5 s, its segmented sort kernel's 5396 7.6 s)
+COMPILE_S_PER_INSTRUCTION = 0.004
+#: the largest compile cost the two thresholds above serve; a kernel costing more is
+#: compiled once its interpreted launches have cost as much (:func:`worth_compiling`)
+BASE_COMPILE_S = 0.5
+#: what the interpreter spends per PTX instruction run, and per lane of it, about (a 1M-lane
+#: saxpy of 20 instructions: 0.13 s): the expected time of a launch not yet run
+INTERPRET_S_PER_INSTRUCTION = 20e-6
+INTERPRET_S_PER_LANE = 6e-9
 #: compiled launches give each core a block's worth of local memory (threads x the local
 #: stride) at once; blocks needing more (huge local arrays) run interpreted, whose batches are
 #: sized by memory
 MAX_BLOCK_LOCAL_BYTES = 64 << 20
 
 
-def worth_compiling(mod_hash: str, name: str, lanes: int, launches: int) -> bool:
+def worth_compiling(
+    mod_hash: str,
+    name: str,
+    lanes: int,
+    launches: int,
+    instructions: int = 0,
+    interpreted_s: float = 0.0,
+) -> bool:
     """Whether launch number ``launches`` (1 = the first) of kernel ``name`` with ``lanes``
     threads should use (and if need be compile) native code in mode ``on``; ``diff`` always
-    compiles, so the differential tests see every kernel."""
+    compiles, so the differential tests see every kernel.
+
+    ``instructions``: the kernel's size, which a compile's cost follows; ``interpreted_s``:
+    the time its launches ran interpreted so far. A kernel whose compile would cost more than
+    :data:`BASE_COMPILE_S` is compiled once its interpreted launches, this one's expected
+    time included, would cost as much as the compile: the rent-or-buy rule, which never
+    spends more than about twice the better choice. Why: a library's kernels run hundreds or
+    thousands of instructions (CUB's radix sort: seconds to compile) on small inputs in most
+    programs and tests; compiling them at their third launch made Thrust's test program
+    take 10.5 instead of 7 s."""
     with _lock:
         if (mod_hash, name) in _cache:
             return True
-    return lanes >= COMPILE_MIN_LANES or launches >= COMPILE_AFTER_LAUNCHES
+    if COMPILE_MIN_LANES <= 1:
+        return True
+    cost = instructions * COMPILE_S_PER_INSTRUCTION
+    if cost <= BASE_COMPILE_S:
+        return lanes >= COMPILE_MIN_LANES or launches >= COMPILE_AFTER_LAUNCHES
+    expect = instructions * (INTERPRET_S_PER_INSTRUCTION + lanes * INTERPRET_S_PER_LANE)
+    return interpreted_s + expect >= cost
 
 
 def orders_matter(fn) -> bool:
