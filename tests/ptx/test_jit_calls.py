@@ -13,6 +13,8 @@ interpreter fails it."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from ptxdev import Ptr, i32, i64
@@ -102,6 +104,24 @@ def test_an_assert_after_a_barrier_in_2d_blocks_names_the_thread(program, arch, 
     assert len(printed) == 1 and "block [2,1,0], thread [7,3,0]" in printed[0]
     assert printed[0].endswith("Assertion `v < limit` failed.\n")
     assert printed[0].strip() in str(fault)
+
+
+def test_an_assert_in_a_loop_names_a_thread_that_fails_it(program, arch, dev, monkeypatch):
+    """Lanes run one after another here, in lockstep in the interpreter (and on a GPU), so
+    the first failing thread may differ (diff mode compares the fault code only); the one
+    named must fail the check, and the launch fails with CUDA_ERROR_ASSERT either way."""
+    prog = program("faults", arch)
+    grid, block, n, limit = 4, 256, 8192, 12
+    p = (np.arange(n) % 13).astype(np.int32)
+    args = [Ptr(dev.upload(p)), Ptr(dev.zeros(grid * block, np.int32)), i32(n), i32(limit)]
+    fault, printed = _launch(dev, prog, "assert_in_loop", grid, block, args, "1", monkeypatch)
+    assert _compiled(prog, "assert_in_loop"), jit.stats()["refused"]
+    assert fault is not None and fault.code == 710 and len(printed) == 1
+    b, t = (int(x) for x in re.findall(r"\[(\d+),0,0\]", printed[0]))
+    mine = p[b * block + t :: grid * block]
+    assert (mine >= limit).any()
+    fault, _ = _launch(dev, prog, "assert_in_loop", grid, block, args, "diff", monkeypatch)
+    assert fault is not None and fault.code == 710
 
 
 def test_a_large_grid_prints_in_thread_order(program, arch, dev, monkeypatch):

@@ -58,3 +58,18 @@ extern "C" __global__ void assert_2d(const int* p, int* out, int limit) {
     assert(v < limit);
     out[y * w + x] = v + row[threadIdx.x];
 }
+
+// The check inside a grid-stride loop after a barrier: which thread fails first depends on
+// the schedule (lanes in lockstep, or one after another).
+extern "C" __global__ void assert_in_loop(const int* p, int* out, int n, int limit) {
+    __shared__ int s[256];
+    s[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+    int acc = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        int v = p[i];
+        assert(v < limit);
+        acc += v + s[(threadIdx.x + 1) % blockDim.x];
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}

@@ -25,8 +25,7 @@ def differential(
 ):
     """``printed``: the lines each run printed (filled as they run). A run that succeeds
     must print the lines the interpreter printed (threads' lines interleave in no set
-    order); a failed ``assert`` prints some of the interpreter's lines (the compiled kernel
-    stops at the first failing thread)."""
+    order)."""
     from . import JitMismatch
 
     allocs = memory.allocations()
@@ -40,9 +39,10 @@ def differential(
         raise JitMismatch(f"kernel {name}: interpreted {fi or 'ok'} but compiled {fj or 'ok'}")
     heard, said = printed
     if fj is not None:
-        if not set(said) <= set(heard):
-            raise JitMismatch(f"kernel {name}: compiled printed {said}, interpreted {heard}")
-        raise fj  # the state after a fault is unspecified: not compared
+        # the state after a fault is unspecified: not compared, nor what was printed (which
+        # thread fails an assert first depends on the schedule: lanes in lockstep there, one
+        # after another here)
+        raise fj
     if sorted(said) != sorted(heard):  # (lines of different threads: in no set order)
         raise JitMismatch(f"kernel {name}: compiled printed {said}, interpreted {heard}")
     for a, want in zip(allocs, after_i, strict=True):

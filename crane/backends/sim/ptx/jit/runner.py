@@ -363,10 +363,12 @@ def _fault(ck, ctx: np.ndarray, memory, stride: int, sink, out) -> KernelFault:
 
 
 def _assert_fault(ctx: np.ndarray, memory, say) -> KernelFault:
-    """A failed ``assert``: the failing thread's line printed (the interpreter prints one per
-    failing lane of the instruction's step; the compiled kernel stops at the first), then
-    the interpreter's CUDA_ERROR_ASSERT. The strings are module constants in global memory;
-    one that is not readable there fails the launch as an illegal address."""
+    """A failed ``assert``: the failing thread's line printed, then the interpreter's
+    CUDA_ERROR_ASSERT. The compiled kernel stops at the first thread to fail in its order
+    (lanes one after another, region by region); the interpreter, whose lanes run in
+    lockstep, prints every lane failing at that step, which may be other threads. The
+    strings are module constants in global memory; one that is not readable there fails the
+    launch as an illegal address."""
     words = [int(ctx[s]) & (2**64 - 1) for s in range(L.ASSERT_MSG, L.ASSERT_CTAID + 1)]
     msg, file, line, func, tid, cta = words
     try:
