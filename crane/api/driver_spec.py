@@ -79,6 +79,9 @@ def _memsets() -> dict[str, Fast]:
 FAST: dict[str, Fast] = {
     **_memsets(),
     "cuEventRecord@2000": Fast("crane_fast_event_record", ("hEvent", "hStream")),
+    "cuEventRecordWithFlags@11010": Fast(
+        "crane_fast_event_record_flags", ("hEvent", "hStream", "flags")
+    ),
     "cuStreamWaitEvent@3020": Fast("crane_fast_stream_wait", ("hStream", "hEvent", "Flags")),
     # the unified copies go this way only when both ends are device allocations it was taught
     "cuMemcpy@4000": Fast("crane_fast_memcpy_dtod", ("dst", "src", "ByteCount", "NULL")),

@@ -190,6 +190,8 @@ _FAST_PROTOS = {
     "crane_fast_memset": "int crane_fast_memset(uint64_t dst, uint64_t value, uint32_t elem, "
     "uint64_t count, void *hstream);",
     "crane_fast_event_record": "int crane_fast_event_record(void *hevent, void *hstream);",
+    "crane_fast_event_record_flags": "int crane_fast_event_record_flags(void *hevent, "
+    "void *hstream, unsigned flags);",
     "crane_fast_stream_wait": "int crane_fast_stream_wait(void *hstream, void *hevent, "
     "unsigned flags);",
     "crane_fast_memcpy_dtod": "int crane_fast_memcpy_dtod(uint64_t dst, uint64_t src, "

@@ -239,14 +239,16 @@ def event_record(event: Any, stream: Any) -> None:
 
 @handles("cuEventRecordWithFlags@11010")
 def event_record_with_flags(event: Any, stream: Any, flags: int) -> None:
-    e, s = RT.ptr(event), RT.stream(stream)
+    """Flags 0 is :func:`event_record` (which teaches the fast lane, so the next such call
+    is queued by the library's C: ``crane_fast_event_record_flags``)."""
     if flags & ~_EVENT_RECORD_EXTERNAL:
         raise CudaError(CUresult.CUDA_ERROR_INVALID_VALUE, f"bad record flags {flags:#x}")
+    if not flags:
+        event_record(event, stream)
+        return
+    e, s = RT.ptr(event), RT.stream(stream)
     RT.session().check_event(e)
-    if flags & _EVENT_RECORD_EXTERNAL:
-        if graphs.record(s, graphs.EVENT_RECORD, graphs.EventParams(e)):
-            return
-    elif graphs.event_recorded(e, s):
+    if graphs.record(s, graphs.EVENT_RECORD, graphs.EventParams(e)):
         return
     RT.session().event_record(e, s)
 

@@ -585,7 +585,8 @@ CUresult cuEventRecord_ptsz(void * hEvent, void * hStream) {
 CUresult cuEventRecordWithFlags(void * hEvent, void * hStream, unsigned int flags) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuEventRecordWithFlags_11010(hEvent, hStream, flags);
+    CUresult r = crane_fast_event_record_flags(hEvent, hStream, flags);
+    if (r < 0) r = crane_py_cuEventRecordWithFlags_11010(hEvent, hStream, flags);
     if (crane_trace_on) crane_trace("cuEventRecordWithFlags", r, "hEvent=%p hStream=%p flags=%u", (const void *)hEvent, (const void *)hStream, (unsigned int)flags);
     return r;
 }
@@ -593,7 +594,8 @@ CUresult cuEventRecordWithFlags(void * hEvent, void * hStream, unsigned int flag
 CUresult cuEventRecordWithFlags_ptsz(void * hEvent, void * hStream, unsigned int flags) {
     int g = crane_py_gate(0);
     if (g >= 0) return g;
-    CUresult r = crane_py_cuEventRecordWithFlags_11010(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD), flags);
+    CUresult r = crane_fast_event_record_flags(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD), flags);
+    if (r < 0) r = crane_py_cuEventRecordWithFlags_11010(hEvent, (hStream ? hStream : CRANE_STREAM_PER_THREAD), flags);
     if (crane_trace_on) crane_trace("cuEventRecordWithFlags_ptsz", r, "hEvent=%p hStream=%p flags=%u", (const void *)hEvent, (const void *)hStream, (unsigned int)flags);
     return r;
 }

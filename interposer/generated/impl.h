@@ -315,6 +315,7 @@ int crane_c_cuMemAdvise_12020(unsigned long long devPtr, size_t count, int advic
 
 /* fast forms (interposer/src/fastlane.c) */
 int crane_fast_event_record(void *hevent, void *hstream);
+int crane_fast_event_record_flags(void *hevent, void *hstream, unsigned flags);
 int crane_fast_memcpy_dtod(uint64_t dst, uint64_t src, uint64_t n, void *hstream);
 int crane_fast_memset(uint64_t dst, uint64_t value, uint32_t elem, uint64_t count, void *hstream);
 int crane_fast_stream_wait(void *hstream, void *hevent, unsigned flags);

@@ -195,6 +195,13 @@ int crane_fast_event_record(void *hevent, void *hstream) {
     return put_unlock(handles_known_locked(s, e), op_event_record, e, s, 0, 0, 0);
 }
 
+/* cuEventRecordWithFlags(event, stream, flags): flags 0 is cuEventRecord; an external record
+ * (CU_EVENT_RECORD_EXTERNAL: a graph's event-record node while capturing) is the Python
+ * side's. */
+int crane_fast_event_record_flags(void *hevent, void *hstream, unsigned flags) {
+    return flags ? -1 : crane_fast_event_record(hevent, hstream);
+}
+
 /* cuStreamWaitEvent(stream, event, flags): only flags 0 (an external wait is the Python
  * side's: it may be a graph node). */
 int crane_fast_stream_wait(void *hstream, void *hevent, unsigned flags) {

@@ -2,7 +2,8 @@
 library's C queues itself once the Python side taught it their allocation and stream. Every
 answer and byte of a program that mixes them with what must go the Python way (a range past an
 allocation, a freed buffer, a destroyed stream or event, a capture, a mapped host block, two
-threads, event records and waits between streams, device-to-device copies) is
+threads, event records (``cuEventRecordWithFlags`` too) and waits between streams,
+device-to-device copies) is
 the same with the lane on and off (``CRANE_FAST=0``), over the call ring and the gRPC socket,
 and the lane did take the loops' calls."""
 
@@ -17,7 +18,7 @@ EXPECTED = [
     "thread0 CUDA_SUCCESS same=1",
     "thread1 CUDA_SUCCESS same=1",
     "events ok=1 record_gone=CUDA_ERROR_INVALID_HANDLE wait_gone=CUDA_ERROR_INVALID_HANDLE "
-    "wait_flags=CUDA_ERROR_INVALID_VALUE",
+    "wait_flags=CUDA_ERROR_INVALID_VALUE record_flags=CUDA_ERROR_INVALID_VALUE",
     "copies ok=1 past=CUDA_ERROR_INVALID_VALUE freed=CUDA_ERROR_INVALID_VALUE pinned=1",
     "mapped host=3c dev=5a",
 ]
