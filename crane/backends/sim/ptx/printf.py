@@ -25,6 +25,7 @@ from .errors import KernelFault
 from .memspace import LOCAL_WINDOW, SHARED_WINDOW, WINDOW_SIZE
 
 __all__ = [
+    "MAX_STRING",
     "PrintfArgs",
     "assert_fault",
     "assert_line",
@@ -36,7 +37,8 @@ __all__ = [
     "read_cstring",
 ]
 
-_MAX_STRING = 1 << 16
+#: the longest string a %s or an assert message reads
+MAX_STRING = 1 << 16
 _CONV = re.compile(
     r"%([-+ #0]*)(\*|\d+)?(?:\.(\*|\d*))?(hh|h|ll|l|L|z|j|t|q)?([diouxXeEfFgGaAcspn%])"
 )
@@ -72,13 +74,13 @@ def read_global(mem, addr: int, n: int, *, partial: bool = False) -> bytes:
     return mem.read(addr, end - addr)
 
 
-def read_cstring(st, lane: int, addr: int, limit: int = _MAX_STRING) -> str:
+def read_cstring(st, lane: int, addr: int, limit: int = MAX_STRING) -> str:
     return c_string(read_bytes(st, lane, addr, limit, partial=True))
 
 
 def global_cstring(mem, addr: int) -> str:
     """The C string at ``addr`` in device memory ``mem`` (no shared or local window)."""
-    return c_string(read_global(mem, addr, _MAX_STRING, partial=True))
+    return c_string(read_global(mem, addr, MAX_STRING, partial=True))
 
 
 def c_string(raw: bytes) -> str:

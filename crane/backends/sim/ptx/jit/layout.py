@@ -20,6 +20,7 @@ __all__ = [
     "ASSERT_TID",
     "BLOCK_BEGIN",
     "BLOCK_END",
+    "CTAID_SHIFTS",
     "FAULT_ADDR",
     "FAULT_BYTES",
     "FAULT_KIND",
@@ -56,6 +57,8 @@ __all__ = [
     "SPACE_SHARED",
     "STOP",
     "SYMVALS",
+    "TID_SHIFTS",
+    "unpack",
 ]
 
 MEM_BUF = 0  # the session window's buffer (device address MEM_BASE is its byte 0)
@@ -85,6 +88,19 @@ KPARAM_SIZE = 27  # bytes of kernel parameters (the buffer less its 8 bytes of p
 #: a failed ``assert`` (KIND_ASSERT): __assertfail's message, file, line and function, and
 #: the lane's %tid and %ctaid packed (x | y << 21 | z << 42; x | y << 32 | z << 48)
 ASSERT_MSG, ASSERT_FILE, ASSERT_LINE, ASSERT_FUNC, ASSERT_TID, ASSERT_CTAID = range(28, 34)
+#: bit offsets of x, y, z in a packed %tid and %ctaid word (ASSERT_TID, ASSERT_CTAID and the
+#: ``vprintf`` call's arguments): %tid up to 2**21 a dimension, %ctaid.x 32 bits, y and z 16
+TID_SHIFTS = (0, 21, 42)
+CTAID_SHIFTS = (0, 32, 48)
+
+
+def unpack(word: int, shifts: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The (x, y, z) a packed coordinate word holds (``word`` taken as unsigned)."""
+    word &= 2**64 - 1
+    _, y, z = shifts  # (x starts at bit 0)
+    return word & ((1 << y) - 1), (word >> y) & ((1 << (z - y)) - 1), word >> z
+
+
 PRINTF_FN = 34  # the address a compiled ``vprintf`` calls (:mod:`.printing`)
 FIXED = 35  # first per-site cache slot
 

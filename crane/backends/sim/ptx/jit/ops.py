@@ -771,8 +771,8 @@ def _h_call(k: KernelLowering, types, mods, ops) -> None:
             raise k.refuse(f"{name}'s argument {a[1]} not stored before the call")
         v = got[1]
         words.append(b.zext(v, I64) if v.type.width < 64 else v)
-    tid = _packed(b, k.tid, (0, 21, 42))
-    cta = _packed(b, k.ctaid, (0, 32, 48))
+    tid = _packed(b, k.tid, L.TID_SHIFTS)
+    cta = _packed(b, k.ctaid, L.CTAID_SHIFTS)
     if name == "vprintf":
         _vprintf(k, words, tid, cta, rets)
         return

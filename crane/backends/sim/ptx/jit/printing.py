@@ -25,12 +25,10 @@ from crane.backends.sim.memory import MemoryFault
 
 from ..errors import KernelFault, fault_code
 from ..memspace import LOCAL_WINDOW, SHARED_WINDOW, WINDOW_SIZE
-from ..printf import PrintfArgs, c_string, format_printf, read_global
+from ..printf import MAX_STRING, PrintfArgs, c_string, format_printf, read_global
 from . import layout as L
 
 __all__ = ["CALLBACK_ADDRESS", "Output"]
-
-_MAX_STRING = 1 << 16
 
 
 class Output:
@@ -64,13 +62,15 @@ class Output:
             return read_global(self.memory, addr, n, partial=partial)
 
         def cstring(addr: int) -> str:
-            return c_string(read(addr, _MAX_STRING, partial=True))
+            return c_string(read(addr, MAX_STRING, partial=True))
 
         reader = PrintfArgs(read, args)
         text = format_printf(cstring(fmt), reader, cstring)
         (gx, gy, _), (bx, by, _) = self.grid, self.block
-        block = (cta & 0xFFFF_FFFF) + gx * (((cta >> 32) & 0xFFFF) + gy * (cta >> 48))
-        thread = (tid & 0x1F_FFFF) + bx * (((tid >> 21) & 0x1F_FFFF) + by * (tid >> 42))
+        cx, cy, cz = L.unpack(cta, L.CTAID_SHIFTS)
+        tx, ty, tz = L.unpack(tid, L.TID_SHIFTS)
+        block = cx + gx * (cy + gy * cz)
+        thread = tx + bx * (ty + by * tz)
         n = self._calls.get((block, thread), 0)
         self._calls[(block, thread)] = n + 1
         self._lines.append(((block, thread >> 5, n, thread & 31), text))

@@ -376,8 +376,8 @@ def _assert_fault(ctx: np.ndarray, memory, say) -> KernelFault:
             global_cstring(memory, file),
             line & 0xFFFF_FFFF,
             global_cstring(memory, func),
-            (cta & 0xFFFF_FFFF, (cta >> 32) & 0xFFFF, cta >> 48),
-            (tid & 0x1F_FFFF, (tid >> 21) & 0x1F_FFFF, tid >> 42),
+            L.unpack(cta, L.CTAID_SHIFTS),
+            L.unpack(tid, L.TID_SHIFTS),
             global_cstring(memory, msg),
         )
     except MemoryFault as e:
