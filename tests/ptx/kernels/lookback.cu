@@ -81,3 +81,52 @@ extern "C" __global__ void warp_sync_sum(const unsigned* in, unsigned* out) {
     }
     if (t == 0) out[blockIdx.x] = s[0];
 }
+
+// The whole classic reduction (the kind published samples carry): a grid-stride sum into
+// shared memory, a tree with __syncthreads down to 64 values, then the warp-synchronous tail
+// on a volatile array, one sum per block.
+template <unsigned B>
+__device__ void warp_tail(volatile unsigned* s, unsigned t) {
+    if (B >= 64) s[t] += s[t + 32];
+    if (B >= 32) s[t] += s[t + 16];
+    if (B >= 16) s[t] += s[t + 8];
+    if (B >= 8) s[t] += s[t + 4];
+    if (B >= 4) s[t] += s[t + 2];
+    if (B >= 2) s[t] += s[t + 1];
+}
+
+extern "C" __global__ void warp_sync_reduce(const unsigned* in, unsigned* out, unsigned n) {
+    __shared__ unsigned s[256];
+    unsigned t = threadIdx.x, i = blockIdx.x * 512 + t, grid = 512 * gridDim.x;
+    unsigned sum = 0;
+    while (i < n) {
+        sum += in[i];
+        if (i + 256 < n) sum += in[i + 256];
+        i += grid;
+    }
+    s[t] = sum;
+    __syncthreads();
+    if (t < 128) s[t] += s[t + 128];
+    __syncthreads();
+    if (t < 64) s[t] += s[t + 64];
+    __syncthreads();
+    if (t < 32) warp_tail<64>(s, t);
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+
+// The lockstep order itself, one warp: every lane reads its right neighbour (wrapping) and
+// its own value, then writes; a lane that wrote before another read would change the result.
+// Through a generic pointer (shared or global, chosen at run time) so that nvcc emits
+// ld/st.volatile on a generic address.
+extern "C" __global__ void warp_sync_steps(const unsigned* in, unsigned* out, unsigned* g,
+                                           int use_shared) {
+    __shared__ unsigned s[32];
+    volatile unsigned* vs = use_shared ? s : g;
+    unsigned t = threadIdx.x;
+    vs[t] = in[t];
+    for (int step = 0; step < 3; step++) {
+        unsigned r = vs[(t + 1) & 31];
+        vs[t] = r + vs[t] * 3;
+    }
+    out[t] = vs[t];
+}

@@ -13,12 +13,13 @@ lanes (x innermost) in the checking/committing two-pass scheme of the barrier-fr
 the lanes' saves are contiguous; a lane that failed a check runs the region again, scalar.
 Registers predicted affine in %tid.x (:mod:`.affine`) come back from the save area as
 ``base + stride * x`` in the vector form, so that loads through them are consecutive.
-Lanes of a warp do *not* run in lockstep here, so kernels that rely on it (``.volatile``
-shared-memory accesses, the warp-synchronous idiom; :mod:`.ops_order`) are refused, as is everything
-outside the covered instruction set: the caller then runs the kernel interpreted
-(:class:`Refusal` names the instruction and PTX line). Warp-level instructions (shuffle, vote,
-redux, match, activemask, ``bar.warp.sync``) end regions too, as barriers scoped to the warp
-(:mod:`.warp`); a kernel with them runs its rounds scalar. Loops that wait on an ordered load
+Lanes of a warp do *not* run in lockstep here: where a kernel relies on it (``.volatile``
+shared-memory accesses, the warp-synchronous idiom) each such access gets a warp-level stop in
+front of it (:mod:`.lockstep`). Everything outside the covered instruction set is refused: the
+caller then runs the kernel interpreted (:class:`Refusal` names the instruction and PTX line).
+Warp-level instructions (shuffle, vote, redux, match, activemask, ``bar.warp.sync``) end
+regions too, as barriers scoped to the warp (:mod:`.warp`); a kernel with them runs its rounds
+scalar. Loops that wait on an ordered load
 get a yield point on their branch back (:mod:`.spin`), a stop after which the block loop's
 rounds run only the yielded lanes; ``bar.red`` is a barrier that reduces (:mod:`.ops_barred`).
 
@@ -38,6 +39,7 @@ saturates with NaN → 0, ``.approx`` division/reciprocal/square root are IEEE-r
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -76,6 +78,7 @@ from .irtypes import (
 )
 from .liveness import dest_src, live_after
 from .local import local_ptr, uses_local, zero_block_locals
+from .lockstep import is_lockstep, with_lockstep
 from .named_regs import resolve_named_regs
 from .operands import LaneOperands, split_opcode
 from .ops import HANDLERS
@@ -209,6 +212,8 @@ class KernelLowering(LaneOperands):
         #: warp-level instructions stop lanes for their warp (:mod:`.warp`)
         self.has_warp = any(isinstance(s, Instr) and is_warp_stop(s) for s in body)
         self.has_red = any(is_bar_red(s) for s in body)
+        #: the accesses :mod:`.lockstep` put a stop before (only those may be warp-synchronous)
+        self.lockstepped = frozenset(id(b) for a, b in itertools.pairwise(body) if is_lockstep(a))
         #: yield points (:mod:`.spin`): the block loop's rounds after one run yielded lanes only
         self.has_yield = any(isinstance(s, Instr) and s.opcode == YIELD_OP for s in body)
         self.warp_sites: list = []
@@ -1772,6 +1777,7 @@ def lower_kernel(
     waited = spin_wait(fn)
     if waited is not None:  # lanes run one after another here: a wait on a later lane hangs
         raise Refusal(f"a spin-wait on `{waited.text}`", waited.line)
+    fn = with_lockstep(fn)  # warp-synchronous .volatile accesses: a warp stop before each
     sites = sum(1 for s in fn.body if isinstance(s, Instr) and is_warp_stop(s))
     most = int(os.environ.get("CRANE_PTX_JIT_MAX_WARP_SITES", MAX_WARP_SITES))
     if sites > most:

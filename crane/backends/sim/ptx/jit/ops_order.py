@@ -12,13 +12,13 @@ same checked address (the same bounds checks and faults as plain ones): ``monoto
 ``fence.sc``/``membar`` become sequentially consistent fences, ``fence.acq_rel`` an
 acquire-release one; other fence forms (proxy fences, ``mbarrier_init``) are not taken.
 
-What is refused, and why: ``.volatile`` on shared memory, and on a generic address (which may
-point into it). Legacy warp-synchronous code (the ``if (tid < 32) { vs[tid] += vs[tid + 32];
-...}`` tail of a reduction on a ``volatile`` shared array, with no ``__syncwarp``) relies on a
-warp's lanes running in lockstep; compiled, a block's lanes run one after the other, and the
-result differs. Such kernels run interpreted. ``.relaxed``/``.acquire``/``.release`` on shared
-memory are the memory model's own accesses, written for independently scheduled threads, and
-are taken. ``.mmio`` is refused.
+``.volatile`` on shared memory, and on a generic address (which may point into it), is legacy
+warp-synchronous code (the ``if (tid < 32) { vs[tid] += vs[tid + 32]; ...}`` tail of a
+reduction on a ``volatile`` shared array, with no ``__syncwarp``), which relies on a warp's
+lanes running in lockstep: :mod:`.lockstep` puts a warp-level stop before each such access, and
+only an access behind one is taken. ``.relaxed``/``.acquire``/``.release`` on shared memory are
+the memory model's own accesses, written for independently scheduled threads, and are taken
+without. ``.mmio`` is refused.
 
 A loop that waits on one of these loads (its branch depends on the loaded value) would hang the
 compiled schedule when the value comes from a later lane of the same block: see :mod:`.spin`,
@@ -47,7 +47,7 @@ def access_ordering(k: KernelLowering, mods, space: str, store: bool) -> str | N
     if "mmio" in mods:
         raise k.refuse(".mmio access")
     if "volatile" in mods:
-        if space in ("shared", "generic"):
+        if space in ("shared", "generic") and id(k.ins) not in k.lockstepped:
             raise k.refuse(f".volatile {space} access (warp-synchronous code needs lockstep lanes)")
         order = "monotonic"
     elif "acquire" in mods:

@@ -36,6 +36,7 @@ from llvmlite import ir
 
 from ..ptxtypes import TYPES
 from .irtypes import FAULTED, I1, I8P, I32, I64, I64P, Refusal, c64, counted_loop, resize
+from .lockstep import LOCKSTEP_OP
 
 __all__ = [
     "NSCRATCH",
@@ -52,8 +53,9 @@ __all__ = [
     "shfl_sources",
 ]
 
-#: opcodes (first part) of the collectives handled here
-WARP_OPS = frozenset({"shfl", "vote", "redux", "match", "activemask"})
+#: opcodes (first part) of the collectives handled here (``lockstep``: the stop :mod:`.lockstep`
+#: puts before a warp-synchronous ``.volatile`` access, a collective that computes nothing)
+WARP_OPS = frozenset({"shfl", "vote", "redux", "match", "activemask", LOCKSTEP_OP})
 #: resume tags: a lane stopped at a collective / at ``bar.warp.sync`` (below the lowering's
 #: redo tag, above every resume point)
 WARP_STOP = 1 << 20
@@ -73,7 +75,7 @@ class WarpSite:
     """One collective: its resume point and what the settle code needs to compute it."""
 
     resume: int
-    op: str  # shfl / vote / redux / match / activemask
+    op: str  # shfl / vote / redux / match / activemask / lockstep
     mode: str  # shfl: up/down/bfly/idx; vote: all/any/uni/ballot; redux: add/...; match
     signed: bool = False  # redux min/max
     bits: int = 32  # redux / match operand width
@@ -232,6 +234,8 @@ def _operands(k, op, types, mods, ops, rk: int, dests: list) -> WarpSite:
         if mode == "any" and ops[0][0] == "pair":
             raise k.refuse("match.any with a predicate")
         return WarpSite(rk, "match", mode, bits=t.bits)
+    if op == LOCKSTEP_OP:  # nothing to hand over: the access follows the resume point
+        return WarpSite(rk, op, "")
     # activemask
     k.only(mods)
     if len(ops) != 1:
@@ -395,6 +399,8 @@ def _has(b: ir.IRBuilder, r, tag: int):
 
 def _compute_site(s: _Fn, site: WarpSite, i, w0, wn, here, word, save, nthreads, acc) -> None:
     """The results (scratch RES, RES2) of warp lane ``i`` at collective ``site``."""
+    if site.op == LOCKSTEP_OP:
+        return
     b = s.b
     li = b.add(w0, i)
     one = c64(1)
