@@ -118,3 +118,39 @@ def test_atomics_that_feed_addresses_stay_compiled(dev):
     got = np.sort(dev.download(out, 3 * 96, np.uint32))
     assert np.array_equal(got, np.repeat(np.arange(96, dtype=np.uint32), 3))
     assert "t" in {name for name, _ in jit.stats()["compiled"]}
+
+
+def test_compare_and_swap_retries_compile(dev, program, arch, monkeypatch):
+    """A float max, a double multiply and a 16-bit add, each an atomicCAS retry loop (the
+    loop waits on nobody: each attempt starts from what the last one saw), run compiled and
+    bit for bit as interpreted (diff mode: the multiplications' order too)."""
+    monkeypatch.setenv("CRANE_PTX_JIT", "diff")
+    prog = program("atomics", arch)
+    n = 700
+    vals = np.random.default_rng(8).uniform(-50, 50, n).astype(np.float32)
+    fmax = dev.upload(np.array([-1e30], np.float32))
+    prod, sums = dev.upload(np.ones(8, np.float64)), dev.zeros(4, np.uint16)
+    dev.launch(
+        prog,
+        "cas_retries",
+        3,
+        256,
+        [Ptr(dev.upload(vals)), Ptr(fmax), Ptr(prod), Ptr(sums), np.int32(n)],
+    )
+    assert dev.download(fmax, 1, np.float32)[0] == vals.max()
+    want = [np.prod(1.0 + vals[j::8].astype(np.float64) * 1e-3) for j in range(8)]
+    assert np.allclose(dev.download(prod, 8, np.float64), want, rtol=1e-12)
+    # (unsigned)(float): cvt.rzi.u32.f32, which saturates (negatives to 0)
+    adds = np.maximum(np.trunc(vals * np.float32(100.0)), 0).astype(np.int64)
+    want16 = [int(adds[j::4].sum()) & 0xFFFF for j in range(4)]
+    assert dev.download(sums, 4, np.uint16).tolist() == want16
+    assert "cas_retries" in {name for name, _ in jit.stats()["compiled"]}
+
+
+def test_a_spin_lock_runs_interpreted(dev, program, arch):
+    prog = program("atomics", arch)
+    lock, count = dev.zeros(1, np.int32), dev.zeros(1, np.int32)
+    dev.launch(prog, "cas_lock", 5, 32, [Ptr(lock), Ptr(count)], deadline=time.monotonic() + 60)
+    assert dev.download(count, 1, np.int32).tolist() == [5]
+    refused = dict(jit.stats()["refused"])
+    assert "a spin-wait on `atom.global.cas.b32" in refused["cas_lock"]

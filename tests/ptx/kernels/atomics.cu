@@ -63,3 +63,49 @@ extern "C" __global__ void atomics_shared(const int* vals, int* out, int n) {
         o[4] = (int)acc64; o[5] = cnt; o[6] = all; o[7] = any;
     }
 }
+
+// Compare-and-swap retries emulating atomics the hardware lacks (PyTorch's gpuAtomicMax has
+// this shape): a float max, a double multiply, a 16-bit add through the enclosing word.
+__device__ float cas_max_float(float* addr, float val) {
+    int* a = (int*)addr;
+    int old = *a, assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(a, assumed, __float_as_int(fmaxf(val, __int_as_float(assumed))));
+    } while (assumed != old);
+    return __int_as_float(old);
+}
+
+extern "C" __global__ void cas_retries(const float* in, float* fmax, double* prod,
+                                       unsigned short* sums, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    cas_max_float(fmax, in[i]);
+    unsigned long long* a = (unsigned long long*)(prod + (i & 7));
+    unsigned long long old = *a, assumed;
+    do {
+        assumed = old;
+        double v = __longlong_as_double(assumed) * (1.0 + in[i] * 1e-3);
+        old = atomicCAS(a, assumed, __double_as_longlong(v));
+    } while (assumed != old);
+    unsigned short* p = sums + (i & 3);
+    unsigned* word = (unsigned*)((size_t)p & ~(size_t)3);
+    unsigned shift = ((size_t)p & 2) ? 16 : 0, w = *word, seen;
+    do {
+        seen = w;
+        unsigned v = ((seen >> shift) + (unsigned)(in[i] * 100.0f)) & 0xffffu;
+        w = atomicCAS(word, seen, (seen & ~(0xffffu << shift)) | (v << shift));
+    } while (seen != w);
+}
+
+// A spin lock: thread 0 of each block waits until no other block holds it (a wait on
+// another thread, unlike a retry: stays interpreted).
+extern "C" __global__ void cas_lock(int* lock, int* count) {
+    if (threadIdx.x == 0) {
+        while (atomicCAS(lock, 0, 1) != 0) {
+        }
+        *(volatile int*)count += 1;
+        __threadfence();
+        atomicExch(lock, 0);
+    }
+}

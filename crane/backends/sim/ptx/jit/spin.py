@@ -9,10 +9,18 @@ interpreted, with its reason logged, instead of timing out.
 
 The test is syntactic and errs on the safe side: an ``atom`` inside a loop (the instructions
 from a label to a later branch back to it) whose result reaches, through the loop's own
-instructions, the guard of a branch in that loop. That also takes compare-and-swap retry loops
-(``atomicCAS`` emulating an atomic on a type without one), which would have run correctly:
-they run interpreted too. Atomics whose result only feeds addresses or values (tickets,
-histograms, stream compaction) are not affected.
+instructions, the guard of a branch in that loop. Atomics whose result only feeds addresses or
+values (tickets, histograms, stream compaction) are not affected.
+
+One shape is exempt, the compare-and-swap *retry* (``atomicCAS`` emulating an atomic the
+hardware lacks: a float ``atomicMax``, a multiply, a 16-bit add through its word; PyTorch's
+``gpuAtomicMax`` is one): a loop of straight-line code whose ``atom.cas`` compares against
+register ``R``, whose only branch is the one back, taken when ``setp`` finds ``R`` and the
+CAS's result ``D`` unequal (compared before the loop changes ``R``), and which sets ``R`` only
+from ``D``. Each retry then starts from the value the failed attempt saw, so the loop waits on
+no other thread: it ends as soon as nobody else wrote the word between two of its attempts,
+and lanes run one after another cannot starve it. A spin lock (``while (atomicCAS(lock, 0, 1)
+!= 0)``: the compared value is fixed) is not that shape and stays refused.
 
 Loops waiting on a ``.volatile``/``.relaxed``/``.acquire`` load (:mod:`.ops_order`) are
 compiled instead, with a *yield point* on their branch back (:func:`with_yields`): CUB's
@@ -99,16 +107,25 @@ def _waits(fn: Function, source):
             label_at[o[1]] for o in ops if o[0] == "name" and label_at.get(o[1], end + 1) <= end
         ]
         for start in starts:
-            found = _waited_on(code, info, start, end, source)
+            inner = any(start < at <= end for at in label_at.values())
+            found = _waited_on(code, info, start, end, source, inner)
             if found is not None:
                 yield ins, found
                 break
 
 
-def _waited_on(code: list[Instr], info: list, start: int, end: int, source) -> Instr | None:
+def _waited_on(
+    code: list[Instr], info: list, start: int, end: int, source, inner: bool
+) -> Instr | None:
+    """The instruction ``source`` selects in loop ``code[start..end]`` whose result reaches a
+    branch guard in it (``inner``: a label inside the loop, so it is not straight-line)."""
     body = range(start, end + 1)
     for a in body:
-        if not source(code[a]) or not info[a][0]:
+        if (
+            not source(code[a])
+            or not info[a][0]
+            or (not inner and _cas_retry(code, info, start, end, a))
+        ):
             continue
         tainted = set(info[a][0])
         grew = True
@@ -126,3 +143,55 @@ def _waited_on(code: list[Instr], info: list, start: int, end: int, source) -> I
                 if r is not None and r.uid in tainted:
                     return code[a]
     return None
+
+
+def _reg(ins: Instr, op) -> int | None:
+    """The uid of register operand ``op`` of ``ins`` (None: not a register)."""
+    if op[0] != "reg":
+        return None
+    r = ins.scope.reg(op[1])
+    return None if r is None else r.uid
+
+
+def _cas_retry(code: list[Instr], info: list, start: int, end: int, a: int) -> bool:
+    """Whether ``code[a]`` is the compare-and-swap of a retry loop ``code[start..end]`` (a
+    straight-line loop: the caller checked no label is inside it; see the module)."""
+    cas = code[a]
+    parts = cas.opcode.split(".")
+    ops = cas.operands if isinstance(cas.operands, list) else []
+    if parts[0] != "atom" or "cas" not in parts or len(ops) != 4 or cas.guard is not None:
+        return False
+    d, r = _reg(cas, ops[0]), _reg(cas, ops[2])
+    back = code[end]
+    if d is None or r is None or d == r or back.guard is None:
+        return False
+    p = back.scope.reg(back.guard[0])
+    setp_at = None
+    copied = False  # R := D seen: the next attempt compares against what this one saw
+    for k in range(start, end + 1):
+        ins, (dst, _src) = code[k], info[k]
+        op = ins.opcode.split(".")[0]
+        if op in ("bra", "ret", "exit") and k != end:
+            return False  # another way out or around: not the plain shape
+        if ins.guard is not None and k != end and dst & {r, d}:
+            return False
+        if r in dst:  # R is set only from D, after the CAS and the comparison
+            iops = ins.operands if isinstance(ins.operands, list) else []
+            if op != "mov" or len(iops) != 2 or _reg(ins, iops[1]) != d:
+                return False
+            if setp_at is None or k < setp_at:
+                return False
+            copied = True
+        if d in dst and k != a:
+            return False
+        if p is not None and p.uid in dst:
+            if setp_at is not None or ins.guard is not None or not a < k:
+                return False
+            iops = ins.operands if isinstance(ins.operands, list) else []
+            mods = set(ins.opcode.split(".")[1:])
+            pair = {_reg(ins, o) for o in iops[1:3]} if len(iops) == 3 else set()
+            taken_unequal = ("ne" in mods) != back.guard[1]  # @p with ne, @!p with eq
+            if op != "setp" or pair != {r, d} or not ({"ne", "eq"} & mods) or not taken_unequal:
+                return False
+            setp_at = k
+    return setp_at is not None and copied
