@@ -460,7 +460,7 @@ class PtxProgram:
 
         mode = jit.mode()
         ck = None
-        # the compiler takes ordinary launches of kernels that call nothing
+        # the compiler takes ordinary launches (device functions it inlines, or refuses)
         plain = not grid_workspace and launch_env["cluster"] is None and launches is None
         # a block's local memory is allocated whole per core: huge frames stay interpreted
         plain = plain and geo.threads * local_stride <= jit.MAX_BLOCK_LOCAL_BYTES
@@ -468,7 +468,7 @@ class PtxProgram:
         # beyond them only without a profile's limits)
         plain = plain and max(geo.block) <= jit_layout.MAX_BLOCK_DIM
         plain = plain and shared_stride < jit_layout.MAX_SHARED
-        if mode != "off" and plain and not k.cluster_barrier and len(k.reachable) == 1:
+        if mode != "off" and plain and not k.cluster_barrier:
             ck = self._natives.get((k.name, geo.block))
             if ck is None:
                 n = self._launch_counts[k.name] = self._launch_counts.get(k.name, 0) + 1
@@ -524,11 +524,13 @@ class PtxProgram:
             compiled()
 
     def _size(self, k: PtxKernel) -> int:
-        """Kernel ``k``'s PTX instructions (what a compile of it costs follows)."""
+        """Kernel ``k``'s PTX instructions and its callees' (which the compiler inlines): what
+        a compile of it costs follows."""
         got = self._sizes.get(k.name)
         if got is None:
-            body = self._dec.by_fid[k.fid].fn.body or []
-            got = self._sizes[k.name] = sum(1 for s in body if not isinstance(s, Label))
+            bodies = [self._dec.by_fid[f].fn.body or [] for f in k.reachable]
+            got = sum(1 for body in bodies for s in body if not isinstance(s, Label))
+            self._sizes[k.name] = got
         return got
 
     def _compiled(self, k: PtxKernel, block=(1, 1, 1)):
@@ -537,6 +539,13 @@ class PtxProgram:
         dec = self._dec
         fi = dec.by_fid[k.fid]
         mscope = dec.module.scope.vars
+        # the function each reachable function's own variables belong to (a callee's are
+        # inlined into the kernel, at the places the interpreter's layout gave them)
+        owner = {
+            id(v): f
+            for f in k.reachable
+            for v in (*dec.by_fid[f].fn.locals, *dec.by_fid[f].fn.shared)
+        }
 
         def slot_of(var):
             if var.space in ("global", "const"):
@@ -547,14 +556,19 @@ class PtxProgram:
                 elif mscope.get(var.name) is var:
                     key = ("shared", var.name)
                 else:
-                    key = ("fshared", fi.fid, var.name)
+                    key = ("fshared", owner.get(id(var), fi.fid), var.name)
             elif var.space == "local":  # its offset in the lane's local area
-                key = ("local", fi.fid, var.name)
+                key = ("local", owner.get(id(var), fi.fid), var.name)
             else:
                 return None
             return dec.slot_index.get(key)
 
         externs = frozenset(f.fn.name for f in dec.by_fid.values() if f.builtin is not None)
+        funcs = {
+            f.fn.name: f.fn
+            for f in dec.by_fid.values()
+            if f.fn.body is not None and not f.fn.is_entry and f.builtin is None
+        }
         return jit.compiled_kernel(
             self.source_hash,
             fi.fn,
@@ -563,6 +577,7 @@ class PtxProgram:
             k.param_bytes,
             tuple(block),
             externs,
+            funcs,
         )
 
 

@@ -209,13 +209,15 @@ def compiled_kernel(
     param_bytes: int,
     block=(1, 1, 1),
     externs: frozenset[str] = frozenset(),
+    funcs: dict | None = None,
 ):
     """The compiled kernel for entry function ``fn`` of the module hashed ``mod_hash``, or
     None (logged once) when the compiler refuses it. A kernel with the vectorizable form
     (barrier-free, loop-free) is compiled with only the driver 1-D blocks run; the general
     driver, for a launch of ``block`` with more than one dimension, is compiled when such a
     launch first comes (most such kernels are never launched so: 10-20 ms of a 60 ms
-    compile saved). ``externs``: the module's functions declared without a body."""
+    compile saved). ``externs``: the module's functions declared without a body; ``funcs``:
+    its device functions with one, by name (inlined at their call sites)."""
     key = (mod_hash, fn.name)
     with _lock:
         got = _cache.get(key)
@@ -225,7 +227,7 @@ def compiled_kernel(
                 got = _from_disk(mod_hash, fn.name, t0)
                 if got is None:
                     low, code = _lower_and_compile(
-                        fn, kparam_offsets, slot_of, param_bytes, externs
+                        fn, kparam_offsets, slot_of, param_bytes, externs, funcs
                     )
                     split = low.fast is not None
                     got = CompiledKernel(
@@ -257,18 +259,20 @@ def compiled_kernel(
         if not isinstance(got, CompiledKernel):
             return None
         if got.entry_for(block) is None and not _add_general(
-            got, fn, kparam_offsets, slot_of, param_bytes, externs
+            got, fn, kparam_offsets, slot_of, param_bytes, externs, funcs
         ):
             return None
     return got
 
 
-def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int, externs=frozenset()):
+def _lower_and_compile(
+    fn, kparam_offsets, slot_of, param_bytes: int, externs=frozenset(), funcs=None
+):
     """Lower and compile ``fn`` (only the driver its first launches need when it has two);
     if LLVM fails on a kernel with vector-form regions (:mod:`.simd`), it is lowered again
     without them (logged): a lowering bug there must cost speed, never the compiled kernel."""
     try:
-        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, externs=externs)
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, externs=externs, funcs=funcs)
         return low, _compile(low)
     except Refusal:
         raise
@@ -278,7 +282,9 @@ def _lower_and_compile(fn, kparam_offsets, slot_of, param_bytes: int, externs=fr
         log.warning(
             "kernel %s: vector-form regions left out (%s: %s)", fn.name, type(e).__name__, e
         )
-        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, simd=False, externs=externs)
+        low = lower_kernel(
+            fn, kparam_offsets, slot_of, param_bytes, simd=False, externs=externs, funcs=funcs
+        )
         return low, _compile(low)
 
 
@@ -289,7 +295,13 @@ def _compile(low):
 
 
 def _add_general(
-    ck: CompiledKernel, fn, kparam_offsets, slot_of, param_bytes: int, externs=frozenset()
+    ck: CompiledKernel,
+    fn,
+    kparam_offsets,
+    slot_of,
+    param_bytes: int,
+    externs=frozenset(),
+    funcs=None,
 ) -> bool:
     """Compile kernel ``ck``'s general driver (lowered again; its vectorizable driver left
     out); False, logged once, if that fails. Called under ``_lock`` (compiles share one
@@ -298,7 +310,7 @@ def _add_general(
         return False
     t0 = time.perf_counter()
     try:
-        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, externs=externs)
+        low = lower_kernel(fn, kparam_offsets, slot_of, param_bytes, externs=externs, funcs=funcs)
         drop = (low.fast,) if low.fast else ()
         code = compile_ir(low.ir_text(), low.name, None, drop, low.cold)
     except Exception as e:  # an LLVM error: those launches run interpreted

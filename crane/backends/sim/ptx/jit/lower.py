@@ -58,6 +58,7 @@ from ..ptxtypes import TYPES
 from . import layout as L
 from .affine import lane_strides
 from .exits import with_exit_yields
+from .inline import inline_calls
 from .irtypes import (
     EXITED,
     FAULTED,
@@ -194,9 +195,9 @@ class KernelLowering(LaneOperands):
         #: a call's arguments as its ``st.param`` stored them: (id of the .param declared
         #: in the call's scope, offset) -> (bits, value); the call follows in the same
         #: straight run of code, so the value dominates it
-        self.call_args: dict[tuple[int, int], tuple[int, object]] = {}
-        #: the keys of ``call_args`` that a call set (its return value), not an ``st.param``
-        self.call_rets: set[tuple[int, int]] = set()
+        #: the per-lane cells of call-site ``.param`` variables, by (variable id, offset):
+        #: (bits, alloca) (:func:`.ops._call_arg`)
+        self.param_cells: dict[tuple[int, int], tuple[int, ir.AllocaInstr]] = {}
         #: the kernel calls ``vprintf`` (its launches collect output: :mod:`.printing`)
         self.prints = False
         self.kparam_offsets = kparam_offsets
@@ -446,6 +447,8 @@ class KernelLowering(LaneOperands):
         self.ctaid = (cx, cy, cz)
         entry = self.entry = step.append_basic_block("entry")
         self._params: dict[tuple[int, int], ir.Instruction] = {}
+        self.param_cells = {}  # (per step function: its cells are its allocas)
+        self.carry = None  # the lane's carry flag cell (:mod:`.ops_carry`), once used
         self._syms: dict[int, ir.Instruction] = {}
         b = self.b = ir.IRBuilder(entry)
         self.regs: dict[int, ir.AllocaInstr] = {}
@@ -776,6 +779,31 @@ class KernelLowering(LaneOperands):
             # instead of gathering
             v.set_metadata("range", self.range_md(0, L.MAX_SHARED))
         return v
+
+    def param_cell(self, key: tuple[int, int], bits: int) -> ir.AllocaInstr:
+        """The cell of call-site ``.param`` bytes ``key`` (variable id, offset) as ``bits``
+        wide (made, zeroed, in the lane's entry block the first time); a cell reused at
+        another width is refused."""
+        got = self.param_cells.get(key)
+        if got is not None:
+            if got[0] != bits:
+                raise self.refuse("a call's parameter written at two widths")
+            return got[1]
+        eb = ir.IRBuilder(self.entry)
+        eb.position_before(self.entry.terminator)
+        cell = eb.alloca(ir.IntType(bits), name="param")
+        eb.store(ir.Constant(ir.IntType(bits), 0), cell)
+        self.param_cells[key] = (bits, cell)
+        return cell
+
+    def carry_flag(self) -> ir.AllocaInstr:
+        """The lane's carry flag (CC.CF) cell, made and cleared in the entry block once."""
+        if self.carry is None:
+            eb = ir.IRBuilder(self.entry)
+            eb.position_before(self.entry.terminator)
+            self.carry = eb.alloca(I1, name="cc")
+            eb.store(ir.Constant(I1, 0), self.carry)
+        return self.carry
 
     def range_md(self, lo: int, hi: int):
         """``!range`` metadata [lo, hi) for an i64 load."""
@@ -1766,13 +1794,16 @@ def lower_kernel(
     param_bytes: int,
     simd: bool = True,
     externs: frozenset[str] = frozenset(),
+    funcs: dict[str, Function] | None = None,
 ) -> Lowered:
     """Lower entry function ``fn`` or raise :class:`Refusal`. ``slot_of(var)`` gives the
     symbol slot of a module or shared variable (None if it has none); ``simd``: whether
     regions may take the vector form (:mod:`.simd`); ``externs``: the module's functions
-    declared without a body (a call to ``__assertfail`` is lowered only if it is one)."""
+    declared without a body (a call to ``__assertfail`` is lowered only if it is one);
+    ``funcs``: its device functions with a body, by name (calls to them are inlined)."""
     if fn.body is None:
         raise Refusal(f"{fn.name} has no body", fn.line)
+    fn = inline_calls(fn, funcs or {})  # device functions' bodies at their call sites
     fn = resolve_named_regs(fn)
     waited = spin_wait(fn)
     if waited is not None:  # lanes run one after another here: a wait on a later lane hangs

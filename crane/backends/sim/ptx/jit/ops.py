@@ -34,6 +34,7 @@ from .local import lane_base
 from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
+from .ops_carry import lower_addsub_carry, lower_mad_carry
 from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
 from .ops_half import half_lanes, is_half, lower_cvt_half, lower_half
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
@@ -122,6 +123,9 @@ def _arith(name: str):
             if name == "mul":
                 _mul_int(k, t, mods, ops)
                 return
+            if name in ("add", "sub") and "cc" in mods:
+                lower_addsub_carry(k, name == "sub", False, t, mods, ops)
+                return
             if name in ("div", "rem"):
                 k.only(mods)
                 v = _divrem(k, t, k.get(ops[1], t), k.get(ops[2], t), name == "rem")
@@ -193,6 +197,9 @@ def _h_mad(k: KernelLowering, types, mods, ops) -> None:
         if not mods_has(mods, ("rn", *DIRECTED)):
             raise k.refuse("mad.f without rounding (unfused legacy form)")
         _fma(k, t, ops, mods)
+        return
+    if "cc" in mods:
+        lower_mad_carry(k, False, t, mods, ops, _mul_mode)
         return
     mode = [m for m in mods if m in ("lo", "hi", "wide")]
     k.only(mods, ("lo", "hi", "wide"))
@@ -724,19 +731,23 @@ def _h_trap(k: KernelLowering, types, mods, ops) -> None:
 
 
 def _call_arg(k: KernelLowering, store: bool, key: tuple[int, int], vals, t: PtxType) -> None:
-    """``st.param`` of a call's argument: its value kept for the ``call`` that follows in
-    the same run of code (:func:`_h_call`); ``ld.param`` of its return value, which the call
-    kept the same way."""
-    if k.ins.guard is not None or len(vals) != 1:
-        raise k.refuse("this form of a call's argument")
-    if store:
-        k.call_args[key] = (t.bits, st_value(k, vals[0], t))
-        return
-    got = k.call_args.get(key)
-    if got is None or got[0] != t.bits or key not in k.call_rets:
-        raise k.refuse("a call's return value not set by the call")
-    if not (vals[0][0] == "reg" and vals[0][1] == "_"):
-        ld_put(k, vals[0], t, got[1])
+    """``st.param``/``ld.param`` of a call's ``.param`` variable (an argument or a return
+    value; inlined, :mod:`.inline`, also the callee's own parameters, which are the call
+    site's): one per-lane cell per (variable, byte offset) and width, so a value stored on one
+    path is read on another (a callee with several returns). A read of a cell no store
+    before it (in the body's order) wrote, or at another width, is refused."""
+    var_id, off = key
+    size = t.bits // 8
+    for i, v in enumerate(vals):
+        at = (var_id, off + i * size)
+        if store:
+            k.b.store(st_value(k, v, t), k.param_cell(at, t.bits))
+            continue
+        cell = k.param_cells.get(at)
+        if cell is None or cell[0] != t.bits:
+            raise k.refuse("a call's parameter read before the call or callee wrote it")
+        if not (v[0] == "reg" and v[1] == "_"):
+            ld_put(k, v, t, k.b.load(cell[1]))
 
 
 #: ``__assertfail``'s arguments: message, file, line, function, character size
@@ -766,10 +777,10 @@ def _h_call(k: KernelLowering, types, mods, ops) -> None:
     words = []
     for a, bits in zip(args, shape, strict=True):
         var = k.ins.scope.var(a[1]) if a[0] == "name" else None
-        got = k.call_args.get((id(var), 0)) if var is not None else None
+        got = k.param_cells.get((id(var), 0)) if var is not None else None
         if got is None or got[0] != bits:
             raise k.refuse(f"{name}'s argument {a[1]} not stored before the call")
-        v = got[1]
+        v = b.load(got[1])
         words.append(b.zext(v, I64) if v.type.width < 64 else v)
     tid = _packed(b, k.tid, L.TID_SHIFTS)
     cta = _packed(b, k.ctaid, L.CTAID_SHIFTS)
@@ -810,8 +821,7 @@ def _vprintf(k: KernelLowering, words, tid, cta, rets) -> None:
         var = k.ins.scope.var(rets[0][1]) if rets[0][0] == "name" else None
         if var is None:
             raise k.refuse("vprintf's return value")
-        k.call_args[(id(var), 0)] = (32, r)
-        k.call_rets.add((id(var), 0))
+        b.store(r, k.param_cell((id(var), 0), 32))
 
 
 def _h_nanosleep(k: KernelLowering, types, mods, ops) -> None:
@@ -938,6 +948,15 @@ HANDLERS = {
     "min": _arith("min"),
     "max": _arith("max"),
     "mad": _h_mad,
+    "addc": lambda k, types, mods, ops: lower_addsub_carry(
+        k, False, True, k.one_type(types), mods, ops
+    ),
+    "subc": lambda k, types, mods, ops: lower_addsub_carry(
+        k, True, True, k.one_type(types), mods, ops
+    ),
+    "madc": lambda k, types, mods, ops: lower_mad_carry(
+        k, True, k.one_type(types), mods, ops, _mul_mode
+    ),
     "fma": _h_fma,
     "neg": _h_unary("neg"),
     "abs": _h_unary("abs"),

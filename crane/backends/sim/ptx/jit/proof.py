@@ -119,7 +119,7 @@ def build_proof(k: KernelLowering) -> ir.Function:
         k.entry = f.append_basic_block("entry")
         k.b = b = ir.IRBuilder(k.entry)
         k.fast = k.commit = False
-        k._params, k._syms = {}, {}
+        k._params, k._syms, k.param_cells, k.carry = {}, {}, {}, None
         k.regs = {}
         for r in k.fn.regs:
             k.regs[r.uid] = b.alloca(ity(storage_bits(r.type)))
@@ -150,7 +150,7 @@ def build_proof(k: KernelLowering) -> ir.Function:
 #: the lowering state :func:`build_proof` borrows and puts back
 _STATE = (
     "step", "ctx", "tid", "ctaid", "inv", "sym_args", "entry", "b", "fast", "commit",
-    "_params", "_syms", "regs", "ntid", "nctaid", "ins",
+    "_params", "_syms", "param_cells", "carry", "regs", "ntid", "nctaid", "ins",
 )  # fmt: skip
 
 
