@@ -67,5 +67,8 @@ def run_script(
             name, _, why = rest.partition(": ")
             run.checks[name] = why
         elif word == "import":
-            run.seconds["import"] = float(rest)
+            wall, _, cpu = rest.partition(" ")
+            run.seconds["import"] = float(wall)
+            if cpu:
+                run.seconds["import_cpu"] = float(cpu)
     return run

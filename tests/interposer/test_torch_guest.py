@@ -58,18 +58,27 @@ def test_import_torch_through_crane_costs_little(
 ) -> None:  # type: ignore[no-untyped-def]
     """The guest library loads with torch but starts nothing until the first driver call, and
     torch's thousands of SASS-only kernels are registered, not loaded: importing torch through
-    Crane should cost about what it costs without (1.4 s here; the bound is loose, the machine
-    is shared)."""
-    code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    Crane should cost about what it costs without. Compared in the process's own CPU time:
+    wall time on the shared 2-core machine swung with the other test process's load (12.8 s
+    against 3.0 s native in one CI run, 4.5 against 2.1 s alone); the bound is loose."""
+    code = (
+        "import time; t, c = time.perf_counter(), time.process_time(); import torch; "
+        "print(time.perf_counter() - t, time.process_time() - c)"
+    )
     p = subprocess.run(
         [str(clients.python), "-c", code], capture_output=True, text=True, timeout=120
     )
     assert p.returncode == 0, p.stderr
-    native = float(p.stdout.split()[-1])
-    crane = torch_run.seconds["import"]
-    record_property("import_native_s", round(native, 2))
-    record_property("import_crane_s", round(crane, 2))
-    print(f"\nimport torch: {crane:.2f} s through Crane, {native:.2f} s without")
+    native_wall, native = (float(x) for x in p.stdout.split()[-2:])
+    crane_wall, crane = torch_run.seconds["import"], torch_run.seconds["import_cpu"]
+    record_property("import_native_s", round(native_wall, 2))
+    record_property("import_crane_s", round(crane_wall, 2))
+    record_property("import_native_cpu_s", round(native, 2))
+    record_property("import_crane_cpu_s", round(crane, 2))
+    print(
+        f"\nimport torch: {crane_wall:.2f} s ({crane:.2f} s CPU) through Crane, "
+        f"{native_wall:.2f} s ({native:.2f} s CPU) without"
+    )
     assert crane < 2 * native + 2.0, (crane, native)
 
 
