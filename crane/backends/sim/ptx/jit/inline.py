@@ -60,7 +60,6 @@ def _call_parts(ins: Instr) -> tuple[list, str, list] | None:
 class _Inliner:
     def __init__(self, funcs: dict[str, Function], fn: Function) -> None:
         self.funcs = funcs
-        self.fn = fn
         self.count = itertools.count()
         self.flat: dict[str, tuple[list, list, list, list]] = {}
         self.module_scope = fn.scope.parent if fn.scope is not None else None

@@ -192,9 +192,6 @@ class KernelLowering(LaneOperands):
         self.fn = fn
         #: the module's functions declared without a body (the CUDA runtime's: ``call``)
         self.externs = externs
-        #: a call's arguments as its ``st.param`` stored them: (id of the .param declared
-        #: in the call's scope, offset) -> (bits, value); the call follows in the same
-        #: straight run of code, so the value dominates it
         #: the per-lane cells of call-site ``.param`` variables, by (variable id, offset):
         #: (bits, alloca) (:func:`.ops._call_arg`)
         self.param_cells: dict[tuple[int, int], tuple[int, ir.AllocaInstr]] = {}
@@ -789,21 +786,24 @@ class KernelLowering(LaneOperands):
             if got[0] != bits:
                 raise self.refuse("a call's parameter written at two widths")
             return got[1]
-        eb = ir.IRBuilder(self.entry)
-        eb.position_before(self.entry.terminator)
-        cell = eb.alloca(ir.IntType(bits), name="param")
-        eb.store(ir.Constant(ir.IntType(bits), 0), cell)
+        cell = self._zeroed_cell(ir.IntType(bits), "param")
         self.param_cells[key] = (bits, cell)
         return cell
 
     def carry_flag(self) -> ir.AllocaInstr:
         """The lane's carry flag (CC.CF) cell, made and cleared in the entry block once."""
         if self.carry is None:
-            eb = ir.IRBuilder(self.entry)
-            eb.position_before(self.entry.terminator)
-            self.carry = eb.alloca(I1, name="cc")
-            eb.store(ir.Constant(I1, 0), self.carry)
+            self.carry = self._zeroed_cell(I1, "cc")
         return self.carry
+
+    def _zeroed_cell(self, ty: ir.IntType, name: str) -> ir.AllocaInstr:
+        """A per-lane cell of ``ty`` made and zeroed in the step's entry block (as the
+        interpreter's state starts at zero when a lane starts)."""
+        eb = ir.IRBuilder(self.entry)
+        eb.position_before(self.entry.terminator)
+        cell = eb.alloca(ty, name=name)
+        eb.store(ir.Constant(ty, 0), cell)
+        return cell
 
     def range_md(self, lo: int, hi: int):
         """``!range`` metadata [lo, hi) for an i64 load."""
