@@ -13,7 +13,9 @@ Measures, in the backend (``PtxProgram.launch`` on a SimMemory, no RPC):
   interleaved (compiled, interpreted, NumPy, again): 1M-element saxpy, a softmax's elementwise
   ``expf`` step over 1M floats, a 16M-float sum (a
   shared-memory tree with ``__syncthreads``, one partial per block, the partials summed by
-  NumPy inside the timing), the 512x512 tiled matmul, and the compile time of each kernel.
+  NumPy inside the timing), the same sum as one cooperative launch (264 blocks, the
+  partials summed by block 0 after ``grid.sync()``), the 512x512 tiled matmul, and the
+  compile time of each kernel.
   The interpreter metrics above run with ``CRANE_PTX_JIT=0``;
 * wall time of a Thrust sort of 1M unsigned keys (CUB's radix sort, as nvcc ships it) in an
   nvcc-built program run through ``crane run`` on a ``sim:h100-80gb`` daemon (the whole product
@@ -54,8 +56,12 @@ from crane.api.texdesc import (  # noqa: E402
 from crane.backends.sim.memory import SimMemory  # noqa: E402
 from crane.backends.sim.profiles import get_profile  # noqa: E402
 from crane.backends.sim.ptx import load_ptx  # noqa: E402
+from crane.backends.sim.ptx.program import GRID_SYNC_BYTES  # noqa: E402
 
 SOURCE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+
 extern "C" __global__ void saxpy(int n, float a, const float* x, float* y) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a * x[i] + y[i];
@@ -118,6 +124,35 @@ extern "C" __global__ void reduce_tree(const float* in, float* partial, int n) {
     if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
 }
 
+// A cooperative reduction (cuLaunchCooperativeKernel): grid-stride sums, a block tree, one
+// partial per block, grid.sync(), then block 0 sums the partials.
+extern "C" __global__ void reduce_coop(const float* in, float* partial, float* out, int n) {
+    __shared__ float s[256];
+    cg::grid_group g = cg::this_grid();
+    float v = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+        v += in[i];
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+    g.sync();
+    if (blockIdx.x == 0) {
+        v = 0.0f;
+        for (int i = threadIdx.x; i < gridDim.x; i += blockDim.x) v += partial[i];
+        s[threadIdx.x] = v;
+        __syncthreads();
+        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[0] = s[0];
+    }
+}
+
 // One linear-filtered, normalized-coordinate tex2D per thread (texture object).
 extern "C" __global__ void texsample(cudaTextureObject_t t, float* out, int w, int h) {
     int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
@@ -176,7 +211,7 @@ class Bench:
     def read(self, addr: int, n: int, dtype) -> np.ndarray:
         return np.frombuffer(self.mem.read(addr, n * np.dtype(dtype).itemsize), dtype)
 
-    def run(self, name: str, grid, block, *args) -> float:
+    def run(self, name: str, grid, block, *args, **launch) -> float:
         k = self.prog.kernels[name]
         buf = bytearray(k.param_bytes)
         for (off, size), a in zip(k.params, args, strict=True):
@@ -191,6 +226,7 @@ class Bench:
             memory=self.mem,
             symbols={},
             profile=self.profile,
+            **launch,
         )
         return time.perf_counter() - t
 
@@ -456,6 +492,15 @@ def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: boo
         b.read(part, 1024, np.float32).sum(dtype=np.float32)
         return t + time.perf_counter() - t0
 
+    coop_blocks = 264  # 2 blocks of 256 threads on each of the h100 profile's 132 SMs
+    cpart, cout = b.upload(np.zeros(coop_blocks, np.float32)), b.upload(np.zeros(1, np.float32))
+    ws = b.upload(np.zeros(GRID_SYNC_BYTES, np.uint8))
+
+    def reduce_coop() -> float:
+        args = (pin, cpart, cout, np.int32(r))
+        coop = {"cooperative": True, "grid_workspace": ws}
+        return b.run("reduce_coop", (coop_blocks, 1, 1), (256, 1, 1), *args, **coop)
+
     m = 512 if not quick else 64
     A = rng.standard_normal((m, m)).astype(np.float32)
     B = rng.standard_normal((m, m)).astype(np.float32)
@@ -473,6 +518,7 @@ def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: boo
             (ex, n * 4),
         ),
         ("reduce_16m", reduce_tree, lambda: data.sum(), (part, 1024 * 4)),
+        ("reduce_coop_16m", reduce_coop, lambda: data.sum(), (cout, 4)),
         ("matmul_512", matmul, lambda: A @ B, (pc, m * m * 4)),
     )
     for name, run, ref, (out, size) in cases:
@@ -496,7 +542,7 @@ def _bench_jit(b: Bench, rng, metrics: dict[str, float], repeat: int, quick: boo
         metrics[f"jit_{name}_speedup_vs_interp"] = int_s / jit_s
     os.environ["CRANE_PTX_JIT"] = "1"
     compiled = dict(jit.stats()["compiled"])
-    for k in ("saxpy", "softmax_exp", "reduce_tree", "matmul"):
+    for k in ("saxpy", "softmax_exp", "reduce_tree", "reduce_coop", "matmul"):
         if k not in compiled:
             raise SystemExit(f"the PTX compiler did not take {k}: {jit.stats()['refused']}")
         metrics[f"jit_compile_{k}_ms"] = compiled[k]

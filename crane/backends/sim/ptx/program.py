@@ -460,8 +460,9 @@ class PtxProgram:
 
         mode = jit.mode()
         ck = None
-        # the compiler takes ordinary launches (device functions it inlines, or refuses)
-        plain = not grid_workspace and launch_env["cluster"] is None and launches is None
+        # the compiler takes ordinary and cooperative launches (device functions it inlines,
+        # or refuses); clusters and launches from the device stay interpreted
+        plain = launch_env["cluster"] is None and launches is None
         # a block's local memory is allocated whole per core: huge frames stay interpreted
         plain = plain and geo.threads * local_stride <= jit.MAX_BLOCK_LOCAL_BYTES
         # the compiled code assumes bounded block dimensions and shared offsets (jit/layout.py;
@@ -504,6 +505,7 @@ class PtxProgram:
                 deadline=deadline,
                 serial=mode == "diff" and jit.orders_matter(self._dec.by_fid[k.fid].fn),
                 printf=sink,
+                grid_workspace=grid_workspace,
             )
 
         if mode == "diff":  # the compiled run's output is what the program sees

@@ -20,6 +20,9 @@ __all__ = [
     "ASSERT_TID",
     "BLOCK_BEGIN",
     "BLOCK_END",
+    "COOP",
+    "COOP_RESUME",
+    "COOP_START",
     "CTAID_SHIFTS",
     "FAULT_ADDR",
     "FAULT_BYTES",
@@ -28,6 +31,7 @@ __all__ = [
     "FAULT_SPACE",
     "FIXED",
     "GRID",
+    "GRID_WS",
     "INVARIANT",
     "KIND_ASSERT",
     "KIND_ILLEGAL",
@@ -56,6 +60,7 @@ __all__ = [
     "SPACE_PARAM_STORE",
     "SPACE_SHARED",
     "STOP",
+    "SUSPENDED",
     "SYMVALS",
     "TID_SHIFTS",
     "unpack",
@@ -102,7 +107,17 @@ def unpack(word: int, shifts: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 PRINTF_FN = 34  # the address a compiled ``vprintf`` calls (:mod:`.printing`)
-FIXED = 35  # first per-site cache slot
+#: a cooperative launch's grid-sync workspace (what ``%envreg1:%envreg2`` read; 0 otherwise)
+GRID_WS = 35
+#: 0: an ordinary call (blocks [BLOCK_BEGIN, BLOCK_END) run to their end); in a cooperative
+#: launch (:mod:`.coop`) one block a call, COOP_START to start it, COOP_RESUME to go on from
+#: where it suspended (its buffers untouched), and the driver returns SUSPENDED when the
+#: block only waits on others
+COOP = 36
+COOP_START, COOP_RESUME = 1, 2
+#: a driver's answer: the block waits at a yield point on other blocks (cooperative only)
+SUSPENDED = 2
+FIXED = 37  # first per-site cache slot
 
 #: bounds the compiled code may assume (``!range`` metadata): every block dimension at most
 #: MAX_BLOCK_DIM, every shared offset (the block's shared size) below MAX_SHARED; launches

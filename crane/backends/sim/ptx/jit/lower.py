@@ -1154,10 +1154,20 @@ class KernelLowering(LaneOperands):
         b.cbranch(b.icmp_unsigned("<", d.blk, b1), body, d.done)
         b.position_at_end(body)
         d.ctaid = tuple(b.trunc(v, I32) for v in d.cta)
-        if self.uses_shared:
-            b.call(d.memset, [d.shared, ir.Constant(I8, 0), shsize, ir.Constant(I1, 0)])
-        if self.uses_local:
-            zero_block_locals(b, d.memset, word, b.mul(b.mul(d.ntid[0], d.ntid[1]), d.ntid[2]))
+        d.fresh = ir.Constant(I1, 1)
+        if self.has_yield:  # a cooperative block resumed keeps its state (:mod:`.coop`)
+            d.fresh = b.icmp_unsigned("!=", word(L.COOP), c64(L.COOP_RESUME))
+        if self.uses_shared or self.uses_local:
+            init, after = f.append_basic_block("block_init"), f.append_basic_block("block_run")
+            b.cbranch(d.fresh, init, after)
+            b.position_at_end(init)
+            if self.uses_shared:
+                b.call(d.memset, [d.shared, ir.Constant(I8, 0), shsize, ir.Constant(I1, 0)])
+            if self.uses_local:
+                nthreads = b.mul(b.mul(d.ntid[0], d.ntid[1]), d.ntid[2])
+                zero_block_locals(b, d.memset, word, nthreads)
+            b.branch(after)
+            b.position_at_end(after)
         return d
 
     def kparams_word(self, b: ir.IRBuilder, ctx):
@@ -1257,14 +1267,28 @@ class KernelLowering(LaneOperands):
         cx, cy, cz = d.ctaid
         nregs = self.nsave
         bar = self.has_bar
+        yields = None
         if bar:
+            zero, kept = f.append_basic_block("block_zero"), f.append_basic_block("block_kept")
+            b.cbranch(d.fresh, zero, kept)
+            b.position_at_end(zero)
             _zero(d, save, b.mul(nthreads, c64(8 * max(nregs, 1))))
             _zero(d, resume, b.mul(nthreads, c64(4)))
+            b.branch(kept)
+            b.position_at_end(kept)
+        if self.has_yield:  # yield rounds this call ran (a cooperative block suspends at 2)
+            at_entry = ir.IRBuilder()
+            at_entry.position_at_start(f.entry_basic_block)
+            yields = at_entry.alloca(I32, name="yield_rounds")
+            b.store(ir.Constant(I32, 0), yields)
         # the block's unchecked shared accesses in bounds for all its lanes (:mod:`.proof`)
         proven = emit_proof(self, d, nthreads) if self.proof is not None else None
         rhead = round_head = f.append_basic_block("round")
         b.branch(rhead)
         b.position_at_end(rhead)
+        if yields is not None:
+            self.suspend_if_waiting(d, nthreads, yields)
+            rhead = b.block
         nextblk = f.append_basic_block("next_block")
         fault = f.append_basic_block("fault")
         if not bar and 0 in self.simd_fns:  # no barrier, a loop: W lanes at a time
@@ -1365,6 +1389,28 @@ class KernelLowering(LaneOperands):
         b.ret(ir.Constant(I32, 1))
         b.position_at_end(nextblk)
         self.close_driver(d)
+
+    def suspend_if_waiting(self, d: _Driver, nthreads, yields) -> None:
+        """At a round's start, in a cooperative launch (:mod:`.coop`): if some lane is
+        stopped at a yield point and this call already ran a round of yielded lanes, return
+        SUSPENDED, the block's state left in its buffers: its lanes wait on other blocks
+        (grid.sync()'s arrival count), which the runner now runs. The first yield round of
+        each call runs, so a resumed block looks at what it waits on once per call."""
+        b, f = d.b, d.f
+        scan, run = f.append_basic_block("coop_scan"), f.append_basic_block("coop_run")
+        coop = b.icmp_unsigned("!=", d.word(L.COOP), c64(0))
+        b.cbranch(coop, scan, run)
+        b.position_at_end(scan)
+        waiting = self.yield_round(d, nthreads)
+        n = b.load(yields)
+        leave, count = f.append_basic_block("coop_suspend"), f.append_basic_block("coop_count")
+        b.cbranch(b.and_(waiting, b.icmp_unsigned(">=", n, ir.Constant(I32, 1))), leave, count)
+        b.position_at_end(leave)
+        b.ret(ir.Constant(I32, L.SUSPENDED))
+        b.position_at_end(count)
+        b.store(b.add(n, b.zext(waiting, I32)), yields)
+        b.branch(run)
+        b.position_at_end(run)
 
     def yield_round(self, d: _Driver, nthreads):
         """At a scalar round's start: whether some lane of the block is stopped at a yield

@@ -17,6 +17,7 @@ from llvmlite import ir
 
 from ..ops_common import IGNORED_MODS
 from ..ptxtypes import TYPES, PtxType
+from . import layout as L
 from .irtypes import (
     F32,
     I1,
@@ -128,6 +129,17 @@ class LaneOperands:
             return {"eq": eq, "lt": lt, "le": le, "ge": b.not_(lt), "gt": b.not_(le)}[name[10:]]
         return b.lshr(lin, ir.Constant(I32, 5))  # %warpid
 
+    def envreg(self, n: int):
+        """``%envreg<n>`` (i32): what the driver hands a kernel in its launch environment. Only
+        a cooperative launch's grid-sync workspace is ever set, its address split as
+        ``%envreg1`` (high) : ``%envreg2`` (low), as the interpreter has it (state.py); every
+        other one, and both outside a cooperative launch, 0 (nvcc's grid.sync() then traps)."""
+        if n not in (1, 2):
+            return ir.Constant(I32, 0)
+        b = self.b
+        w = self.ctx_word(L.GRID_WS)
+        return b.trunc(b.lshr(w, ir.Constant(I64, 32)) if n == 1 else w, I32)
+
     def get(self, op, t: PtxType):
         """Operand ``op`` as a value of PTX type ``t`` (registers must have its width)."""
         b = self.b
@@ -140,6 +152,10 @@ class LaneOperands:
                 if t.kind in ("f", "pred"):
                     raise self.refuse(f"{name} read as .{t.name}")
                 return resize(b, v, t.bits, signed=False)
+            if name.startswith("%envreg") and name[7:].isdigit() and int(name[7:]) < 32:
+                if t.kind in ("f", "pred"):
+                    raise self.refuse(f"{name} read as .{t.name}")
+                return resize(b, self.envreg(int(name[7:])), t.bits, signed=False)
             if name.startswith("%") and self.ins.scope.reg(name) is None:
                 raise self.refuse(f"special register {name}")
             r = self.regdecl(name)

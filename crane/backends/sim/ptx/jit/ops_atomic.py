@@ -11,8 +11,9 @@ Semantics are the interpreter's (:mod:`..atomics`, :func:`..ops_mem._dec_atomic`
 ``add`` wraps, ``min``/``max`` compare as the type's signedness (``b`` types as unsigned),
 ``cas`` stores ``c`` where the old value equals ``b``, ``exch`` returns the old bits. Not taken
 (the kernel runs interpreted): half-precision and vector atomics, float ``min``/``max`` (NumPy's
-NaN and signed-zero rules), and acquire/release orderings (blocks here may run one after the
-other, so a block waiting on another's release could wait for ever).
+NaN and signed-zero rules). An acquire/release ordering makes the update sequentially
+consistent; a block waiting on another's release waits in an ordered load's loop, which yields
+(:mod:`.spin`; in a cooperative launch, :mod:`.coop`, by suspending the block).
 
 The returned old values depend on the order the lanes update in. The compiled lanes of a block
 run one after the other in linear thread order, as the interpreter serializes the lanes of one
@@ -41,6 +42,9 @@ _OPS = ("and", "or", "xor", "cas", "exch", "add", "inc", "dec", "min", "max")
 #: PTX op -> atomicrmw operation, for integer types (min/max: signed, unsigned)
 _RMW = {"add": "add", "and": "and", "or": "or", "xor": "xor", "exch": "xchg"}
 _SPACES = ("global", "shared")
+#: orderings an atomic may carry: it is then sequentially consistent (global atomics are so
+#: anyway), stronger than each; a loop that waits on its result stays refused (:mod:`.spin`)
+_ORDERS = ("acquire", "release", "acq_rel")
 
 
 def is_atomic(ins) -> bool:
@@ -52,7 +56,8 @@ def _h_atomic(has_dst: bool):
         b = k.b
         op = [m for m in mods if m in _OPS]
         spaces = [m for m in mods if m in ("global", "shared", "local", "param", "const")]
-        k.only(mods, (*op, *spaces, "noftz"))
+        ordered = [m for m in mods if m in _ORDERS]
+        k.only(mods, (*op, *spaces, *ordered, "noftz"))
         if len(op) != 1 or len(spaces) > 1 or (spaces and spaces[0] not in _SPACES):
             raise k.refuse("atomic form")
         op = op[0]
@@ -76,7 +81,7 @@ def _h_atomic(has_dst: bool):
         src = [_bits(k, o, t) for o in ops[first + 1 : first + 1 + nsrc]]
         p = k.mem_ptr(spaces[0] if spaces else "generic", addr, t.bits // 8, True)
         p = b.bitcast(p, it.as_pointer())
-        order = "seq_cst" if spaces != ["shared"] else "monotonic"
+        order = "seq_cst" if spaces != ["shared"] or ordered else "monotonic"
         old = _update(k, op, t, p, src, order)
         if has_dst and not (ops[0][0] == "reg" and ops[0][1] == "_"):
             _put_bits(k, ops[0], t, old)

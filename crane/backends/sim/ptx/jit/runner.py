@@ -39,6 +39,7 @@ from ..printf import assert_fault, assert_line, global_cstring
 from . import buffers, printing, watchdog
 from . import layout as L
 from .chunks import Chunks, chunk_size
+from .coop import run_cooperative
 
 __all__ = ["LANES_PER_CALL", "run_compiled"]
 
@@ -58,11 +59,14 @@ def run_compiled(
     local_stride: int = 16,
     serial: bool = False,
     printf=None,
+    grid_workspace: int = 0,
 ) -> None:
     """Run compiled kernel ``ck`` (:class:`CompiledKernel`) over the whole grid: the blocks
     handed in chunks to one thread per core (each with its own shared memory, local memory,
     save area and caches), the fault of the lowest chunk that had one reported. ``printf``
-    takes the line a failed ``assert`` prints (standard output without one)."""
+    takes the line a failed ``assert`` prints (standard output without one).
+    ``grid_workspace``: a cooperative launch's (nonzero), whose blocks are all resident at
+    once (:mod:`.coop`)."""
     sink = printf if printf is not None else sys.stdout.write
     out = printing.Output(sink, memory, geo.grid, geo.block) if ck.prints else None
     starts, ends = memory.allocation_arrays()
@@ -91,6 +95,16 @@ def run_compiled(
         if len(_heads) >= 256:
             _heads.clear()
         _heads[shape] = (ck, template)  # (ck kept: its id is the key's)
+    if grid_workspace:
+        cores = 1 if serial else min(_cores(), nblocks)
+        run_cooperative(
+            ck, template=template, geo=geo, memory=memory,
+            memory_words=lambda w: _memory_words(w, memory, starts, ends, symvals),
+            kparams=kparams, shared_stride=shared_stride, local_stride=local_stride,
+            deadline=deadline, workers=cores, pool=_pool() if cores > 1 else None,
+            grid_workspace=grid_workspace, fault=_fault, sink=sink, out=out,
+        )  # fmt: skip
+        return
     sizes = (
         max(shared_stride, 16),
         threads * max(ck.nregs, 1),  # as many words as the driver clears: one per lane

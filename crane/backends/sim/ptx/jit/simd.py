@@ -53,6 +53,9 @@ __all__ = ["REUSED", "SimdRegion", "emit_groups", "simd_lanes"]
 REUSED = frozenset(
     {"mov", "add", "sub", "mul", "mad", "fma", "min", "max", "neg", "abs", "and", "or", "xor"}
     | {"not", "shl", "shr", "setp", "selp", "cvt", "cvta", "div", "rem", "rcp", "sqrt", "rsqrt"}
+    # a bit-field insert (a 64-bit word made of two 32-bit halves: cooperative groups'
+    # grid-sync workspace address from %envreg1:%envreg2, before a grid-stride loop)
+    | {"bfi"}
 )
 
 #: every instruction the vector form has: the reused handlers and its own
@@ -109,6 +112,15 @@ class SimdRegion(LaneOperands):
         if got is None:
             raise self.refuse(f"the address of .{var.space} variable {var.name}")
         return got
+
+    def envreg(self, n: int):
+        """The scalar form's value (:meth:`LaneOperands.envreg`) in every lane."""
+        rb = self.rb
+        v = ir.Constant(I32, 0)
+        if n in (1, 2):
+            w = rb.load(rb.gep(self.ctx, [c64(L.GRID_WS)]))
+            v = rb.trunc(rb.lshr(w, c64(32)) if n == 1 else w, I32)
+        return splat(rb, v, self.lanes)
 
     def write_reg(self, uid: int, v) -> None:
         """Only the lanes that run the instruction (``imask``) take the new value."""

@@ -56,8 +56,13 @@ YIELD_OP = "yield"
 
 
 def spin_wait(fn: Function) -> Instr | None:
-    """The first ``atom`` of ``fn`` that a loop waits on (see the module), or None."""
-    for _, waited in _waits(fn, _is_atom):
+    """The first ``atom`` of ``fn`` that a loop waits on (see the module), or None. A branch
+    that gets a yield point (the back of a loop waiting on an ordered load) lets the lanes it
+    waits on run, so an atomic's result reaching only such branches is no spin-wait: the
+    shape of cooperative groups' grid.sync() (one ``atom.add.release`` arrival, then an
+    ``ld.acquire`` loop comparing with what it returned) inside a loop of grid barriers."""
+    yielding = frozenset(id(bra) for bra, _ in _waits(fn, waitable_load))
+    for _, waited in _waits(fn, _is_atom, yielding):
         return waited
     return None
 
@@ -87,9 +92,10 @@ def _is_atom(ins: Instr) -> bool:
     return ins.opcode.split(".")[0] == "atom"
 
 
-def _waits(fn: Function, source):
+def _waits(fn: Function, source, yielding: frozenset[int] = frozenset()):
     """(branch back, instruction) for each loop of ``fn`` that waits on an instruction
-    ``source`` selects: the loop's branch guards depend on its result."""
+    ``source`` selects: the loop's branch guards depend on its result (the guards of the
+    branches in ``yielding``, ids, not counted)."""
     code = [s for s in fn.body or [] if isinstance(s, Instr)]
     label_at: dict[str, int] = {}
     i = 0
@@ -108,17 +114,24 @@ def _waits(fn: Function, source):
         ]
         for start in starts:
             inner = any(start < at <= end for at in label_at.values())
-            found = _waited_on(code, info, start, end, source, inner)
+            found = _waited_on(code, info, start, end, source, inner, yielding)
             if found is not None:
                 yield ins, found
                 break
 
 
 def _waited_on(
-    code: list[Instr], info: list, start: int, end: int, source, inner: bool
+    code: list[Instr],
+    info: list,
+    start: int,
+    end: int,
+    source,
+    inner: bool,
+    yielding: frozenset[int] = frozenset(),
 ) -> Instr | None:
     """The instruction ``source`` selects in loop ``code[start..end]`` whose result reaches a
-    branch guard in it (``inner``: a label inside the loop, so it is not straight-line)."""
+    branch guard in it (``inner``: a label inside the loop, so it is not straight-line;
+    branches in ``yielding`` not counted)."""
     body = range(start, end + 1)
     for a in body:
         if (
@@ -138,7 +151,11 @@ def _waited_on(
                     grew = True
         for k in body:
             ins = code[k]
-            if ins.opcode.split(".")[0] == "bra" and ins.guard is not None:
+            if (
+                ins.opcode.split(".")[0] == "bra"
+                and ins.guard is not None
+                and id(ins) not in yielding
+            ):
                 r = ins.scope.reg(ins.guard[0])
                 if r is not None and r.uid in tainted:
                     return code[a]
