@@ -35,7 +35,13 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_carry import lower_addsub_carry, lower_mad_carry
-from .ops_cvt import DIRECTED, fma_directed_f32, int_to_float_directed, narrow_directed
+from .ops_cvt import (
+    DIRECTED,
+    binop_directed,
+    fma_directed_f32,
+    int_to_float_directed,
+    narrow_directed,
+)
 from .ops_half import half_lanes, is_half, lower_cvt_half, lower_half
 from .ops_order import ORDER_HANDLERS, ORDER_MODS, access_ordering
 from .ops_pack import mov_vector
@@ -106,7 +112,11 @@ def _arith(name: str):
         if len(ops) != 3:
             raise k.refuse("operand count")
         if t.kind == "f":
-            allowed = ("rn",) if name in ("add", "sub", "mul") else ()
+            allowed: tuple[str, ...] = ()
+            if name in ("add", "sub") or (name == "mul" and t.bits == 32):
+                allowed = ("rn", *DIRECTED)
+            elif name == "mul":
+                allowed = ("rn",)
             if name == "div":
                 allowed = ("rn", "approx", "full") if t.bits == 32 else ("rn",)
             sat = ("sat",) if name in ("add", "sub", "mul", "div") else ()
@@ -114,7 +124,14 @@ def _arith(name: str):
             if name == "div" and not mods_has(mods, ("rn", "approx", "full")):
                 raise k.refuse("div.f without rounding")
             a, c = k.get(ops[1], t), k.get(ops[2], t)
-            v = flushed(k, t, mods, lambda x, y: float_binop(k, name, x, y), a, c)
+            mode = next((m for m in mods if m in DIRECTED), None)
+
+            def op(x, y):
+                if mode is not None:
+                    return binop_directed(k, name, x, y, mode)
+                return float_binop(k, name, x, y)
+
+            v = flushed(k, t, mods, op, a, c)
             if "sat" in mods:
                 v = sat_float(k, v)
         else:

@@ -1,5 +1,7 @@
-"""Directed rounding (``.rz``/``.rm``/``.rp``) for the ``cvt`` forms that round: integer →
-float, and float64 → float32.
+"""Directed rounding (``.rz``/``.rm``/``.rp``) for the ``cvt`` forms that round (integer →
+float, float64 → float32), ``fma.f32``, and ``add``/``sub`` (float32 and float64) and
+``mul.f32`` (CUDA's ``__fadd_rz``, ``__fmul_rd``, ..., and ``erfinvf``/``lgammaf``, whose
+polynomials add toward zero).
 
 Why not LLVM's constrained intrinsics: they tell the optimizer which rounding mode the code
 runs under but do not set it, and the lanes run under the host's round-to-nearest. Instead the
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from .irtypes import F64
+from .irtypes import F64, lane_type
 
 if TYPE_CHECKING:
     from ..ptxtypes import PtxType
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DIRECTED",
+    "binop_directed",
     "fma_directed_f32",
     "fma_two_sum",
     "int_to_float_directed",
@@ -65,11 +68,55 @@ def fma_two_sum(k: KernelLowering, a, c, d):
     """float32 (or narrower, widened) ``a * c + d`` exactly as float64 ``(s, e)``: ``s`` the
     nearest float64 to it, ``e`` the rest (the product is exact in float64; TwoSum)."""
     b = k.b
-    p = b.fmul(b.fpext(a, F64), b.fpext(c, F64))
-    d64 = b.fpext(d, F64)
-    s = b.fadd(p, d64)
+    return _two_sum(k, b.fmul(b.fpext(a, F64), b.fpext(c, F64)), b.fpext(d, F64))
+
+
+def _two_sum(k: KernelLowering, p, d):
+    """``(s, e)``: ``s = fl(p + d)`` and its exact error (the interpreter's ``fp.two_sum``)."""
+    b = k.b
+    s = b.fadd(p, d)
     bb = b.fsub(s, p)
-    return s, b.fadd(b.fsub(p, b.fsub(s, bb)), b.fsub(d64, bb))
+    return s, b.fadd(b.fsub(p, b.fsub(s, bb)), b.fsub(d, bb))
+
+
+def _round_f32(k: KernelLowering, s, e, mode: str):
+    """The exact value ``s + e`` (``s`` its nearest float64) rounded to float32 in ``mode``:
+    the float32 nearest to ``s`` moved one ulp where it lies on the wrong side of ``s + e``
+    (``(r - s) - e``: ``r - s`` is exact, so the sign is right)."""
+    b = k.b
+    r = b.fptrunc(s, ir.FloatType())
+    diff = b.fsub(b.fsub(b.fpext(r, F64), s), e)
+    zero = ir.Constant(F64, 0.0)
+    return _step(k, r, mode, b.fcmp_ordered(">", diff, zero), b.fcmp_ordered("<", diff, zero))
+
+
+def binop_directed(k: KernelLowering, name: str, a, c, mode: str):
+    """``add``/``sub`` (float32 or float64) or ``mul`` (float32) of ``a``, ``c`` rounded once
+    in ``mode``, as the interpreter's ``fp.add_f32``/``add_f64``/``mul_f32``: TwoSum (float32
+    operands widened; a float32 product is exact in float64) and the nearest result moved
+    one ulp where it went the wrong way. ``sub`` adds ``-c``, whose NaN the interpreter makes
+    by a multiplication that keeps its sign: a NaN ``c`` (with ``a`` not NaN) is the answer,
+    quieted."""
+    b = k.b
+    f32 = lane_type(a.type) != F64
+    x = b.fneg(c) if name == "sub" else c
+    if f32:
+        a64, x64 = b.fpext(a, F64), b.fpext(x, F64)
+        if name == "mul":
+            r = _round_f32(k, b.fmul(a64, x64), ir.Constant(F64, 0.0), mode)
+        else:
+            r = _round_f32(k, *_two_sum(k, a64, x64), mode)
+    else:
+        s, e = _two_sum(k, a, x)
+        zero = ir.Constant(F64, 0.0)
+        r = _step(k, s, mode, b.fcmp_ordered("<", e, zero), b.fcmp_ordered(">", e, zero))
+    if name != "sub":
+        return r
+    it = ir.IntType(32 if f32 else 64)
+    quiet = ir.Constant(it, 1 << (22 if f32 else 51))
+    nan_c = b.bitcast(b.or_(b.bitcast(c, it), quiet), c.type)
+    take = b.and_(b.fcmp_unordered("uno", c, c), b.fcmp_ordered("ord", a, a))
+    return b.select(take, nan_c, r)
 
 
 def fma_directed_f32(k: KernelLowering, a, c, d, mode: str):
@@ -78,12 +125,7 @@ def fma_directed_f32(k: KernelLowering, a, c, d, mode: str):
     exact in float64, the sum is float64's nearest ``s`` plus its exact error ``e`` (TwoSum),
     and the float32 nearest to ``s`` moves one ulp where it lies on the wrong side of
     ``s + e`` (``(r - s) - e``: ``r - s`` is exact, so the sign is right)."""
-    b = k.b
-    s, e = fma_two_sum(k, a, c, d)
-    r = b.fptrunc(s, ir.FloatType())
-    diff = b.fsub(b.fsub(b.fpext(r, F64), s), e)
-    zero = ir.Constant(F64, 0.0)
-    return _step(k, r, mode, b.fcmp_ordered(">", diff, zero), b.fcmp_ordered("<", diff, zero))
+    return _round_f32(k, *fma_two_sum(k, a, c, d), mode)
 
 
 def int_to_float_directed(k: KernelLowering, a, st: PtxType, vt, mode: str):
