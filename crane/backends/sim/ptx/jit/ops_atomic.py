@@ -6,14 +6,19 @@ one LLVM ``atomicrmw`` (``uinc_wrap``/``udec_wrap`` are exactly PTX's ``inc``/``
 ``fadd`` is IEEE addition, as NumPy's float64 add) or, where the interpreter rounds in its own
 way, a ``cmpxchg`` loop: ``add.f32`` flushes subnormal operands and results to zero
 (:func:`..fp.ftz`), so the new value is computed from the loaded old one and swapped in.
+Half-precision ``add`` (``.f16``, ``.bf16`` and their pairs: ``atomicAdd`` on ``__half`` and
+``__half2``, which PyTorch's and CuPy's scatter-adds use) goes the same way, each half
+rounded once as the interpreter rounds it.
 
 Semantics are the interpreter's (:mod:`..atomics`, :func:`..ops_mem._dec_atomic`): integer
 ``add`` wraps, ``min``/``max`` compare as the type's signedness (``b`` types as unsigned),
-``cas`` stores ``c`` where the old value equals ``b``, ``exch`` returns the old bits. Not taken
-(the kernel runs interpreted): half-precision and vector atomics, float ``min``/``max`` (NumPy's
-NaN and signed-zero rules). An acquire/release ordering makes the update sequentially
-consistent; a block waiting on another's release waits in an ordered load's loop, which yields
-(:mod:`.spin`; in a cooperative launch, :mod:`.coop`, by suspending the block).
+``cas`` stores ``c`` where the old value equals ``b``, ``exch`` returns the old bits (also on
+16-bit words: how sm_80 code emulates a bfloat16 ``atomicAdd``). Not taken
+(the kernel runs interpreted): vector atomics, half-precision operations other than ``add``,
+float ``min``/``max`` (NumPy's NaN and signed-zero rules). An acquire/release ordering makes
+the update sequentially consistent; a block waiting on another's release waits in an ordered
+load's loop, which yields (:mod:`.spin`; in a cooperative launch, :mod:`.coop`, by
+suspending the block).
 
 The returned old values depend on the order the lanes update in. The compiled lanes of a block
 run one after the other in linear thread order, as the interpreter serializes the lanes of one
@@ -29,7 +34,9 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from ..parser import Instr
+from ..ptxtypes import TYPES
 from .irtypes import F32, I32, vty
+from .ops_half import half_add_bits, host_converts_halves
 from .ops_sfu import ftz32
 
 if TYPE_CHECKING:
@@ -42,6 +49,8 @@ _OPS = ("and", "or", "xor", "cas", "exch", "add", "inc", "dec", "min", "max")
 #: PTX op -> atomicrmw operation, for integer types (min/max: signed, unsigned)
 _RMW = {"add": "add", "and": "and", "or": "or", "xor": "xor", "exch": "xchg"}
 _SPACES = ("global", "shared")
+#: half-precision kinds (``.f16``, ``.f16x2``, ``.bf16``, ``.bf16x2``): only ``add`` takes them
+_HALVES = ("h", "h2", "bh", "bh2")
 #: orderings an atomic may carry: it is then sequentially consistent (global atomics are so
 #: anyway), stronger than each; a loop that waits on its result stays refused (:mod:`.spin`)
 _ORDERS = ("acquire", "release", "acq_rel")
@@ -64,7 +73,11 @@ def _h_atomic(has_dst: bool):
         if len(types) != 1:
             raise k.refuse("expected one type")
         t = types[0]
-        if t.kind not in ("u", "s", "b", "f") or t.bits not in (32, 64):
+        if t.kind in _HALVES:
+            _half_add(k, op, t, has_dst, spaces, ordered, ops)
+            return
+        wide = t.bits in (32, 64) or (t.bits == 16 and t.kind == "b" and op in ("cas", "exch"))
+        if t.kind not in ("u", "s", "b", "f") or not wide:
             raise k.refuse(f"atomic on .{t.name}")
         if t.kind == "f" and op not in ("add", "exch"):
             raise k.refuse(f"atomic {op}.{t.name}")
@@ -87,6 +100,32 @@ def _h_atomic(has_dst: bool):
             _put_bits(k, ops[0], t, old)
 
     return h
+
+
+def _half_add(k: KernelLowering, op: str, t: PtxType, has_dst: bool, spaces, ordered, ops):
+    """``atom``/``red`` ``.add.noftz`` on ``.f16``, ``.bf16`` and their pairs: a
+    compare-and-swap loop on the 16- or 32-bit word whose new value is the half sum the
+    interpreter computes (:func:`.ops_half.half_add_bits`: each half rounded once)."""
+    if op != "add":
+        raise k.refuse(f"atomic {op}.{t.name}")
+    if t.kind in ("h", "h2") and not host_converts_halves():
+        raise k.refuse("half atomics (the host CPU has no F16C)")
+    first = 1 if has_dst else 0
+    if len(ops) != first + 2:
+        raise k.refuse("operand count")
+    word = TYPES["b16"] if t.kind in ("h", "bh") else TYPES["b32"]
+    b = k.b
+    kind, addr = k.address(ops[first], spaces[0] if spaces else "generic")
+    if kind != "value":
+        raise k.refuse("atomic on a kernel parameter")
+    v = k.get(ops[first + 1], word)
+    it = ir.IntType(word.bits)
+    p = k.mem_ptr(spaces[0] if spaces else "generic", addr, word.bits // 8, True)
+    p = b.bitcast(p, it.as_pointer())
+    order = "seq_cst" if spaces != ["shared"] or ordered else "monotonic"
+    old = _cas_loop(k, p, v, order, lambda k, cur, x: half_add_bits(k, t.kind, cur, x))
+    if has_dst and not (ops[0][0] == "reg" and ops[0][1] == "_"):
+        k.put(ops[0], word, old)
 
 
 def _bits(k: KernelLowering, op, t: PtxType):

@@ -40,6 +40,7 @@ __all__ = [
     "bf16_bits",
     "bf16_to_f32",
     "f16_bits",
+    "half_add_bits",
     "half_lanes",
     "host_converts_halves",
     "is_half",
@@ -96,6 +97,21 @@ def lower_half(k: KernelLowering, op: str, types, mods, ops) -> None:
         xs = [b.trunc(b.lshr(a, ir.Constant(I32, shift)), I16) for a in args]
         halves.append(b.zext(one(k, op, xs, *clamp), I32))
     k.put(ops[0], word, b.or_(halves[0], b.shl(halves[1], ir.Constant(I32, 16))))
+
+
+def half_add_bits(k: KernelLowering, kind: str, a, c):
+    """The bits of ``a + c`` for raw half words ``a``, ``c`` of PTX type kind ``kind``
+    (``h``/``bh``: i16, ``h2``/``bh2``: i32, each half added apart), rounded once as the
+    interpreter's ``atomics.combine`` does: what ``atom.add.noftz.f16x2`` and its kin store."""
+    b = k.b
+    one = _one_bf16 if kind in ("bh", "bh2") else _one
+    if kind in ("h", "bh"):
+        return one(k, "add", [a, c], False, False)
+    halves = []
+    for shift in (0, 16):
+        xs = [b.trunc(b.lshr(v, ir.Constant(I32, shift)), I16) for v in (a, c)]
+        halves.append(b.zext(one(k, "add", xs, False, False), I32))
+    return b.or_(halves[0], b.shl(halves[1], ir.Constant(I32, 16)))
 
 
 def _clamped(k: KernelLowering, r, sat: bool, relu: bool):

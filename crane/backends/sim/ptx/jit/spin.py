@@ -13,11 +13,13 @@ instructions, the guard of a branch in that loop. Atomics whose result only feed
 values (tickets, histograms, stream compaction) are not affected.
 
 One shape is exempt, the compare-and-swap *retry* (``atomicCAS`` emulating an atomic the
-hardware lacks: a float ``atomicMax``, a multiply, a 16-bit add through its word; PyTorch's
-``gpuAtomicMax`` is one): a loop of straight-line code whose ``atom.cas`` compares against
-register ``R``, whose only branch is the one back, taken when ``setp`` finds ``R`` and the
-CAS's result ``D`` unequal (compared before the loop changes ``R``), and which sets ``R`` only
-from ``D``. Each retry then starts from the value the failed attempt saw, so the loop waits on
+hardware lacks: a float ``atomicMax``, a multiply, a 16-bit add through its word, a bfloat16
+``atomicAdd`` before sm_90; PyTorch's ``gpuAtomicMax`` is one): a loop whose ``atom.cas``
+compares against register ``R``, whose only way back is its last branch, taken when ``setp``
+finds ``R`` and the CAS's result ``D`` unequal (compared before the loop changes ``R``), whose
+other branches go forward inside it (a rounding step's if/else) and nothing enters its middle
+from outside, and which sets ``R`` only from ``D`` (at its head, before any branch, or after
+the comparison). Each retry then starts from the value the failed attempt saw, so the loop waits on
 no other thread: it ends as soon as nobody else wrote the word between two of its attempts,
 and lanes run one after another cannot starve it. A spin lock (``while (atomicCAS(lock, 0, 1)
 != 0)``: the compared value is fixed) is not that shape and stays refused.
@@ -113,8 +115,7 @@ def _waits(fn: Function, source, yielding: frozenset[int] = frozenset()):
             label_at[o[1]] for o in ops if o[0] == "name" and label_at.get(o[1], end + 1) <= end
         ]
         for start in starts:
-            inner = any(start < at <= end for at in label_at.values())
-            found = _waited_on(code, info, start, end, source, inner, yielding)
+            found = _waited_on(code, info, start, end, source, label_at, yielding)
             if found is not None:
                 yield ins, found
                 break
@@ -126,19 +127,15 @@ def _waited_on(
     start: int,
     end: int,
     source,
-    inner: bool,
+    label_at: dict[str, int],
     yielding: frozenset[int] = frozenset(),
 ) -> Instr | None:
     """The instruction ``source`` selects in loop ``code[start..end]`` whose result reaches a
-    branch guard in it (``inner``: a label inside the loop, so it is not straight-line;
-    branches in ``yielding`` not counted)."""
+    branch guard in it (``label_at``: the function's labels' instruction indices; branches
+    in ``yielding`` not counted)."""
     body = range(start, end + 1)
     for a in body:
-        if (
-            not source(code[a])
-            or not info[a][0]
-            or (not inner and _cas_retry(code, info, start, end, a))
-        ):
+        if not source(code[a]) or not info[a][0] or _cas_retry(code, info, start, end, a, label_at):
             continue
         tainted = set(info[a][0])
         grew = True
@@ -170,9 +167,36 @@ def _reg(ins: Instr, op) -> int | None:
     return None if r is None else r.uid
 
 
-def _cas_retry(code: list[Instr], info: list, start: int, end: int, a: int) -> bool:
-    """Whether ``code[a]`` is the compare-and-swap of a retry loop ``code[start..end]`` (a
-    straight-line loop: the caller checked no label is inside it; see the module)."""
+def _targets(ins: Instr, label_at: dict[str, int]) -> list[int]:
+    """The instruction indices branch ``ins`` may go to."""
+    ops = ins.operands if isinstance(ins.operands, list) else []
+    return [label_at.get(o[1], -1) for o in ops if o[0] == "name"]
+
+
+def _forward_only(code: list[Instr], start: int, end: int, label_at: dict[str, int]) -> bool:
+    """Whether the branches into loop ``code[start..end]``'s inside (past its head) are all
+    forward branches of its own (the if/else of a rounding step), none leaves it but the back
+    branch at ``end``, and none comes in from elsewhere."""
+    for k, ins in enumerate(code):
+        if ins.opcode.split(".")[0] != "bra" or k == end:
+            continue
+        for t in _targets(ins, label_at):
+            inside = start <= k <= end
+            if inside and not k < t <= end:
+                return False  # backward, or out of the loop before its end
+            if not inside and start < t <= end:
+                return False  # into the loop's middle
+    return True
+
+
+def _cas_retry(
+    code: list[Instr], info: list, start: int, end: int, a: int, label_at: dict[str, int]
+) -> bool:
+    """Whether ``code[a]`` is the compare-and-swap of a retry loop ``code[start..end]`` (see
+    the module): its compared register R set only from the CAS's result D, after the
+    comparison (the loop's tail) or at the loop's head before any branch or label (where the
+    next attempt starts from what the last one saw); forward branches inside the loop (the
+    rounding of a bfloat16 ``atomicAdd`` emulated with a 16-bit CAS) are allowed."""
     cas = code[a]
     parts = cas.opcode.split(".")
     ops = cas.operands if isinstance(cas.operands, list) else []
@@ -183,20 +207,28 @@ def _cas_retry(code: list[Instr], info: list, start: int, end: int, a: int) -> b
     if d is None or r is None or d == r or back.guard is None:
         return False
     p = back.scope.reg(back.guard[0])
+    if not _forward_only(code, start, end, label_at):
+        return False
+    inner = sorted(t for t in label_at.values() if start < t <= end)
     setp_at = None
+    branched = False  # a forward branch seen (the head's straight line has ended)
     copied = False  # R := D seen: the next attempt compares against what this one saw
     for k in range(start, end + 1):
         ins, (dst, _src) = code[k], info[k]
         op = ins.opcode.split(".")[0]
-        if op in ("bra", "ret", "exit") and k != end:
-            return False  # another way out or around: not the plain shape
+        if op in ("ret", "exit"):
+            return False
+        if op == "bra" and k != end:
+            branched = True
+            continue
         if ins.guard is not None and k != end and dst & {r, d}:
             return False
-        if r in dst:  # R is set only from D, after the CAS and the comparison
+        if r in dst:  # R is set only from D: at the head, or after the CAS and comparison
             iops = ins.operands if isinstance(ins.operands, list) else []
             if op != "mov" or len(iops) != 2 or _reg(ins, iops[1]) != d:
                 return False
-            if setp_at is None or k < setp_at:
+            head = k < a and not branched and not any(t <= k for t in inner)
+            if not head and (setp_at is None or k < setp_at):
                 return False
             copied = True
         if d in dst and k != a:
