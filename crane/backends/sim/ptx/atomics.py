@@ -12,7 +12,8 @@ Vectorized by cases (``ei`` are element indices into a typed view of the memory)
 * ``exch``: the previous lane's value;
 * ``inc``/``dec`` with one bound per address: closed form;
 * float ``add``: each long run accumulates sequentially with float rounding (``np.add.accumulate``
-  rounds after every step); short runs go in rounds;
+  rounds after every step; ``.f16``/``.f16x2`` runs of finite halves as float16 accumulations,
+  each half apart); short runs go in rounds;
 * ``cas``: per address, jump from one successful compare to the next.
 """
 
@@ -181,6 +182,12 @@ def _sequential(view, op, kind, bs, cs, rank, seg, addrs, seg_first, seg_len, ol
     else:
         for s in long_runs:
             a, n = seg_first[s], seg_len[s]
+            if (
+                op == "add"
+                and kind in ("f16", "f16x2")
+                and _f16_run(view, bs, addrs[s], a, n, old_sorted)
+            ):
+                continue
             cur = view[addrs[s] : addrs[s] + 1].copy()
             for j in range(a, a + n):
                 old_sorted[j] = cur[0]
@@ -194,6 +201,31 @@ def _sequential(view, op, kind, bs, cs, rank, seg, addrs, seg_first, seg_len, ol
             old = view[a]
             old_sorted[lanes] = old
             view[a] = combine(op, kind, old, bs[lanes], None if cs is None else cs[lanes])
+
+
+def _f16_run(view, bs, addr, a: int, n: int, old_sorted) -> bool:
+    """One long run of ``.f16``/``.f16x2`` adds on word ``addr`` as NumPy float16
+    accumulations (each half apart): every step a float16 add, which rounds the float32 sum
+    of two halves to half, the once-rounded exact sum :func:`combine` computes (float32's 24
+    bits are at least 2 x 11 + 2). Only for finite halves (False: left to the caller's loop,
+    so NaN bits stay :func:`combine`'s); old values into ``old_sorted[a:a+n]``."""
+    words = np.concatenate([view[addr : addr + 1], bs[a : a + n]])
+    pairs = view.dtype == np.uint32
+    parts = (
+        [(words & 0xFFFF).astype(np.uint16), (words >> 16).astype(np.uint16)] if pairs else [words]
+    )
+    halves = [p.view(np.float16) for p in parts]
+    if not all(np.isfinite(h).all() for h in halves):
+        return False
+    with np.errstate(over="ignore"):
+        runs = [np.add.accumulate(h, dtype=np.float16).view(np.uint16) for h in halves]
+    if pairs:
+        out = runs[0].astype(np.uint32) | (runs[1].astype(np.uint32) << np.uint32(16))
+    else:
+        out = runs[0]
+    old_sorted[a : a + n] = out[:-1]
+    view[addr] = out[-1]
+    return True
 
 
 def _cas(view, addrs, init, bs, cs, seg_first, seg_len, old_sorted) -> None:
