@@ -116,3 +116,32 @@ def test_a_wait_that_never_ends_stops_at_the_deadline(program, dev, monkeypatch)
     assert e.value.code == CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
     assert time.monotonic() - t < 5.0
     assert _compiled("wait_forever"), jit.stats()["refused"]
+
+
+def test_a_grid_too_large_to_hold_compiled_runs_interpreted(program, dev, monkeypatch):
+    """Compiled, every block's save area (8 bytes a saved register), resume words and local
+    and shared memory are held at once (``jit.cooperative_bytes``); a cooperative grid whose
+    compiled state would pass the interpreter's memory bound (``program.BATCH_BYTES``) runs
+    interpreted, with the same results."""
+    from crane.backends.sim.ptx.jit import coop
+
+    monkeypatch.setenv("CRANE_PTX_JIT", "1")
+    prog = program("grid_sync", "compute_80")
+    n, t, iters = 640, 64, 3
+    held = jit.cooperative_bytes(prog._compiled(prog.kernels["stencil"], (t, 1, 1)), 10, t, 0, 0)
+    assert 10 * t * 8 < held < 10 * t * 8 * 64  # (a few saved registers a lane)
+    monkeypatch.setattr(jit, "cooperative_bytes", lambda *a: ptx_program.BATCH_BYTES + 1)
+
+    def refuse(*args, **kw):
+        raise AssertionError("the cooperative runner took a grid over the bound")
+
+    monkeypatch.setattr(coop, "run_cooperative", refuse)
+    monkeypatch.setattr(jit.runner, "run_cooperative", refuse)
+    x0 = np.arange(n, dtype=np.int32)
+    px, py = dev.upload(x0), dev.zeros(n, np.int32)
+    _coop(dev, prog, "stencil", n // t, t, [px, py, i32(n), i32(iters)])
+    cur = x0.astype(np.int64)
+    for _ in range(iters):
+        cur = (cur * 2 + np.roll(cur, 1) + np.roll(cur, -1)) % 1000003
+    got = dev.download(py if iters % 2 else px, n, np.int32)
+    np.testing.assert_array_equal(got, cur.astype(np.int32))

@@ -484,6 +484,13 @@ class PtxProgram:
                     ck = self._compiled(k, geo.block)
                     if ck is not None:
                         self._natives[(k.name, geo.block)] = ck
+            if (
+                ck is not None
+                and grid_workspace
+                and jit.cooperative_bytes(ck, geo.blocks, geo.threads, shared_stride, local_stride)
+                > BATCH_BYTES
+            ):  # every block's buffers at once: the interpreter's bound
+                ck = None
         if ck is None:
             t0 = time.perf_counter()
             try:

@@ -69,6 +69,7 @@ __all__ = [
     "CompiledKernel",
     "JitMismatch",
     "compiled_kernel",
+    "cooperative_bytes",
     "mode",
     "module_hash",
     "orders_matter",
@@ -178,6 +179,13 @@ def worth_compiling(
         return lanes >= COMPILE_MIN_LANES or launches >= COMPILE_AFTER_LAUNCHES
     expect = instructions * (INTERPRET_S_PER_INSTRUCTION + lanes * INTERPRET_S_PER_LANE)
     return interpreted_s + expect >= cost
+
+
+def cooperative_bytes(ck, blocks: int, threads: int, shared_stride: int, local_stride: int) -> int:
+    """What a cooperative launch of compiled kernel ``ck`` holds at once (:mod:`.coop`: every
+    block's save area, resume words, local and shared memory)."""
+    lane = 8 * max(ck.nregs, 1) + 4 + local_stride
+    return blocks * (threads * lane + max(shared_stride, 16))
 
 
 def orders_matter(fn) -> bool:
