@@ -85,6 +85,7 @@ from .operands import LaneOperands, split_opcode
 from .ops import HANDLERS
 from .ops_atomic import is_atomic
 from .ops_barred import NRED, is_bar_red
+from .ops_cpasync import is_async_copy
 from .ops_order import is_ordered
 from .param import param_ptr, uses_param_window
 from .proof import build_proof, emit_proof, static_accesses
@@ -344,7 +345,7 @@ class KernelLowering(LaneOperands):
                 seen.add(s.name)
                 continue
             op = s.opcode.split(".")[0]
-            if op in _STOPS or is_atomic(s) or is_ordered(s) or prints(s):  # an atomic
+            if op in _STOPS or is_atomic(s) or is_ordered(s) or prints(s) or is_async_copy(s):
                 # loads what it stores; ordered accesses must not be deferred or predicated
                 # (:mod:`.ops_order`); a printf must print once, in order
                 return False

@@ -35,6 +35,7 @@ from .ops_atomic import ATOMIC_HANDLERS
 from .ops_barred import lower_bar_red
 from .ops_bits import BIT_HANDLERS
 from .ops_carry import lower_addsub_carry, lower_mad_carry
+from .ops_cpasync import CP_HANDLERS
 from .ops_cvt import (
     DIRECTED,
     binop_directed,
@@ -1008,3 +1009,4 @@ HANDLERS.update(ATOMIC_HANDLERS)
 HANDLERS.update(SFU_HANDLERS)
 HANDLERS.update(BIT_HANDLERS)
 HANDLERS.update(ORDER_HANDLERS)
+HANDLERS.update(CP_HANDLERS)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..parser import Instr, Label
 from .liveness import dest_src
 from .ops_atomic import is_atomic
+from .ops_cpasync import is_async_copy
 from .ops_order import is_ordered
 from .spin import YIELD_OP
 from .warp import WARP_OPS
@@ -91,7 +92,7 @@ def region_loop_free(body, labels: dict, start: int) -> tuple[bool, bool]:
             return False, False
         if isinstance(s, Instr):
             op = s.opcode.split(".")[0]
-            if is_atomic(s) or is_ordered(s) or prints(s):  # the scalar form only
+            if is_atomic(s) or is_ordered(s) or prints(s) or is_async_copy(s):  # scalar only
                 return False, False
             if op in ("ld", "st") and ".param" not in s.opcode:
                 kinds[i] = (op, spaces_of(s.opcode))
