@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from ..ptxtypes import TYPES
-from .irtypes import I32, I64, c64, ity
+from .irtypes import I32, I64, c64, ity, lane_type
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -52,7 +52,7 @@ def _count(name: str):
         if len(ops) != 2:
             raise k.refuse("operand count")
         a = k.get(ops[1], t)
-        it = a.type
+        it = lane_type(a.type)  # (a lane's: the vector form's intrinsics are made of it)
         if name == "popc":
             v = k.b.call(k.intrinsic(f"llvm.ctpop.i{it.width}", it, [it]), [a])
         else:
@@ -64,7 +64,7 @@ def _count(name: str):
 
 
 def _to32(k: KernelLowering, v):
-    w = v.type.width
+    w = lane_type(v.type).width
     if w == 32:
         return v
     return k.b.trunc(v, I32) if w > 32 else k.b.zext(v, I32)
@@ -76,7 +76,8 @@ def _h_brev(k: KernelLowering, types, mods, ops) -> None:
     if len(ops) != 2:
         raise k.refuse("operand count")
     a = k.get(ops[1], t)
-    f = k.intrinsic(f"llvm.bitreverse.i{t.bits}", a.type, [a.type])
+    st = lane_type(a.type)
+    f = k.intrinsic(f"llvm.bitreverse.i{t.bits}", st, [st])
     k.put(ops[0], t, k.b.call(f, [a]))
 
 
@@ -87,7 +88,7 @@ def _h_bfind(k: KernelLowering, types, mods, ops) -> None:
         raise k.refuse("operand count")
     b = k.b
     a = k.get(ops[1], t)
-    it = a.type
+    it = lane_type(a.type)
     u = a
     if t.kind == "s":  # a negative value: the highest clear bit
         u = b.select(b.icmp_signed("<", a, ir.Constant(it, 0)), b.not_(a), a)
@@ -200,7 +201,7 @@ def _h_lop3(k: KernelLowering, types, mods, ops) -> None:
     b = k.b
     lut = ops[4][1] & 0xFF
     a, bb, c = (k.get(o, t) for o in ops[1:4])
-    out = ir.Constant(a.type, 0)
+    out = ir.Constant(lane_type(a.type), 0)
     for j in range(8):
         if lut >> j & 1:
             ta = a if (0xF0 >> j) & 1 else b.not_(a)
