@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .exp2poly import exp2_to_f32
 from .ops_common import Mods, set_unary
 from .ops_float import HALF_KINDS, half_pack, half_unpack
 
@@ -40,12 +41,16 @@ def _parse(ctx, mods):
     return rnd, approx or full, ftz, ty
 
 
-def _via64(f64fn, ty, ftz: bool):
+def _via64(f64fn, ty, ftz: bool, rounded=None):
+    """``f64fn`` computed in float64 and rounded to ``ty`` (``rounded``: a function that
+    returns the rounded result itself, given the float64 operands)."""
+
     def f(a):
         a = np.asarray(a)
         if ftz and ty.bits == 32:
             a = fp.ftz(a)
-        r = f64fn(a.astype(np.float64)).astype(ty.dtype)
+        a64 = a.astype(np.float64)
+        r = rounded(a64) if rounded is not None else f64fn(a64).astype(ty.dtype)
         return fp.ftz(r) if ftz and ty.bits == 32 else r
 
     return f
@@ -100,7 +105,7 @@ def dec_rsqrt(ctx, mods) -> None:
     set_unary(ctx, ty, _via64(lambda x: 1.0 / np.sqrt(x), ty, ftz))
 
 
-def _simple(name: str, f64fn):
+def _simple(name: str, f64fn, rounded=None):
     def dec(ctx, mods) -> None:
         _rnd, _approx, ftz, ty = _parse(ctx, mods)
         if ty.kind in HALF_KINDS:
@@ -108,12 +113,13 @@ def _simple(name: str, f64fn):
             return
         if ty.kind != "f" or ty.bits != 32:
             raise ctx.unsupported(f"{name}.{ty.name}")
-        set_unary(ctx, ty, _via64(f64fn, ty, ftz))
+        set_unary(ctx, ty, _via64(f64fn, ty, ftz, rounded))
 
     return dec
 
 
-dec_ex2 = _simple("ex2", np.exp2)
+# (float32's rounding of a fixed polynomial the compiler makes too: exp2poly.py)
+dec_ex2 = _simple("ex2", np.exp2, exp2_to_f32)
 dec_lg2 = _simple("lg2", np.log2)
 dec_sin = _simple("sin", np.sin)
 dec_cos = _simple("cos", np.cos)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from .irtypes import F32, F64, lane_type
+from ..exp2poly import COEFFS, LIMIT, MAGIC
+from .irtypes import F32, F64, I64, lane_type
 
 if TYPE_CHECKING:
     from .lower import KernelLowering
@@ -85,10 +86,30 @@ def sat_float(k: KernelLowering, v):
     return b.select(b.fcmp_unordered("uno", v, v), zero, r)
 
 
+def exp2_f64(k: KernelLowering, x):
+    """``ptx/exp2poly.py``'s ``exp2_f64`` of a float64 (scalar or vector), its operations in
+    the same order (the interpreter rounds the same value on the lanes where NumPy's ``exp2``
+    could round otherwise). No libm call: LLVM vectorizes it with the lane loop."""
+    b = k.b
+    ty = lane_type(x.type)
+    lim = ir.Constant(ty, LIMIT)
+    x = b.select(b.fcmp_ordered(">", x, lim), lim, x)
+    x = b.select(b.fcmp_ordered("<", x, ir.Constant(ty, -LIMIT)), ir.Constant(ty, -LIMIT), x)
+    n = b.call(k.intrinsic("llvm.rint.f64", F64, [F64]), [x])
+    f = b.fsub(x, n)
+    p = ir.Constant(ty, COEFFS[0])
+    for c in COEFFS[1:]:
+        p = b.fadd(b.fmul(p, f), ir.Constant(ty, c))
+    n0 = b.select(b.fcmp_unordered("uno", n, n), ir.Constant(ty, 0.0), n)
+    bits = b.add(b.bitcast(b.fadd(n0, ir.Constant(ty, MAGIC)), I64), ir.Constant(I64, 1023))
+    scale = b.bitcast(b.shl(bits, ir.Constant(I64, 52)), F64)
+    return b.fmul(p, scale)
+
+
 #: the float64 function each instruction is computed with (an LLVM intrinsic: a call into the
-#: C library, per lane in a vector form)
+#: C library, per lane in a vector form; ex2's is :func:`exp2_f64`)
 _F64 = {
-    "ex2": "llvm.exp2.f64",
+    "ex2": "",
     "lg2": "llvm.log2.f64",
     "sin": "llvm.sin.f64",
     "cos": "llvm.cos.f64",
@@ -103,10 +124,16 @@ def _sfu(name: str):
         if t.kind != "f" or t.bits != 32 or len(ops) != 2:
             raise k.refuse(f"{name} form")
         b = k.b
-        f = k.intrinsic(_F64[name], F64, [F64])
+        if name == "ex2":
 
-        def in_f64(a):  # computed in float64, rounded once
-            return b.fptrunc(b.call(f, [b.fpext(a, F64)]), F32)
+            def in_f64(a):  # the interpreter's polynomial, rounded once
+                return b.fptrunc(exp2_f64(k, b.fpext(a, F64)), F32)
+
+        else:
+            f = k.intrinsic(_F64[name], F64, [F64])
+
+            def in_f64(a):  # computed in float64, rounded once
+                return b.fptrunc(b.call(f, [b.fpext(a, F64)]), F32)
 
         k.put(ops[0], t, flushed(k, t, mods, in_f64, k.get(ops[1], t)))
 

@@ -56,8 +56,10 @@ REUSED = frozenset(
     # bit instructions (a bit-field insert also joins cooperative groups' grid-sync workspace
     # address from %envreg1:%envreg2 before a grid-stride loop; hashes, radix digits)
     | {"bfi", "bfe", "popc", "clz", "brev", "bfind", "prmt", "lop3", "shf"}
-    # (not the special functions: float64 C library calls, made for every lane of a group,
-    # masked ones too, made a loop with uneven trip counts 1.6x slower than the scalar rounds)
+    # ex2, a polynomial (ops_sfu.exp2_f64); not the other special functions: float64 C library
+    # calls, made for every lane of a group, masked ones too, made a loop with uneven trip
+    # counts 1.6x slower than the scalar rounds
+    | {"ex2"}
 )
 
 #: every instruction the vector form has: the reused handlers and its own
